@@ -1,0 +1,49 @@
+"""The duotile tile language.
+
+    from duotile import dsl
+
+    @dsl.kernel
+    def scale(x: dsl.Tensor["N", "D", dsl.f32], y: dsl.Tensor["N", "D", dsl.f32], *,
+              BN: dsl.Tunable = dsl.choice(16, 32)):
+        for i in dsl.grid(dsl.cdiv(x.N, BN)):
+            t = dsl.load(x[i * BN, 0], (BN, x.D))
+            dsl.store(y[i * BN, 0], t * 2.0)
+"""
+
+from .dtypes import DType, bf16, bool_, f8e4m3, f16, f32, i32, i64, u8
+from .errors import CallError, CapacityError, DslError, SourceLoc, UnsupportedError
+from .ir import Module, Role
+from .kernel import Const, KernelDef, OptionalTensor, Tensor, Tunable, kernel
+from .ops import (
+    arange,
+    cdiv,
+    empty,
+    exp,
+    exp2,
+    full,
+    gemm,
+    grid,
+    load,
+    log,
+    log2,
+    maximum,
+    minimum,
+    pipelined,
+    range,
+    rsqrt,
+    sigmoid,
+    sqrt,
+    store,
+    where,
+    zeros,
+)
+from .tunables import boolean, choice, enum, int_range, pow2
+
+__all__ = [
+    "DType", "bf16", "bool_", "f8e4m3", "f16", "f32", "i32", "i64", "u8",
+    "CallError", "CapacityError", "DslError", "SourceLoc", "UnsupportedError",
+    "Module", "Role", "Const", "KernelDef", "OptionalTensor", "Tensor", "Tunable", "kernel",
+    "arange", "cdiv", "empty", "exp", "exp2", "full", "gemm", "grid", "load", "log", "log2",
+    "maximum", "minimum", "pipelined", "range", "rsqrt", "sigmoid", "sqrt", "store", "where", "zeros",
+    "boolean", "choice", "enum", "int_range", "pow2",
+]

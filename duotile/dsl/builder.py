@@ -1,0 +1,81 @@
+"""The tracing context: where ops go while a kernel body runs, and which line wrote them."""
+
+from __future__ import annotations
+
+import contextlib
+import linecache
+import sys
+import types
+
+from .errors import DslError, SourceLoc
+from .ir import Block, Op, Value
+
+_current: Builder | None = None
+
+
+class Builder:
+    """Collects ops into nested blocks while a kernel function is being traced."""
+
+    def __init__(self, code: types.CodeType):
+        self.code = code
+        self.root = Block()
+        self.stack: list[Block] = [self.root]
+
+    def loc(self) -> SourceLoc | None:
+        """The line of the kernel function (or a helper it called) that is running now."""
+        frame = sys._getframe(1)
+        helper = None
+        while frame is not None:
+            if frame.f_code is self.code:
+                return _loc_of(frame)
+            if helper is None and not frame.f_code.co_filename.startswith(_DSL_DIR):
+                helper = frame
+            frame = frame.f_back
+        return _loc_of(helper) if helper is not None else None
+
+    def emit(self, op: Op) -> Value | None:
+        if op.loc is None:
+            op.loc = self.loc()
+        self.stack[-1].ops.append(op)
+        return op.result
+
+    @contextlib.contextmanager
+    def region(self, op: Op):
+        """Emit ``op`` and trace what runs inside the ``with`` into its body."""
+        body = Block()
+        op.regions.append(body)
+        self.emit(op)
+        self.stack.append(body)
+        try:
+            yield body
+        finally:
+            self.stack.pop()
+
+
+_DSL_DIR = __file__.rsplit("/", 1)[0]
+
+
+def _loc_of(frame) -> SourceLoc:
+    file, line = frame.f_code.co_filename, frame.f_lineno
+    return SourceLoc(file, line, linecache.getline(file, line))
+
+
+def current() -> Builder:
+    if _current is None:
+        raise DslError("tile ops can only be used inside a @dsl.kernel function while it is traced")
+    return _current
+
+
+@contextlib.contextmanager
+def tracing(code: types.CodeType):
+    global _current
+    outer, _current = _current, Builder(code)
+    try:
+        yield _current
+    finally:
+        _current = outer
+
+
+def error(message: str) -> DslError:
+    """A DslError located at the kernel line being traced (if any)."""
+    return DslError(message, _current.loc() if _current else None)

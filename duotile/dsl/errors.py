@@ -1,0 +1,46 @@
+"""Errors of the tile language. A DslError names the kernel's source line when it has one."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class SourceLoc:
+    """Where in a kernel spec an op was written."""
+
+    file: str
+    line: int
+    text: str = ""
+
+    def __str__(self) -> str:
+        short = self.file.rsplit("/", 2)
+        where = "/".join(short[-2:]) if len(short) > 1 else self.file
+        return f"{where}:{self.line}" + (f"  `{self.text.strip()}`" if self.text else "")
+
+
+class DslError(Exception):
+    """A kernel is wrong: bad op arguments, bad shapes, unsupported op for a target."""
+
+    def __init__(self, message: str, loc: SourceLoc | None = None):
+        self.loc = loc
+        super().__init__(f"{loc}: {message}" if loc else message)
+
+
+class CallError(DslError):
+    """A compiled kernel was called with tensors that do not match its signature."""
+
+
+class CapacityError(DslError):
+    """A config needs more of some target memory than the target has."""
+
+    def __init__(self, target: str, memory: str, needed: int, capacity: int, detail: str = "",
+                 loc: SourceLoc | None = None):
+        self.target, self.memory, self.needed, self.capacity = target, memory, needed, capacity
+        msg = (f"{target}: {memory} overflow: needs {needed} bytes ({needed / 1024:.1f} KiB), "
+               f"capacity {capacity} bytes ({capacity / 1024:.1f} KiB)")
+        super().__init__(msg + (f"; {detail}" if detail else ""), loc)
+
+
+class UnsupportedError(DslError):
+    """An op or a config is not supported by a target."""

@@ -1,0 +1,145 @@
+"""The Tile IR: a small typed SSA form over tiles, with mutable buffers and regions.
+
+A kernel is a ``Module``: tensor parameters, then one ``grid`` op whose region holds the
+per-program body. Ops are generic (``Op(name, args, attrs, result, regions)``); each op name
+has a type rule in ``duotile.dsl.opdefs`` and handlers in every target. Index math is sympy.
+
+Text form (``print(module)``)::
+
+    kernel gemm(a: tensor<M x K x bf16>, b: tensor<N x K x bf16>, c: tensor<M x N x bf16>)
+      config {BM=128, BN=128, BK=64, STAGES=3}
+      grid (pid_m < ceiling(M/128), pid_n < ceiling(N/128)) {
+        %0 = alloc f32[128x128] accumulator fill=0.0     # gemm.py:21
+        for k < ceiling(K/64) pipelined(stages=3) {
+          %1 = load a[128*pid_m, 64*k] -> bf16[128x64] operand
+          ...
+"""
+
+from __future__ import annotations
+
+import enum
+import itertools
+from dataclasses import dataclass, field
+from typing import Any
+
+import sympy
+
+from .dtypes import DType
+from .errors import SourceLoc
+
+Expr = sympy.Expr
+
+
+class Role(enum.Enum):
+    """What a tile is for; each target maps a role to a memory scope."""
+
+    OPERAND = "operand"  # feeds a gemm: shared memory (CUDA), L1 (Ascend)
+    ACCUMULATOR = "accumulator"  # gemm output: registers / TMEM (CUDA), L0C (Ascend)
+    VECTOR = "vector"  # elementwise work: registers (CUDA), UB (Ascend)
+
+    @classmethod
+    def parse(cls, role: str | Role) -> Role:
+        if isinstance(role, Role):
+            return role
+        try:
+            return cls(role)
+        except ValueError:
+            names = ", ".join(r.value for r in cls)
+            raise ValueError(f"unknown memory role {role!r}; expected one of {names}") from None
+
+
+@dataclass(frozen=True)
+class TileType:
+    shape: tuple[Expr, ...]
+    dtype: DType
+    role: Role
+
+    def __str__(self) -> str:
+        dims = "x".join(str(d) for d in self.shape)
+        return f"{self.dtype.name}[{dims}] {self.role.value}"
+
+    def numel(self) -> Expr:
+        return sympy.Mul(*self.shape)
+
+
+_ids = itertools.count()
+
+
+@dataclass(eq=False)
+class Value:
+    """An SSA tile value; ``mutable`` ones are buffers that ``assign`` and ``gemm`` write."""
+
+    type: TileType
+    mutable: bool = False
+    hint: str = ""
+    id: int = field(default_factory=lambda: next(_ids))
+
+    def __repr__(self) -> str:
+        return f"%{self.hint or 'v'}{self.id}"
+
+
+@dataclass(frozen=True)
+class TensorParam:
+    name: str
+    shape: tuple[Expr, ...]
+    dtype: DType
+    optional: bool = False
+
+    def __str__(self) -> str:
+        dims = " x ".join(str(d) for d in self.shape)
+        return f"{self.name}: tensor<{dims} x {self.dtype.name}>"
+
+
+@dataclass(eq=False)
+class Op:
+    name: str
+    args: tuple[Any, ...] = ()  # Values, or sympy / float immediates for elementwise ops
+    attrs: dict[str, Any] = field(default_factory=dict)
+    result: Value | None = None
+    regions: list[Block] = field(default_factory=list)
+    loc: SourceLoc | None = None
+
+    def values(self) -> list[Value]:
+        return [a for a in self.args if isinstance(a, Value)]
+
+
+@dataclass(eq=False)
+class Block:
+    ops: list[Op] = field(default_factory=list)
+
+    def walk(self):
+        """Every op, depth first, parents before their bodies."""
+        for op in self.ops:
+            yield op
+            for region in op.regions:
+                yield from region.walk()
+
+
+@dataclass(eq=False)
+class Module:
+    name: str
+    params: list[TensorParam]
+    body: Block
+    config: dict[str, Any] = field(default_factory=dict)
+    constants: dict[str, Any] = field(default_factory=dict)
+    shapes: dict[str, int] = field(default_factory=dict)  # filled by bind_shapes
+    batch_dim: str | None = None
+    source_file: str = ""
+
+    def param(self, name: str) -> TensorParam:
+        for p in self.params:
+            if p.name == name:
+                return p
+        raise KeyError(name)
+
+    def walk(self):
+        return self.body.walk()
+
+    @property
+    def grid(self) -> Op:
+        return self.body.ops[0]
+
+    def __str__(self) -> str:
+        from .printer import format_module
+
+        return format_module(self)

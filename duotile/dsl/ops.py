@@ -1,0 +1,342 @@
+"""The tile ops a kernel body calls. Each checks its arguments and records one IR op."""
+
+from __future__ import annotations
+
+import re
+
+import sympy
+
+from . import builder, dtypes
+from .dtypes import DType
+from .ir import Expr, Op, Role, TileType, Value
+from .tile import Tile, TensorView, as_expr, is_role
+
+UNARY = ("neg", "abs", "not", "exp", "exp2", "log", "log2", "sqrt", "rsqrt", "sigmoid")
+BINARY = ("add", "sub", "mul", "div", "max", "min", "lt", "le", "gt", "ge", "eq", "ne", "and", "or")
+COMPARE = ("lt", "le", "gt", "ge", "eq", "ne", "and", "or", "not")
+FLOAT_ONLY = ("exp", "exp2", "log", "log2", "sqrt", "rsqrt", "sigmoid")
+REDUCE = ("sum", "max", "min")
+
+
+# -- loops ----------------------------------------------------------------------------------
+def _loop_names(default: str, count: int) -> list[str]:
+    """Name loop variables after the Python targets of the ``for`` line when we can read it."""
+    b = builder.current()
+    loc = b.loc()
+    names = []
+    if loc is not None:
+        m = re.match(r"\s*for\s+\(?\s*([\w\s,]+?)\s*\)?\s+in\b", loc.text)
+        if m:
+            names = [n.strip() for n in m.group(1).split(",")]
+    if len(names) != count:
+        names = [f"{default}{i}" for i in range(count)]
+    taken = {str(s) for s in getattr(b, "symbols", ())}
+    out = []
+    for name in names:
+        unique, k = name, 1
+        while unique in taken:
+            unique, k = f"{name}_{k}", k + 1
+        taken.add(unique)
+        out.append(unique)
+    b.symbols = getattr(b, "symbols", set()) | set(out)
+    return out
+
+
+def _index_var(name: str) -> sympy.Symbol:
+    return sympy.Symbol(name, integer=True, nonnegative=True)
+
+
+def grid(*extents):
+    """The logical launch grid: ``for m, n in dsl.grid(cdiv(M, BM), cdiv(N, BN))``."""
+    b = builder.current()
+    if b.stack[-1] is not b.root or b.root.ops:
+        raise builder.error("dsl.grid must be the kernel's first and outermost statement")
+    if not extents:
+        raise builder.error("dsl.grid needs at least one extent")
+    vars_ = [_index_var(n) for n in _loop_names("pid", len(extents))]
+    op = Op("grid", attrs={"vars": vars_, "extents": [as_expr(e) for e in extents]})
+    with b.region(op):
+        yield vars_[0] if len(vars_) == 1 else tuple(vars_)
+
+
+def range(extent, start=0):  # noqa: A001 - mirrors the builtin on purpose
+    """A sequential loop over ``start .. extent-1`` inside the grid body."""
+    yield from _loop(extent, start, None)
+
+
+def pipelined(extent, stages=2, start=0):
+    """A loop whose loads the target may overlap with compute, ``stages`` deep."""
+    if not isinstance(stages, int) or stages < 1:
+        raise builder.error(f"pipelined stages must be a positive int, got {stages!r}")
+    yield from _loop(extent, start, stages)
+
+
+def _loop(extent, start, stages):
+    b = builder.current()
+    if b.stack[-1] is b.root:
+        raise builder.error("loops must sit inside dsl.grid")
+    var = _index_var(_loop_names("k", 1)[0])
+    attrs = {"var": var, "extent": as_expr(extent), "start": as_expr(start), "stages": stages}
+    with b.region(Op("for", attrs=attrs)):
+        yield var
+
+
+def cdiv(a, b) -> Expr:
+    return sympy.ceiling(as_expr(a) / as_expr(b))
+
+
+# -- buffers --------------------------------------------------------------------------------
+def _shape(shape) -> tuple[Expr, ...]:
+    if not isinstance(shape, (tuple, list)) or not shape:
+        raise builder.error(f"a tile shape is a non-empty tuple, got {shape!r}")
+    out = tuple(as_expr(d) for d in shape)
+    for d in out:
+        if d.is_number and int(d) < 1:
+            raise builder.error(f"tile dimensions must be positive, got {shape!r}")
+    return out
+
+
+def full(shape, value, dtype: DType = dtypes.f32, role="vector") -> Tile:
+    """A mutable buffer filled with ``value`` (write it with ``buf[:] = ...`` or dsl.gemm)."""
+    t = TileType(_shape(shape), dtype, is_role(role))
+    v = Value(t, mutable=True, hint="buf")
+    return Tile(builder.current().emit(Op("alloc", attrs={"fill": float(value)}, result=v)))
+
+
+def zeros(shape, dtype: DType = dtypes.f32, role="vector") -> Tile:
+    return full(shape, 0.0, dtype, role)
+
+
+def empty(shape, dtype: DType = dtypes.f32, role="vector") -> Tile:
+    t = TileType(_shape(shape), dtype, is_role(role))
+    v = Value(t, mutable=True, hint="buf")
+    return Tile(builder.current().emit(Op("alloc", attrs={"fill": None}, result=v)))
+
+
+def assign(dst: Tile, value) -> None:
+    if not isinstance(dst, Tile) or not dst.value.mutable:
+        raise builder.error("only buffers made by dsl.zeros / dsl.full / dsl.empty can be written")
+    src = value if isinstance(value, Tile) else full_like_scalar(dst, value)
+    if _broadcast(dst.shape, src.shape) != tuple(dst.shape):
+        raise builder.error(f"cannot write a tile of shape {_fmt(src.shape)} into a buffer of "
+                            f"shape {_fmt(dst.shape)}")
+    if src.dtype != dst.dtype:
+        raise builder.error(f"cannot write {src.dtype} into a {dst.dtype} buffer: cast with "
+                            f".to(dsl.{dst.dtype.name})")
+    builder.current().emit(Op("assign", args=(dst.value, src.value)))
+
+
+def full_like_scalar(dst: Tile, value) -> Tile:
+    t = TileType(dst.shape, dst.dtype, Role.VECTOR)
+    op = Op("ew", args=(float(value),), attrs={"fn": "splat"}, result=Value(t))
+    return Tile(builder.current().emit(op))
+
+
+def arange(n) -> Tile:
+    """``[0, 1, ..., n-1]`` as an int32 tile (add an axis with ``[:, None]``)."""
+    t = TileType((as_expr(n),), dtypes.i32, Role.VECTOR)
+    return Tile(builder.current().emit(Op("iota", attrs={"axis": 0}, result=Value(t, hint="iota"))))
+
+
+def expand(x: Tile, axis: int) -> Tile:
+    shape = list(x.shape)
+    shape.insert(axis, sympy.Integer(1))
+    t = TileType(tuple(shape), x.dtype, Role.VECTOR)
+    return Tile(builder.current().emit(Op("expand", args=(x.value,), attrs={"axis": axis},
+                                           result=Value(t))))
+
+
+# -- memory ---------------------------------------------------------------------------------
+def load(view: TensorView, shape, role="vector", other: float = 0.0) -> Tile:
+    """Read a tile whose corner is ``view``; out-of-bounds elements read ``other``.
+
+    One index may be an int tile (``table[idx, 0]``): a gather of the rows it names,
+    where a negative or out-of-range index reads ``other`` for the whole row.
+    """
+    if not isinstance(view, TensorView):
+        raise builder.error("dsl.load takes a tensor view like x[i, 0], not " + type(view).__name__)
+    tensor, shape = view.tensor, _shape(shape)
+    if len(shape) > tensor.ndim:
+        raise builder.error(f"a {len(shape)}-d tile cannot be read from {tensor.ndim}-d tensor "
+                            f"{tensor.name!r}")
+    gathers = [i for i, x in enumerate(view.index) if isinstance(x, Tile)]
+    t = TileType(shape, tensor.dtype, is_role(role))
+    attrs = {"tensor": tensor.name, "shape": shape, "other": float(other)}
+    if not gathers:
+        attrs["offsets"] = tuple(as_expr(i) for i in view.index)
+        return Tile(builder.current().emit(Op("load", attrs=attrs, result=Value(t, hint=tensor.name))))
+    return _gather(view, gathers, t, attrs)
+
+
+def _gather(view: TensorView, gathers: list[int], t: TileType, attrs: dict) -> Tile:
+    tensor, shape = view.tensor, t.shape
+    if len(gathers) > 1:
+        raise builder.error("only one index of a load may be a tile (a gather)")
+    axis = gathers[0]
+    idx: Tile = view.index[axis]
+    tile_axis = axis - (tensor.ndim - len(shape))
+    if tile_axis < 0:
+        raise builder.error("the gathered dimension must be one of the tile's dimensions")
+    if idx.dtype not in (dtypes.i32, dtypes.i64):
+        raise builder.error(f"gather indices must be int32 or int64, got {idx.dtype}")
+    n = [d for d in idx.shape if d != 1]
+    if len(n) > 1 or (n and n[0] != shape[tile_axis]) or (not n and shape[tile_axis] != 1):
+        raise builder.error(f"gather index tile of shape {_fmt(idx.shape)} does not match the "
+                            f"tile's dimension {tile_axis} of size {shape[tile_axis]}")
+    offsets = tuple(sympy.Integer(0) if i == axis else as_expr(x) for i, x in enumerate(view.index))
+    attrs.update(offsets=offsets, axis=axis)
+    op = Op("gather", args=(idx.value,), attrs=attrs, result=Value(t, hint=tensor.name))
+    return Tile(builder.current().emit(op))
+
+
+def store(view: TensorView, value: Tile) -> None:
+    """Write ``value`` with its corner at ``view``; out-of-bounds elements are dropped."""
+    if not isinstance(view, TensorView):
+        raise builder.error("dsl.store takes a tensor view like y[i, 0]")
+    if not isinstance(value, Tile):
+        raise builder.error("dsl.store writes a tile")
+    tensor = view.tensor
+    if any(isinstance(i, Tile) for i in view.index):
+        raise builder.error("scatter stores are not supported yet; store at a tile corner")
+    if value.dtype != tensor.dtype:
+        raise builder.error(f"cannot store a {value.dtype} tile into {tensor.dtype} tensor "
+                            f"{tensor.name!r}: cast it with .to(dsl.{tensor.dtype.name})")
+    shape = value.shape
+    if len(shape) > tensor.ndim:
+        shape = tuple(d for d in shape if d != 1) or (sympy.Integer(1),)
+    if len(shape) > tensor.ndim:
+        raise builder.error(f"a tile of shape {_fmt(value.shape)} does not fit {tensor.ndim}-d "
+                            f"tensor {tensor.name!r}")
+    attrs = {"tensor": tensor.name, "offsets": tuple(as_expr(i) for i in view.index), "shape": shape}
+    builder.current().emit(Op("store", args=(value.value,), attrs=attrs))
+
+
+# -- compute --------------------------------------------------------------------------------
+def gemm(a: Tile, b: Tile, acc: Tile, transpose_a: bool = False, transpose_b: bool = False) -> None:
+    """``acc += op(a) @ op(b)`` with fp32 accumulation; ``acc`` is a buffer."""
+    for name, x in (("a", a), ("b", b), ("acc", acc)):
+        if not isinstance(x, Tile) or len(x.shape) != 2:
+            raise builder.error(f"gemm operand {name} must be a 2-d tile")
+    if not acc.value.mutable:
+        raise builder.error("gemm accumulates into a buffer: make acc with dsl.zeros(..., "
+                            "role='accumulator')")
+    m, ka = (a.shape[1], a.shape[0]) if transpose_a else a.shape
+    kb, n = (b.shape[1], b.shape[0]) if transpose_b else b.shape
+    if sympy.simplify(ka - kb) != 0:
+        raise builder.error(f"gemm inner dimensions differ: a gives K={ka}, b gives K={kb}")
+    if sympy.simplify(m - acc.shape[0]) != 0 or sympy.simplify(n - acc.shape[1]) != 0:
+        raise builder.error(f"gemm accumulator has shape {_fmt(acc.shape)}, expected ({m}, {n})")
+    if acc.dtype != dtypes.f32:
+        raise builder.error(f"gemm accumulates in f32; the accumulator is {acc.dtype}")
+    if a.dtype != b.dtype or not a.dtype.is_float:
+        raise builder.error(f"gemm operands must share a float dtype, got {a.dtype} and {b.dtype}")
+    attrs = {"transpose_a": transpose_a, "transpose_b": transpose_b}
+    builder.current().emit(Op("gemm", args=(a.value, b.value, acc.value), attrs=attrs))
+
+
+def _fmt(shape) -> str:
+    return "(" + ", ".join(str(d) for d in shape) + ")"
+
+
+def _broadcast(*shapes) -> tuple[Expr, ...]:
+    shapes = [s for s in shapes if s is not None]
+    rank = {len(s) for s in shapes}
+    if len(rank) > 1:
+        raise builder.error("elementwise operands differ in rank: " + ", ".join(_fmt(s) for s in shapes)
+                            + " (add an axis with t[:, None])")
+    out = []
+    for dims in zip(*shapes):
+        real = {d for d in dims if d != 1}
+        if len(real) > 1:
+            raise builder.error("elementwise shapes do not broadcast: " + ", ".join(_fmt(s) for s in shapes))
+        out.append(real.pop() if real else sympy.Integer(1))
+    return tuple(out)
+
+
+def _operand(x):
+    if isinstance(x, Tile):
+        return x.value
+    if isinstance(x, (bool, int, float)):
+        return float(x) if isinstance(x, float) or isinstance(x, bool) else sympy.Integer(x)
+    if isinstance(x, sympy.Basic):
+        return x
+    raise builder.error(f"{x!r} ({type(x).__name__}) cannot be used in tile arithmetic")
+
+
+def elementwise(fn: str, *args) -> Tile:
+    if fn not in UNARY + BINARY + ("where",):
+        raise builder.error(f"unknown elementwise op {fn!r}")
+    ops = [_operand(a) for a in args]
+    tiles = [v for v in ops if isinstance(v, Value)]
+    if not tiles:
+        raise builder.error(f"{fn} needs at least one tile operand")
+    shape = _broadcast(*(v.type.shape for v in tiles))
+    data = ops[1:] if fn == "where" else ops
+    dtype = _result_dtype(fn, [v.type.dtype for v in data if isinstance(v, Value)], data)
+    if fn == "where" and (not isinstance(ops[0], Value) or ops[0].type.dtype != dtypes.bool_):
+        raise builder.error("dsl.where's condition must be a boolean tile (a comparison)")
+    if fn in FLOAT_ONLY and not dtype.is_float:
+        raise builder.error(f"{fn} needs a float tile, got {dtype}")
+    t = TileType(shape, dtype, Role.VECTOR)
+    return Tile(builder.current().emit(Op("ew", args=tuple(ops), attrs={"fn": fn}, result=Value(t))))
+
+
+def _result_dtype(fn: str, tile_dtypes: list[DType], data) -> DType:
+    if fn in COMPARE:
+        return dtypes.bool_
+    dtype = tile_dtypes[0] if tile_dtypes else dtypes.f32
+    for d in tile_dtypes[1:]:
+        dtype = dtypes.promote(dtype, d)
+    if not dtype.is_float and any(isinstance(x, float) for x in data):
+        dtype = dtypes.f32
+    return dtype
+
+
+def cast(x: Tile, dtype: DType) -> Tile:
+    if not isinstance(dtype, DType):
+        raise builder.error(f"cast target must be a dsl dtype, got {dtype!r}")
+    t = TileType(x.shape, dtype, Role.VECTOR)
+    return Tile(builder.current().emit(Op("cast", args=(x.value,), attrs={"dtype": dtype}, result=Value(t))))
+
+
+def reduce(fn: str, x: Tile, axis: int) -> Tile:
+    if fn not in REDUCE:
+        raise builder.error(f"unknown reduction {fn!r}")
+    rank = len(x.shape)
+    if not -rank <= axis < rank:
+        raise builder.error(f"reduction axis {axis} out of range for a {rank}-d tile")
+    axis %= rank
+    shape = tuple(sympy.Integer(1) if i == axis else d for i, d in enumerate(x.shape))
+    t = TileType(shape, x.dtype, Role.VECTOR)
+    op = Op("reduce", args=(x.value,), attrs={"fn": fn, "axis": axis}, result=Value(t))
+    return Tile(builder.current().emit(op))
+
+
+# -- math helpers -------------------------------------------------------------------------------
+def _unary(fn):
+    def f(x):
+        return elementwise(fn, x)
+
+    f.__name__ = fn
+    f.__doc__ = f"Elementwise {fn} of a tile."
+    return f
+
+
+exp, exp2, log, log2, sqrt, rsqrt, sigmoid = (_unary(n) for n in FLOAT_ONLY)
+
+
+def where(cond: Tile, a, b) -> Tile:
+    return elementwise("where", cond, a, b)
+
+
+def maximum(a, b):
+    """Elementwise max of tiles, or the max of two index expressions."""
+    if isinstance(a, Tile) or isinstance(b, Tile):
+        return elementwise("max", a, b)
+    return sympy.Max(as_expr(a), as_expr(b))
+
+
+def minimum(a, b):
+    if isinstance(a, Tile) or isinstance(b, Tile):
+        return elementwise("min", a, b)
+    return sympy.Min(as_expr(a), as_expr(b))

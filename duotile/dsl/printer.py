@@ -1,0 +1,67 @@
+"""The text form of the Tile IR (what ``duotile show --stage ir`` prints)."""
+
+from __future__ import annotations
+
+from .ir import Block, Module, Op, Value
+
+
+def format_arg(arg) -> str:
+    return repr(arg) if isinstance(arg, Value) else str(arg)
+
+
+def _format_attrs(op: Op) -> str:
+    skip = {"tensor", "offsets", "shape", "role", "var", "vars", "extent", "extents", "fn", "expr"}
+    parts = [f"{k}={v}" for k, v in op.attrs.items() if k not in skip and v is not None]
+    return " " + " ".join(parts) if parts else ""
+
+
+def format_op(op: Op) -> str:
+    a = op.attrs
+    lhs = f"{op.result!r} = " if op.result is not None else ""
+    if op.name == "grid":
+        axes = ", ".join(f"{v} < {e}" for v, e in zip(a["vars"], a["extents"]))
+        return f"grid ({axes})"
+    if op.name == "for":
+        kind = f" pipelined(stages={a['stages']})" if a.get("stages") else ""
+        return f"for {a['var']} < {a['extent']}{kind}"
+    args = ", ".join(format_arg(x) for x in op.args)
+    if op.name in ("load", "store", "gather"):
+        offs = ", ".join(str(o) for o in a["offsets"])
+        tail = f" -> {op.result.type}" if op.result is not None else ""
+        idx = f" by {args}" if op.name == "gather" else (f" <- {args}" if op.name == "store" else "")
+        extra = _format_attrs(op)
+        return f"{lhs}{op.name} {a['tensor']}[{offs}]{idx}{tail}{extra}"
+    if op.name == "map":
+        return f"{lhs}map({args}) {{ {a['expr']} }} -> {op.result.type}"
+    fn = f".{a['fn']}" if "fn" in a else ""
+    tail = f" -> {op.result.type}" if op.result is not None else ""
+    return f"{lhs}{op.name}{fn}({args}){_format_attrs(op)}{tail}"
+
+
+def format_block(block: Block, indent: int, with_loc: bool) -> list[str]:
+    lines = []
+    pad = "  " * indent
+    for op in block.ops:
+        text = pad + format_op(op)
+        if with_loc and op.loc is not None and not op.regions:
+            text = f"{text:<72}  # line {op.loc.line}"
+        if op.regions:
+            lines.append(text + " {")
+            for region in op.regions:
+                lines.extend(format_block(region, indent + 1, with_loc))
+            lines.append(pad + "}")
+        else:
+            lines.append(text)
+    return lines
+
+
+def format_module(module: Module, with_loc: bool = True) -> str:
+    params = ", ".join(str(p) for p in module.params)
+    head = [f"kernel {module.name}({params})"]
+    if module.constants:
+        head.append("  constants {" + ", ".join(f"{k}={v}" for k, v in module.constants.items()) + "}")
+    if module.config:
+        head.append("  config {" + ", ".join(f"{k}={v}" for k, v in module.config.items()) + "}")
+    if module.shapes:
+        head.append("  shapes {" + ", ".join(f"{k}={v}" for k, v in module.shapes.items()) + "}")
+    return "\n".join(head + format_block(module.body, 1, with_loc)) + "\n"

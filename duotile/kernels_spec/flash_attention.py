@@ -1,0 +1,102 @@
+"""Attention forward, O = softmax(Q K^T / sqrt(D) [causal]) V, with the log-sum-exp per row.
+
+Layout [B, H, S, D] (query and key/value share S). The online softmax runs in base 2:
+scores are scaled by log2(e) / sqrt(D), so exp2 replaces exp; LSE is returned in natural
+log units. Model shapes: head dim 512 (V4 attention, 448 nope + 64 rope) and 128 (the
+indexer's and the common benchmark's).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from .. import dsl
+from .registry import Spec, register
+
+LOG2E = 1.4426950408889634
+LN2 = 0.6931471805599453
+
+
+@dsl.kernel
+def flash_attention(q: dsl.Tensor["B", "H", "S", "D", dsl.bf16], k: dsl.Tensor["B", "H", "S", "D", dsl.bf16],
+                    v: dsl.Tensor["B", "H", "S", "D", dsl.bf16], o: dsl.Tensor["B", "H", "S", "D", dsl.bf16],
+                    lse: dsl.Tensor["B", "H", "S", dsl.f32], *,
+                    CAUSAL: dsl.Const = False,
+                    BM: dsl.Tunable = dsl.choice(128, 64),
+                    BN: dsl.Tunable = dsl.choice(128, 64, 32),
+                    STAGES: dsl.Tunable = dsl.int_range(1, 3, default=2)):
+    S, D = q.S, q.D
+    for b, h, m in dsl.grid(q.B, q.H, dsl.cdiv(S, BM)):
+        q_tile = dsl.load(q[b, h, m * BM, 0], (BM, D), role="operand")
+        acc = dsl.zeros((BM, D), dsl.f32, role="accumulator")
+        row_max = dsl.full((BM, 1), float("-inf"), dsl.f32)
+        row_sum = dsl.zeros((BM, 1), dsl.f32)
+        rows = m * BM + dsl.arange(BM)[:, None]
+        n_blocks = dsl.minimum(dsl.cdiv((m + 1) * BM, BN), dsl.cdiv(S, BN)) if CAUSAL else dsl.cdiv(S, BN)
+        for n in dsl.pipelined(n_blocks, stages=STAGES):
+            k_tile = dsl.load(k[b, h, n * BN, 0], (BN, D), role="operand")
+            v_tile = dsl.load(v[b, h, n * BN, 0], (BN, D), role="operand")
+            scores = dsl.zeros((BM, BN), dsl.f32, role="accumulator")
+            dsl.gemm(q_tile, k_tile, scores, transpose_b=True)
+            cols = n * BN + dsl.arange(BN)[None, :]
+            keep = (cols <= rows) & (cols < S) if CAUSAL else cols < S
+            s2 = dsl.where(keep, scores * (LOG2E * D ** -0.5), float("-inf"))
+            new_max = dsl.maximum(row_max, s2.max(axis=1))
+            p = dsl.exp2(s2 - new_max)
+            rescale = dsl.exp2(row_max - new_max)
+            row_sum[:] = row_sum * rescale + p.sum(axis=1)
+            acc[:] = acc * rescale
+            row_max[:] = new_max
+            dsl.gemm(p.to(dsl.bf16), v_tile, acc)
+        dsl.store(o[b, h, m * BM, 0], (acc / row_sum).to(dsl.bf16))
+        dsl.store(lse[b, h, m * BM], (row_max + dsl.log2(row_sum)) * LN2)
+
+
+def attention_reference(q, k, v, causal: bool = False) -> dict:
+    """Plain softmax attention in fp32, written from the definition."""
+    d = q.shape[-1]
+    s = torch.einsum("bhqd,bhkd->bhqk", q.float(), k.float()) / math.sqrt(d)
+    if causal:
+        n = q.shape[2]
+        mask = torch.ones(n, n, dtype=torch.bool, device=q.device).tril()
+        s = s.masked_fill(~mask, float("-inf"))
+    lse = torch.logsumexp(s, dim=-1)
+    p = torch.exp(s - lse[..., None])
+    return {"o": torch.einsum("bhqk,bhkd->bhqd", p, v.float()).to(torch.bfloat16), "lse": lse}
+
+
+def _inputs(case, device, seed):
+    g = torch.Generator().manual_seed(seed)
+    b, h, s, d = case["B"], case["H"], case["S"], case["D"]
+    q, k, v = (torch.randn(b, h, s, d, generator=g).to(torch.bfloat16) for _ in range(3))
+    return {"q": q.to(device), "k": k.to(device), "v": v.to(device),
+            "o": torch.empty(b, h, s, d, dtype=torch.bfloat16, device=device),
+            "lse": torch.empty(b, h, s, dtype=torch.float32, device=device)}
+
+
+def _flops(case):
+    full = 4.0 * case["B"] * case["H"] * case["S"] * case["S"] * case["D"]
+    return full / 2 if case.get("causal") else full
+
+
+SPEC = register(Spec(
+    kernel=flash_attention,
+    reference=lambda q, k, v, CAUSAL=False: attention_reference(q, k, v, CAUSAL),
+    make_inputs=_inputs,
+    outputs=("o", "lse"),
+    cases={
+        "d128": {"B": 1, "H": 2, "S": 256, "D": 128},
+        "d128_causal": {"B": 2, "H": 1, "S": 192, "D": 128, "causal": True},
+        "d128_ragged": {"B": 1, "H": 2, "S": 200, "D": 128, "causal": True},
+        "d512": {"B": 1, "H": 1, "S": 160, "D": 512},
+        "d512_causal": {"B": 1, "H": 2, "S": 130, "D": 512, "causal": True},
+    },
+    build_cases={"d128": {"B": 4, "H": 32, "S": 4096, "D": 128},
+                 "d128_causal": {"B": 4, "H": 32, "S": 4096, "D": 128, "causal": True},
+                 "d512": {"B": 1, "H": 64, "S": 4096, "D": 512, "causal": True}},
+    tolerance=lambda case, out: (2e-2, 2e-2) if out == "o" else (1e-3, 1e-4),
+    constants_of=lambda case: {"CAUSAL": bool(case.get("causal"))},
+    flops=_flops,
+))

@@ -1,0 +1,99 @@
+"""C = A @ B^T with fp32 accumulation and a bf16 result; bf16 or fp8-e4m3 inputs, with
+optional per-row (A) and per-column (B) fp32 scales applied to the accumulator.
+
+Model shapes (model.md 5.1): the dense projections of V4.1-Flash, e.g. wq_b 1024 -> 32768,
+wo_b 8192 -> 4096, and the shared expert 4096 -> 2048; benchmarked at 8192^3.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .. import dsl
+from .registry import Spec, register
+
+FP8_MAX = 448.0
+
+
+@dsl.kernel
+def gemm(a: dsl.Tensor["M", "K", dsl.bf16 | dsl.f8e4m3], b: dsl.Tensor["N", "K", dsl.bf16 | dsl.f8e4m3],
+         c: dsl.Tensor["M", "N", dsl.bf16],
+         a_scale: dsl.OptionalTensor["M", dsl.f32] = None, b_scale: dsl.OptionalTensor["N", dsl.f32] = None,
+         *,
+         BM: dsl.Tunable = dsl.choice(128, 64, 256),
+         BN: dsl.Tunable = dsl.choice(128, 256, 64),
+         BK: dsl.Tunable = dsl.choice(64, 128, 32),
+         STAGES: dsl.Tunable = dsl.int_range(2, 5, default=3)):
+    for m, n in dsl.grid(dsl.cdiv(a.M, BM), dsl.cdiv(b.N, BN)):
+        acc = dsl.zeros((BM, BN), dsl.f32, role="accumulator")
+        for k in dsl.pipelined(dsl.cdiv(a.K, BK), stages=STAGES):
+            a_tile = dsl.load(a[m * BM, k * BK], (BM, BK), role="operand")
+            b_tile = dsl.load(b[n * BN, k * BK], (BN, BK), role="operand")
+            dsl.gemm(a_tile, b_tile, acc, transpose_b=True)
+        out = acc
+        if a_scale is not None:
+            out = out * dsl.load(a_scale[m * BM], (BM,))[:, None]
+        if b_scale is not None:
+            out = out * dsl.load(b_scale[n * BN], (BN,))[None, :]
+        dsl.store(c[m * BM, n * BN], out.to(dsl.bf16))
+
+
+def gemm_reference(a, b, a_scale=None, b_scale=None) -> dict:
+    out = a.float() @ b.float().t()
+    if a_scale is not None:
+        out = out * a_scale.float()[:, None]
+    if b_scale is not None:
+        out = out * b_scale.float()[None, :]
+    return {"c": out.to(torch.bfloat16)}
+
+
+def _quantise_rows(x: torch.Tensor):
+    """Per-row fp8 e4m3 with an fp32 scale: x ~= q * scale."""
+    scale = x.abs().amax(dim=1).clamp(min=1e-4) / FP8_MAX
+    return (x / scale[:, None]).to(torch.float8_e4m3fn), scale.float()
+
+
+def _inputs(case, device, seed):
+    g = torch.Generator().manual_seed(seed)
+    m, n, k = case["M"], case["N"], case["K"]
+    a = torch.randn(m, k, generator=g)
+    b = torch.randn(n, k, generator=g)
+    out = {"c": torch.empty(m, n, dtype=torch.bfloat16)}
+    if case.get("dtype", "bf16") == "f8e4m3":
+        out["a"], sa = _quantise_rows(a)
+        out["b"], sb = _quantise_rows(b)
+        if case.get("scales", True):
+            out["a_scale"], out["b_scale"] = sa, sb
+    else:
+        out["a"], out["b"] = a.to(torch.bfloat16), b.to(torch.bfloat16)
+        if case.get("scales", False):
+            out["a_scale"] = torch.rand(m, generator=g) + 0.5
+            out["b_scale"] = torch.rand(n, generator=g) + 0.5
+    return {k: v.to(device) for k, v in out.items()}
+
+
+def _tolerance(case, output):
+    # fp32 accumulation of K products; the result is rounded once to bf16 (rel 2^-8).
+    # Products of fp8 inputs are exact in fp32, so the error is the bf16 rounding plus
+    # summation-order differences of order K * eps32 * |terms|.
+    scale = 1.0 if case.get("dtype", "bf16") == "bf16" else 8.0
+    return (1e-2 * scale * (case["K"] / 64) ** 0.5, 1e-2)
+
+
+SPEC = register(Spec(
+    kernel=gemm,
+    reference=gemm_reference,
+    make_inputs=_inputs,
+    outputs=("c",),
+    cases={
+        "bf16_128": {"M": 128, "N": 128, "K": 128},
+        "bf16_ragged": {"M": 200, "N": 136, "K": 200},
+        "bf16_scaled": {"M": 96, "N": 160, "K": 64, "scales": True},
+        "fp8_scaled": {"M": 130, "N": 256, "K": 256, "dtype": "f8e4m3"},
+        "fp8_plain": {"M": 64, "N": 64, "K": 128, "dtype": "f8e4m3", "scales": False},
+    },
+    build_cases={"bf16_8192": {"M": 8192, "N": 8192, "K": 8192},
+                 "fp8_8192": {"M": 8192, "N": 8192, "K": 8192, "dtype": "f8e4m3"}},
+    tolerance=_tolerance,
+    flops=lambda c: 2.0 * c["M"] * c["N"] * c["K"],
+))
