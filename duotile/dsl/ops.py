@@ -9,7 +9,7 @@ import sympy
 from . import builder, dtypes
 from .dtypes import DType
 from .ir import Expr, Op, Role, TileType, Value
-from .tile import Tile, TensorView, as_expr, is_role
+from .tile import TensorView, Tile, as_expr, is_role
 
 UNARY = ("neg", "abs", "not", "exp", "exp2", "log", "log2", "sqrt", "rsqrt", "sigmoid")
 BINARY = ("add", "sub", "mul", "div", "max", "min", "lt", "le", "gt", "ge", "eq", "ne", "and", "or")
@@ -203,8 +203,6 @@ def store(view: TensorView, value: Tile) -> None:
                             f"{tensor.name!r}: cast it with .to(dsl.{tensor.dtype.name})")
     shape = value.shape
     if len(shape) > tensor.ndim:
-        shape = tuple(d for d in shape if d != 1) or (sympy.Integer(1),)
-    if len(shape) > tensor.ndim:
         raise builder.error(f"a tile of shape {_fmt(value.shape)} does not fit {tensor.ndim}-d "
                             f"tensor {tensor.name!r}")
     attrs = {"tensor": tensor.name, "offsets": tuple(as_expr(i) for i in view.index), "shape": shape}
@@ -306,7 +304,7 @@ def reduce(fn: str, x: Tile, axis: int) -> Tile:
     if not -rank <= axis < rank:
         raise builder.error(f"reduction axis {axis} out of range for a {rank}-d tile")
     axis %= rank
-    shape = tuple(sympy.Integer(1) if i == axis else d for i, d in enumerate(x.shape))
+    shape = tuple(d for i, d in enumerate(x.shape) if i != axis) or (sympy.Integer(1),)
     t = TileType(shape, x.dtype, Role.VECTOR)
     op = Op("reduce", args=(x.value,), attrs={"fn": fn, "axis": axis}, result=Value(t))
     return Tile(builder.current().emit(op))

@@ -10,7 +10,7 @@ def format_arg(arg) -> str:
 
 
 def _format_attrs(op: Op) -> str:
-    skip = {"tensor", "offsets", "shape", "role", "var", "vars", "extent", "extents", "fn", "expr"}
+    skip = {"into", "tensor", "offsets", "shape", "role", "var", "vars", "extent", "extents", "fn", "expr"}
     parts = [f"{k}={v}" for k, v in op.attrs.items() if k not in skip and v is not None]
     return " " + " ".join(parts) if parts else ""
 
@@ -32,7 +32,8 @@ def format_op(op: Op) -> str:
         extra = _format_attrs(op)
         return f"{lhs}{op.name} {a['tensor']}[{offs}]{idx}{tail}{extra}"
     if op.name == "map":
-        return f"{lhs}map({args}) {{ {a['expr']} }} -> {op.result.type}"
+        tail = f"into {a['into']!r}" if a.get("into") is not None else f"-> {op.result.type}"
+        return f"{lhs}map({args}) {{ {a['expr']} }} {tail}"
     fn = f".{a['fn']}" if "fn" in a else ""
     tail = f" -> {op.result.type}" if op.result is not None else ""
     return f"{lhs}{op.name}{fn}({args}){_format_attrs(op)}{tail}"

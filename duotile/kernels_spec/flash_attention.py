@@ -20,9 +20,9 @@ LN2 = 0.6931471805599453
 
 
 @dsl.kernel
-def flash_attention(q: dsl.Tensor["B", "H", "S", "D", dsl.bf16], k: dsl.Tensor["B", "H", "S", "D", dsl.bf16],
-                    v: dsl.Tensor["B", "H", "S", "D", dsl.bf16], o: dsl.Tensor["B", "H", "S", "D", dsl.bf16],
-                    lse: dsl.Tensor["B", "H", "S", dsl.f32], *,
+def flash_attention(q: dsl.Tensor[B, H, S, D, dsl.bf16], k: dsl.Tensor[B, H, S, D, dsl.bf16],
+                    v: dsl.Tensor[B, H, S, D, dsl.bf16], o: dsl.Tensor[B, H, S, D, dsl.bf16],
+                    lse: dsl.Tensor[B, H, S, dsl.f32], *,
                     CAUSAL: dsl.Const = False,
                     BM: dsl.Tunable = dsl.choice(128, 64),
                     BN: dsl.Tunable = dsl.choice(128, 64, 32),
@@ -31,8 +31,8 @@ def flash_attention(q: dsl.Tensor["B", "H", "S", "D", dsl.bf16], k: dsl.Tensor["
     for b, h, m in dsl.grid(q.B, q.H, dsl.cdiv(S, BM)):
         q_tile = dsl.load(q[b, h, m * BM, 0], (BM, D), role="operand")
         acc = dsl.zeros((BM, D), dsl.f32, role="accumulator")
-        row_max = dsl.full((BM, 1), float("-inf"), dsl.f32)
-        row_sum = dsl.zeros((BM, 1), dsl.f32)
+        row_max = dsl.full((BM,), float("-inf"), dsl.f32)
+        row_sum = dsl.zeros((BM,), dsl.f32)
         rows = m * BM + dsl.arange(BM)[:, None]
         n_blocks = dsl.minimum(dsl.cdiv((m + 1) * BM, BN), dsl.cdiv(S, BN)) if CAUSAL else dsl.cdiv(S, BN)
         for n in dsl.pipelined(n_blocks, stages=STAGES):
@@ -44,13 +44,13 @@ def flash_attention(q: dsl.Tensor["B", "H", "S", "D", dsl.bf16], k: dsl.Tensor["
             keep = (cols <= rows) & (cols < S) if CAUSAL else cols < S
             s2 = dsl.where(keep, scores * (LOG2E * D ** -0.5), float("-inf"))
             new_max = dsl.maximum(row_max, s2.max(axis=1))
-            p = dsl.exp2(s2 - new_max)
+            p = dsl.exp2(s2 - new_max[:, None])
             rescale = dsl.exp2(row_max - new_max)
             row_sum[:] = row_sum * rescale + p.sum(axis=1)
-            acc[:] = acc * rescale
+            acc[:] = acc * rescale[:, None]
             row_max[:] = new_max
             dsl.gemm(p.to(dsl.bf16), v_tile, acc)
-        dsl.store(o[b, h, m * BM, 0], (acc / row_sum).to(dsl.bf16))
+        dsl.store(o[b, h, m * BM, 0], (acc / row_sum[:, None]).to(dsl.bf16))
         dsl.store(lse[b, h, m * BM], (row_max + dsl.log2(row_sum)) * LN2)
 
 

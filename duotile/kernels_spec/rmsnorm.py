@@ -14,15 +14,15 @@ from .registry import Spec, register
 
 
 @dsl.kernel(batch_dim="T")
-def rmsnorm(x: dsl.Tensor["T", "D", dsl.bf16], weight: dsl.Tensor["D", dsl.bf16],
-            y: dsl.Tensor["T", "D", dsl.bf16], *,
+def rmsnorm(x: dsl.Tensor[T, D, dsl.bf16], weight: dsl.Tensor[D, dsl.bf16],
+            y: dsl.Tensor[T, D, dsl.bf16], *,
             EPS: dsl.Const = 1e-6,
             ROWS: dsl.Tunable = dsl.choice(1, 2, 4, 8)):
     for t in dsl.grid(dsl.cdiv(x.T, ROWS)):
         xt = dsl.load(x[t * ROWS, 0], (ROWS, x.D)).to(dsl.f32)
         mean_sq = (xt * xt).sum(axis=1) / x.D
         w = dsl.load(weight[0], (x.D,)).to(dsl.f32)
-        dsl.store(y[t * ROWS, 0], (xt * dsl.rsqrt(mean_sq + EPS) * w[None, :]).to(dsl.bf16))
+        dsl.store(y[t * ROWS, 0], (xt * dsl.rsqrt(mean_sq + EPS)[:, None] * w[None, :]).to(dsl.bf16))
 
 
 def rmsnorm_reference(x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6) -> dict:

@@ -1,0 +1,293 @@
+"""Executes a bound Tile IR module with PyTorch on CPU or GPU, one program of the grid at a time.
+
+Semantics, for every target to match:
+- ``load`` reads the tile at its corner; elements outside the tensor read ``other``.
+- ``gather`` reads rows named by an index tile; an index < 0 or >= the size reads ``other``.
+- ``store`` writes the tile; elements outside the tensor are dropped.
+- ``gemm`` adds ``a @ b`` (with transposes) to an fp32 buffer, products and sums in fp32.
+- elementwise math runs in the result dtype of the op (fp32 for the specs' math).
+"""
+
+from __future__ import annotations
+
+import itertools
+from functools import lru_cache
+
+import sympy
+import torch
+
+from ...dsl.expr import Node
+from ...dsl.ir import Block, Module, Op, Value
+
+HANDLERS = {}
+
+
+def handles(name):
+    def deco(fn):
+        HANDLERS[name] = fn
+        return fn
+
+    return deco
+
+
+@lru_cache(maxsize=4096)
+def _compiled(expr: sympy.Basic, names: tuple[str, ...]):
+    syms = [sympy.Symbol(n, integer=True, nonnegative=True) for n in names]
+    return sympy.lambdify(syms, expr, modules=[{"ceiling": _ceil, "floor": _floor}, "math"])
+
+
+def _ceil(x):
+    import math
+
+    return math.ceil(x)
+
+
+def _floor(x):
+    import math
+
+    return math.floor(x)
+
+
+class Interpreter:
+    def __init__(self, module: Module, tensors: dict[str, torch.Tensor]):
+        self.module = module
+        self.tensors = tensors
+        self.env: dict[str, int] = {}
+        self.vals: dict[int, torch.Tensor] = {}
+        self.device = next(iter(t.device for t in tensors.values() if t is not None))
+
+    # -- scalars ------------------------------------------------------------------------------
+    def scalar(self, e):
+        if not isinstance(e, sympy.Basic):
+            return e
+        if not e.free_symbols:
+            return int(e) if e.is_Integer else float(e)
+        names = tuple(sorted(str(s) for s in e.free_symbols))
+        return _compiled(e, names)(*(self.env[n] for n in names))
+
+    def get(self, v) -> torch.Tensor:
+        return self.vals[v.id] if isinstance(v, Value) else self.scalar(v)
+
+    def put(self, v: Value, t: torch.Tensor):
+        self.vals[v.id] = t
+
+    # -- control ------------------------------------------------------------------------------
+    def run(self):
+        grid = self.module.grid
+        names = [str(v) for v in grid.attrs["vars"]]
+        extents = [int(self.scalar(e)) for e in grid.attrs["extents"]]
+        for point in itertools.product(*(range(n) for n in extents)):
+            self.env = dict(zip(names, point))
+            self.vals = {}
+            self.block(grid.regions[0])
+
+    def block(self, block: Block):
+        for op in block.ops:
+            handler = HANDLERS.get(op.name)
+            if handler is None:
+                from ...dsl.errors import UnsupportedError
+
+                raise UnsupportedError(f"the interpreter has no handler for {op.name}", op.loc)
+            handler(self, op)
+
+
+def run_module(module: Module, tensors: dict[str, torch.Tensor]) -> None:
+    Interpreter(module, tensors).run()
+
+
+@handles("for")
+def _for(it: Interpreter, op: Op):
+    var = str(op.attrs["var"])
+    for i in range(int(it.scalar(op.attrs["start"])), int(it.scalar(op.attrs["extent"]))):
+        it.env[var] = i
+        it.block(op.regions[0])
+    it.env.pop(var, None)
+
+
+# -- memory ------------------------------------------------------------------------------------
+def _window(it: Interpreter, op: Op, tensor: torch.Tensor):
+    """Slices of ``tensor`` covered by the tile (clipped), and where they sit in the tile."""
+    offsets = [int(it.scalar(o)) for o in op.attrs["offsets"]]
+    shape = [int(d) for d in op.attrs["shape"]]
+    lead = tensor.dim() - len(shape)
+    src, dst = [], []
+    for d, off in enumerate(offsets):
+        size = tensor.shape[d]
+        if d < lead:
+            if not 0 <= off < size:
+                return None, None
+            src.append(off)
+            continue
+        n = shape[d - lead]
+        lo, hi = max(off, 0), min(off + n, size)
+        if hi <= lo:
+            return None, None
+        src.append(slice(lo, hi))
+        dst.append(slice(lo - off, hi - off))
+    return tuple(src), tuple(dst)
+
+
+@handles("load")
+def _load(it: Interpreter, op: Op):
+    tensor = it.tensors[op.attrs["tensor"]]
+    t = op.result.type
+    out = torch.full([int(d) for d in t.shape], op.attrs["other"], dtype=t.dtype.torch, device=it.device)
+    src, dst = _window(it, op, tensor)
+    if src is not None:
+        out.view([int(d) for d in op.attrs["shape"]])[dst] = tensor[src]
+    it.put(op.result, out)
+
+
+@handles("gather")
+def _gather(it: Interpreter, op: Op):
+    tensor = it.tensors[op.attrs["tensor"]]
+    axis = op.attrs["axis"]
+    idx = it.get(op.args[0]).reshape(-1).long()
+    valid = (idx >= 0) & (idx < tensor.shape[axis])
+    picked = tensor.index_select(axis, torch.where(valid, idx, torch.zeros_like(idx)))
+    lead = tensor.dim() - len(op.attrs["shape"])
+    view = _GatherView(it, op, picked, lead, axis)
+    out = view.read()
+    mask_shape = [1] * out.dim()
+    mask_shape[axis - lead] = -1
+    other = torch.full_like(out, op.attrs["other"])
+    it.put(op.result, torch.where(valid.view(mask_shape), out, other))
+
+
+class _GatherView:
+    """The non-gathered dimensions of a gather behave like a load from the picked rows."""
+
+    def __init__(self, it, op, picked, lead, axis):
+        self.it, self.op, self.picked, self.lead, self.axis = it, op, picked, lead, axis
+
+    def read(self) -> torch.Tensor:
+        it, op = self.it, self.op
+        t = op.result.type
+        out = torch.full([int(d) for d in t.shape], op.attrs["other"], dtype=t.dtype.torch, device=it.device)
+        src, dst = _window(it, op, self.picked)
+        if src is not None:
+            out[dst] = self.picked[src]
+        return out
+
+
+@handles("store")
+def _store(it: Interpreter, op: Op):
+    tensor = it.tensors[op.attrs["tensor"]]
+    src, dst = _window(it, op, tensor)
+    if src is None:
+        return
+    value = it.get(op.args[0]).reshape([int(d) for d in op.attrs["shape"]])
+    tensor[src] = value[dst]
+
+
+@handles("alloc")
+def _alloc(it: Interpreter, op: Op):
+    t = op.result.type
+    fill = op.attrs["fill"]
+    fill = float("nan") if fill is None and t.dtype.is_float else (fill or 0)
+    it.put(op.result, torch.full([int(d) for d in t.shape], fill, dtype=t.dtype.torch, device=it.device))
+
+
+@handles("assign")
+def _assign(it: Interpreter, op: Op):
+    dst, src = it.get(op.args[0]), it.get(op.args[1])
+    dst.copy_(torch.broadcast_to(src, dst.shape))
+
+
+# -- compute ------------------------------------------------------------------------------------
+@handles("gemm")
+def _gemm(it: Interpreter, op: Op):
+    a, b, acc = (it.get(v) for v in op.args)
+    a = a.float().t() if op.attrs["transpose_a"] else a.float()
+    b = b.float().t() if op.attrs["transpose_b"] else b.float()
+    acc += a @ b
+
+
+@handles("reduce")
+def _reduce(it: Interpreter, op: Op):
+    x = it.get(op.args[0])
+    axis, fn = op.attrs["axis"], op.attrs["fn"]
+    out = {"sum": lambda: x.sum(axis, dtype=x.dtype), "max": lambda: x.amax(axis),
+           "min": lambda: x.amin(axis)}[fn]()
+    it.put(op.result, out.reshape([int(d) for d in op.result.type.shape]))
+
+
+_EW = {
+    "add": torch.add, "sub": torch.sub, "mul": torch.mul, "div": torch.div,
+    "max": torch.maximum, "min": torch.minimum,
+    "lt": torch.lt, "le": torch.le, "gt": torch.gt, "ge": torch.ge, "eq": torch.eq, "ne": torch.ne,
+    "and": torch.logical_and, "or": torch.logical_or, "not": torch.logical_not,
+    "neg": torch.neg, "abs": torch.abs, "exp": torch.exp, "exp2": torch.exp2, "log": torch.log,
+    "log2": torch.log2, "sqrt": torch.sqrt, "rsqrt": torch.rsqrt, "sigmoid": torch.sigmoid,
+}
+
+
+def _as_tensor(x, dtype, device):
+    return x if isinstance(x, torch.Tensor) else torch.tensor(x, dtype=dtype, device=device)
+
+
+def apply_ew(fn: str, args: list, dtype: torch.dtype, device) -> torch.Tensor:
+    if fn == "where":
+        c, a, b = args
+        return torch.where(c, _as_tensor(a, dtype, device), _as_tensor(b, dtype, device)).to(dtype)
+    if fn == "splat":
+        return torch.tensor(args[0], dtype=dtype, device=device)
+    tensors = [_as_tensor(a, dtype if not isinstance(a, bool) else torch.bool, device) for a in args]
+    if fn in ("lt", "le", "gt", "ge", "eq", "ne", "and", "or", "not"):
+        return _EW[fn](*tensors)
+    return _EW[fn](*[t.to(dtype) for t in tensors]).to(dtype)
+
+
+@handles("ew")
+def _ew(it: Interpreter, op: Op):
+    args = [it.get(a) for a in op.args]
+    t = op.result.type
+    out = apply_ew(op.attrs["fn"], args, t.dtype.torch, it.device)
+    it.put(op.result, torch.broadcast_to(out, [int(d) for d in t.shape]).clone())
+
+
+@handles("cast")
+def _cast(it: Interpreter, op: Op):
+    it.put(op.result, it.get(op.args[0]).to(op.attrs["dtype"].torch))
+
+
+@handles("iota")
+def _iota(it: Interpreter, op: Op):
+    n = int(op.result.type.shape[0])
+    it.put(op.result, torch.arange(n, dtype=torch.int32, device=it.device))
+
+
+@handles("expand")
+def _expand(it: Interpreter, op: Op):
+    it.put(op.result, it.get(op.args[0]).unsqueeze(op.attrs["axis"]))
+
+
+@handles("map")
+def _map(it: Interpreter, op: Op):
+    inputs = [it.get(a) for a in op.args]
+    out = _eval(it, op.attrs["expr"], inputs)
+    into = op.attrs.get("into")
+    if into is not None:
+        dst = it.get(into)
+        dst.copy_(torch.broadcast_to(out, dst.shape))
+    else:
+        t = op.result.type
+        it.put(op.result, torch.broadcast_to(out, [int(d) for d in t.shape]).to(t.dtype.torch).clone())
+
+
+def _eval(it: Interpreter, node: Node, inputs: list) -> torch.Tensor:
+    dtype = node.dtype.torch
+    if node.kind == "arg":
+        return inputs[node.attr]
+    if node.kind == "const":
+        return torch.tensor(node.attr, dtype=dtype, device=it.device)
+    if node.kind == "scalar":
+        return torch.tensor(it.scalar(node.attr), dtype=dtype, device=it.device)
+    if node.kind == "iota":
+        return torch.arange(int(node.shape[0]), dtype=torch.int32, device=it.device)
+    kids = [_eval(it, c, inputs) for c in node.children]
+    if node.kind == "expand":
+        return kids[0].unsqueeze(node.attr)
+    if node.kind == "cast":
+        return kids[0].to(node.attr.torch)
+    return apply_ew(node.kind, kids, dtype, it.device)

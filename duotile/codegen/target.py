@@ -1,0 +1,80 @@
+"""What a target is, and the registry of targets. Shared code never switches on a target name:
+it asks the registry for the target's object and calls its methods."""
+
+from __future__ import annotations
+
+import importlib
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..dsl.ir import Module
+from ..dsl.tunables import Space
+
+# name -> module that registers it when imported (so TileLang loads only when needed)
+_PROVIDERS = {
+    "interpret": "duotile.codegen.interpret.target",
+    "sm90": "duotile.codegen.tilelang_cuda.target",
+    "sm100": "duotile.codegen.tilelang_cuda.target",
+    "ascend950": "duotile.codegen.tilelang_ascend.target",
+}
+_TARGETS: dict[str, Target] = {}
+
+
+@dataclass
+class Artifact:
+    """Everything one build of one kernel for one target produced, by stage name."""
+
+    kernel: str
+    target: str
+    stages: dict[str, str] = field(default_factory=dict)  # stage -> text (ir, tilelang, cuda, ptx, sass, ascend)
+    files: dict[str, str] = field(default_factory=dict)  # stage -> path on disk (cubin, ...)
+    timings: dict[str, float] = field(default_factory=dict)  # seconds per step
+    meta: dict[str, Any] = field(default_factory=dict)
+
+
+class Target:
+    """A code generator. Subclasses fill in the hooks; ``runnable`` says if it can execute here."""
+
+    name: str = ""
+    stages: tuple[str, ...] = ("ir",)
+    knobs: dict[str, Space] = {}  # target-specific tunables (threads, cores, ...)
+
+    def lower(self, module: Module, knobs: dict[str, Any]) -> Module:
+        """The target's pass pipeline on a bound module."""
+        return module
+
+    def generate(self, module: Module, knobs: dict[str, Any]) -> Artifact:
+        raise NotImplementedError
+
+    def build(self, artifact: Artifact, workdir: str) -> Artifact:
+        """Compile generated source (nvcc, TileLang lowering); fills more stages."""
+        return artifact
+
+    def load(self, artifact: Artifact, module: Module):
+        """A callable ``f(tensors: dict)`` that runs the kernel, where this machine can."""
+        raise NotImplementedError(f"target {self.name} cannot run kernels on this machine")
+
+    def toolchain(self) -> dict[str, str]:
+        """Versions that change what this target generates (part of every cache key)."""
+        return {}
+
+    def default_knobs(self) -> dict[str, Any]:
+        return {k: s.default for k, s in self.knobs.items()}
+
+
+def register_target(target: Target) -> Target:
+    _TARGETS[target.name] = target
+    return target
+
+
+def get_target(name: str) -> Target:
+    if name not in _TARGETS:
+        provider = _PROVIDERS.get(name)
+        if provider is None:
+            raise KeyError(f"unknown target {name!r}; known: {', '.join(target_names())}")
+        importlib.import_module(provider)
+    return _TARGETS[name]
+
+
+def target_names() -> list[str]:
+    return list(_PROVIDERS)

@@ -1,0 +1,59 @@
+"""Shared machinery for passes: copy a module while mapping every expression and value."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import sympy
+
+from ..dsl.ir import Block, Module, Op, TileType, Value
+
+
+def map_expr(x, fn: Callable[[sympy.Basic], sympy.Basic]):
+    """Apply ``fn`` to sympy expressions inside attrs (tuples, lists and dicts included)."""
+    if isinstance(x, sympy.Basic):
+        return fn(x)
+    if isinstance(x, tuple):
+        return tuple(map_expr(i, fn) for i in x)
+    if isinstance(x, list):
+        return [map_expr(i, fn) for i in x]
+    if isinstance(x, dict):
+        return {k: map_expr(v, fn) for k, v in x.items()}
+    return x
+
+
+class Rewriter:
+    """Copies a module; ``expr`` rewrites every index expression and tile dimension."""
+
+    def __init__(self, expr: Callable[[sympy.Basic], sympy.Basic] = lambda e: e):
+        self.expr = expr
+        self.values: dict[int, Value] = {}
+
+    def value(self, v: Value) -> Value:
+        if v.id not in self.values:
+            t = v.type
+            new_type = TileType(tuple(self.expr(d) for d in t.shape), t.dtype, t.role)
+            self.values[v.id] = Value(new_type, v.mutable, v.hint, v.id)
+        return self.values[v.id]
+
+    def arg(self, a):
+        return self.value(a) if isinstance(a, Value) else map_expr(a, self.expr)
+
+    def op(self, op: Op) -> Op:
+        attrs = {k: self.value(v) if isinstance(v, Value) else map_expr(v, self.expr)
+                 for k, v in op.attrs.items()}
+        return Op(op.name, tuple(self.arg(a) for a in op.args), attrs,
+                  self.value(op.result) if op.result is not None else None,
+                  [self.block(r) for r in op.regions], op.loc)
+
+    def block(self, block: Block) -> Block:
+        return Block([self.op(o) for o in block.ops])
+
+    def module(self, m: Module, **changes) -> Module:
+        params = [type(p)(p.name, tuple(self.expr(d) for d in p.shape), p.dtype, p.optional)
+                  for p in m.params]
+        fields = dict(name=m.name, params=params, body=self.block(m.body), config=dict(m.config),
+                      constants=dict(m.constants), shapes=dict(m.shapes), batch_dim=m.batch_dim,
+                      source_file=m.source_file)
+        fields.update(changes)
+        return Module(**fields)
