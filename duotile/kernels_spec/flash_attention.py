@@ -20,9 +20,9 @@ LN2 = 0.6931471805599453
 
 
 @dsl.kernel
-def flash_attention(q: dsl.Tensor[B, H, S, D, dsl.bf16], k: dsl.Tensor[B, H, S, D, dsl.bf16],
-                    v: dsl.Tensor[B, H, S, D, dsl.bf16], o: dsl.Tensor[B, H, S, D, dsl.bf16],
-                    lse: dsl.Tensor[B, H, S, dsl.f32], *,
+def flash_attention(q: dsl.Tensor["B", "H", "S", "D", dsl.bf16], k: dsl.Tensor["B", "H", "S", "D", dsl.bf16],
+                    v: dsl.Tensor["B", "H", "S", "D", dsl.bf16], o: dsl.Tensor["B", "H", "S", "D", dsl.bf16],
+                    lse: dsl.Tensor["B", "H", "S", dsl.f32], *,
                     CAUSAL: dsl.Const = False,
                     BM: dsl.Tunable = dsl.choice(128, 64),
                     BN: dsl.Tunable = dsl.choice(128, 64, 32),

@@ -14,8 +14,8 @@ from .registry import Spec, register
 
 
 @dsl.kernel(batch_dim="N")
-def gather_rows(table: dsl.Tensor[R, D, dsl.bf16 | dsl.f32], idx: dsl.Tensor[N, dsl.i32],
-                out: dsl.Tensor[N, D, dsl.bf16 | dsl.f32], *,
+def gather_rows(table: dsl.Tensor["R", "D", dsl.bf16 | dsl.f32], idx: dsl.Tensor["N", dsl.i32],
+                out: dsl.Tensor["N", "D", dsl.bf16 | dsl.f32], *,
                 BN: dsl.Tunable = dsl.choice(32, 16, 64, 128),
                 BD: dsl.Tunable = dsl.choice(256, 128, 512)):
     for i, j in dsl.grid(dsl.cdiv(idx.N, BN), dsl.cdiv(table.D, BD)):

@@ -16,9 +16,9 @@ FP8_MAX = 448.0
 
 
 @dsl.kernel
-def gemm(a: dsl.Tensor[M, K, dsl.bf16 | dsl.f8e4m3], b: dsl.Tensor[N, K, dsl.bf16 | dsl.f8e4m3],
-         c: dsl.Tensor[M, N, dsl.bf16],
-         a_scale: dsl.OptionalTensor[M, dsl.f32] = None, b_scale: dsl.OptionalTensor[N, dsl.f32] = None,
+def gemm(a: dsl.Tensor["M", "K", dsl.bf16 | dsl.f8e4m3], b: dsl.Tensor["N", "K", dsl.bf16 | dsl.f8e4m3],
+         c: dsl.Tensor["M", "N", dsl.bf16],
+         a_scale: dsl.OptionalTensor["M", dsl.f32] = None, b_scale: dsl.OptionalTensor["N", dsl.f32] = None,
          *,
          BM: dsl.Tunable = dsl.choice(128, 64, 256),
          BN: dsl.Tunable = dsl.choice(128, 256, 64),

@@ -14,8 +14,8 @@ from .registry import Spec, register
 
 
 @dsl.kernel(batch_dim="T")
-def rmsnorm(x: dsl.Tensor[T, D, dsl.bf16], weight: dsl.Tensor[D, dsl.bf16],
-            y: dsl.Tensor[T, D, dsl.bf16], *,
+def rmsnorm(x: dsl.Tensor["T", "D", dsl.bf16], weight: dsl.Tensor["D", dsl.bf16],
+            y: dsl.Tensor["T", "D", dsl.bf16], *,
             EPS: dsl.Const = 1e-6,
             ROWS: dsl.Tunable = dsl.choice(1, 2, 4, 8)):
     for t in dsl.grid(dsl.cdiv(x.T, ROWS)):
