@@ -1,0 +1,167 @@
+"""The persistent tuning cache: the best config found for a kernel, a shape bucket and a target.
+
+One JSON file (``$DUOTILE_CACHE/tuning.json`` unless told otherwise)::
+
+    {"schema": 1, "checksum": "<sha256 of the canonical entries>",
+     "entries": {"<key hash>": {"key": {...}, "config": {...}, "time_ms": 0.41, "metric": "measured", ...}}}
+
+The key holds everything that can make a tuned config wrong:
+- ``kernel_hash``: a hash of the kernel's traced Tile IR text (without source lines) and of its
+  tunables' spaces, so editing the kernel body or its space invalidates it;
+- ``bucket``: each size rounded up to a power of two; the batch dimension of a batch-invariant
+  kernel is left out, so one config serves every batch size;
+- the dtypes and constants of the call, the target, the device name and the toolchain versions.
+
+A file that cannot be parsed, has another schema, or whose checksum does not match is reported
+(``TuningCache.problems`` and a warning), moved aside as ``*.corrupt-<time>`` and rebuilt empty:
+its entries are never trusted.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import tempfile
+import time
+import warnings
+from pathlib import Path
+from typing import Any
+
+from ...dsl.kernel import KernelDef
+from ...dsl.printer import format_module
+
+SCHEMA = 1
+
+
+def cache_path(cache_dir: str | os.PathLike | None = None) -> Path:
+    if cache_dir is not None:
+        return Path(cache_dir) / "tuning.json"
+    from ...codegen.build import cache_root
+
+    return cache_root() / "tuning.json"
+
+
+def kernel_hash(kernel: KernelDef, dtypes: dict | None = None, present: dict | None = None,
+                constants: dict | None = None) -> str:
+    """A hash of the kernel's traced IR at its default config, plus its tunables' spaces."""
+    module = kernel.trace(dtypes, present, None, constants)
+    spaces = {k: [type(s).__name__, s.values(), repr(s.default)] for k, s in kernel.tunables.items()}
+    blob = format_module(module, with_loc=False) + json.dumps(spaces, sort_keys=True, default=str)
+    return hashlib.sha256(blob.encode()).hexdigest()[:16]
+
+
+def shape_bucket(kernel: KernelDef, shapes: dict[str, int]) -> dict[str, int]:
+    """Each size rounded up to a power of two; a batch-invariant kernel's batch dim is dropped."""
+    return {k: 1 << max(0, int(v) - 1).bit_length() for k, v in sorted(shapes.items()) if k != kernel.batch_dim}
+
+
+def device_name(target: str) -> str:
+    """The GPU's name where the target runs here, else ``model:<target>`` (cost-model rankings)."""
+    if target in ("sm90", "sm100"):
+        try:
+            import torch
+
+            if torch.cuda.is_available():
+                return torch.cuda.get_device_name()
+        except Exception:  # noqa: BLE001 - a broken driver means "no device"
+            pass
+    return f"model:{target}"
+
+
+def make_key(kernel: KernelDef, target: str, shapes: dict[str, int], device: str | None = None,
+             toolchain: dict[str, str] | None = None, dtypes: dict | None = None,
+             present: dict | None = None, constants: dict | None = None) -> dict[str, Any]:
+    if toolchain is None:
+        from ...codegen.target import get_target
+
+        toolchain = get_target(target).toolchain()
+    return {
+        "kernel": kernel.name,
+        "kernel_hash": kernel_hash(kernel, dtypes, present, constants),
+        "bucket": shape_bucket(kernel, shapes),
+        "dtypes": {k: getattr(v, "name", str(v)) for k, v in sorted((dtypes or {}).items())},
+        "constants": {k: repr(v) for k, v in sorted(kernel.resolve_constants(constants).items())},
+        "target": target,
+        "device": device or device_name(target),
+        "toolchain": dict(sorted(toolchain.items())),
+    }
+
+
+def key_hash(key: dict[str, Any]) -> str:
+    return hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:24]
+
+
+def _checksum(entries: dict) -> str:
+    return hashlib.sha256(json.dumps(entries, sort_keys=True, default=str).encode()).hexdigest()
+
+
+class TuningCache:
+    def __init__(self, path: str | os.PathLike | None = None):
+        self.path = Path(path) if path is not None else cache_path()
+        self.problems: list[str] = []
+        self.entries: dict[str, dict] = self._load()
+
+    def _load(self) -> dict[str, dict]:
+        if not self.path.exists():
+            return {}
+        try:
+            data = json.loads(self.path.read_text())
+            if not isinstance(data, dict) or not isinstance(data.get("entries"), dict):
+                raise ValueError("no entries table")
+            if data.get("schema") != SCHEMA:
+                raise ValueError(f"schema {data.get('schema')!r}, expected {SCHEMA} (stale file)")
+            if data.get("checksum") != _checksum(data["entries"]):
+                raise ValueError("checksum mismatch (edited or truncated)")
+            for h, entry in data["entries"].items():
+                if key_hash(entry["key"]) != h:
+                    raise ValueError(f"entry {h} does not match its key")
+            return data["entries"]
+        except (OSError, ValueError, KeyError, TypeError) as err:
+            self._quarantine(f"{err.__class__.__name__}: {err}")
+            return {}
+
+    def _quarantine(self, why: str) -> None:
+        aside = self.path.with_name(f"{self.path.name}.corrupt-{int(time.time() * 1000)}")
+        try:
+            os.replace(self.path, aside)
+            where = f"moved to {aside.name}"
+        except OSError:
+            where = "left in place"
+        msg = f"tuning cache {self.path} is not trusted ({why}); {where}, rebuilding it empty"
+        self.problems.append(msg)
+        warnings.warn(msg, stacklevel=3)
+
+    # -- lookups and updates --------------------------------------------------------------------
+    def get(self, key: dict[str, Any]) -> dict | None:
+        entry = self.entries.get(key_hash(key))
+        if entry is None or entry.get("key") != key:
+            return None
+        return entry
+
+    def put(self, key: dict[str, Any], config: dict[str, Any], **fields) -> dict:
+        entry = {"key": key, "config": config, "created": time.strftime("%Y-%m-%dT%H:%M:%S"), **fields}
+        json.dumps(entry)  # fail here, not half-way through writing the file
+        self.entries[key_hash(key)] = entry
+        self.save()
+        return entry
+
+    def save(self) -> None:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        data = {"schema": SCHEMA, "checksum": _checksum(self.entries), "entries": self.entries}
+        fd, tmp = tempfile.mkstemp(prefix=".tuning.", dir=self.path.parent)
+        with os.fdopen(fd, "w") as f:
+            json.dump(data, f, indent=1, sort_keys=True)
+        os.replace(tmp, self.path)
+
+
+def best_config(kernel: KernelDef, target: str, shapes: dict[str, int], device: str | None = None, *,
+                dtypes: dict | None = None, present: dict | None = None, constants: dict | None = None,
+                cache_dir: str | os.PathLike | None = None, toolchain: dict[str, str] | None = None
+                ) -> dict[str, Any] | None:
+    """The tuned config for this call if the cache has one (what ``duotile build`` and the runtime use)."""
+    cache = TuningCache(cache_path(cache_dir))
+    if not cache.entries:
+        return None
+    entry = cache.get(make_key(kernel, target, shapes, device, toolchain, dtypes, present, constants))
+    return dict(entry["config"]) if entry else None
