@@ -53,7 +53,8 @@ def tensor_specs(cfg: ModelConfig) -> list[TensorSpec]:
     specs = [TensorSpec("embed.weight", (cfg.vocab_size, d_model), "bf16")]
     for layer in range(cfg.num_hidden_layers):
         specs += _block(cfg, f"layers.{layer}.", layer)
-    specs += [TensorSpec("norm.weight", (d_model,), "bf16"), TensorSpec("head.weight", (cfg.vocab_size, d_model), "bf16")]
+    specs += [TensorSpec("norm.weight", (d_model,), "bf16"),
+              TensorSpec("head.weight", (cfg.vocab_size, d_model), "bf16")]
     if not cfg.is_v41:
         specs += _hc_head(cfg, "")
     for j in range(cfg.num_nextn_predict_layers):
@@ -64,7 +65,8 @@ def tensor_specs(cfg: ModelConfig) -> list[TensorSpec]:
 def _block(cfg: ModelConfig, p: str, layer: int, *, experts: int | None = None) -> list[TensorSpec]:
     d_model, n = cfg.hidden_size, cfg.hc_mult
     mix = (2 + n) * n
-    specs = [TensorSpec(f"{p}attn_norm.weight", (d_model,), "bf16"), TensorSpec(f"{p}ffn_norm.weight", (d_model,), "bf16")]
+    specs = [TensorSpec(f"{p}attn_norm.weight", (d_model,), "bf16"),
+             TensorSpec(f"{p}ffn_norm.weight", (d_model,), "bf16")]
     for site in ("attn", "ffn"):
         specs += [TensorSpec(f"{p}hc_{site}_fn", (mix, n * d_model), "fp32"),
                   TensorSpec(f"{p}hc_{site}_base", (mix,), "fp32"), TensorSpec(f"{p}hc_{site}_scale", (3,), "fp32")]
@@ -101,7 +103,8 @@ def _attention(cfg: ModelConfig, p: str, layer: int) -> list[TensorSpec]:
 
 
 def _compressor(p: str, width: int, ratio: int, norm_dim: int, d_model: int) -> list[TensorSpec]:
-    return [TensorSpec(f"{p}wkv.weight", (width, d_model), "bf16"), TensorSpec(f"{p}wgate.weight", (width, d_model), "bf16"),
+    return [TensorSpec(f"{p}wkv.weight", (width, d_model), "bf16"),
+            TensorSpec(f"{p}wgate.weight", (width, d_model), "bf16"),
             TensorSpec(f"{p}ape", (ratio, width), "fp32"), TensorSpec(f"{p}norm.weight", (norm_dim,), "bf16")]
 
 

@@ -119,7 +119,8 @@ class Checkpoint:
             if not ok_dtype:
                 raise CheckpointError(f"tensor {name} in {entry.file}: dtype {entry.dtype}, expected {dtype}")
             if entry.shape != shape:
-                raise CheckpointError(f"tensor {name} in {entry.file}: shape {list(entry.shape)}, expected {list(shape)}")
+                raise CheckpointError(f"tensor {name} in {entry.file}: shape {list(entry.shape)}, "
+                                      f"expected {list(shape)}")
         extra = sorted(set(self.entries) - set(expected))
         if extra:
             raise CheckpointError(f"tensor {extra[0]} in {self.entries[extra[0]].file}: not part of a "

@@ -1,0 +1,174 @@
+"""Per-sequence decode state for every layer kind, and its byte accounting (model.md section 3).
+
+`SequenceCache` holds, per layer: the window ring (W rows, slot = position mod W), and where the layer
+owns them the compressed rows, the index keys and the compressor carry state (the FP32 values and
+gate scores of the open window; for the overlapping ratio-4 compressor also the previous complete
+window's A halves). V4.1 adds the Engram token history (the last max_ngram_size - 1 token ids).
+Rows are stored as the dequantised values the reference computes with (BF16/FP32 tensors).
+
+`format_bytes` reports what the same state occupies in the production formats of model.md 3.1/3.4:
+V4 window / compressed rows of nope FP8 + rope BF16 + one UE8M0 byte per 64 nope channels (584 B at
+the released shape), MXFP4 index keys (68 B); V4.1 window rows of FP8 + UE8M0 per 32 (528 B),
+NVFP4-like compressed rows (288 B), MXFP4 index keys; FP32 compressor state; int64 Engram history.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from .config import ModelConfig
+
+
+@dataclass
+class CompressorState:
+    """Carry state of one compressor: pending (open-window) values/scores, previous window's A halves."""
+
+    pending_c: torch.Tensor
+    pending_z: torch.Tensor
+    prev_c: torch.Tensor | None = None
+    prev_z: torch.Tensor | None = None
+
+    @classmethod
+    def empty(cls, width: int, device: torch.device | str) -> CompressorState:
+        z = torch.zeros(0, width, device=device)
+        return cls(z, z.clone())
+
+
+class Rows:
+    """A growing [n, width] tensor with capacity doubling."""
+
+    def __init__(self, width: int, dtype: torch.dtype, device: torch.device | str):
+        self.data = torch.zeros(16, width, dtype=dtype, device=device)
+        self.n = 0
+
+    def append(self, rows: torch.Tensor) -> None:
+        need = self.n + rows.shape[0]
+        if need > self.data.shape[0]:
+            grown = torch.zeros(max(need, 2 * self.data.shape[0]), self.data.shape[1],
+                                dtype=self.data.dtype, device=self.data.device)
+            grown[: self.n] = self.data[: self.n]
+            self.data = grown
+        self.data[self.n : need] = rows.to(self.data.dtype)
+        self.n = need
+
+    @property
+    def view(self) -> torch.Tensor:
+        return self.data[: self.n]
+
+
+@dataclass
+class LayerCache:
+    ring: torch.Tensor
+    comp: Rows | None = None
+    index_keys: Rows | None = None
+    comp_state: CompressorState | None = None
+    index_state: CompressorState | None = None
+
+
+@dataclass
+class SequenceCache:
+    """All decode state of one sequence."""
+
+    layers: list[LayerCache]
+    num_tokens: int = 0
+    engram_history: list[int] = field(default_factory=list)
+
+    @classmethod
+    def create(cls, cfg: ModelConfig, dtype: torch.dtype, device: torch.device | str = "cpu") -> SequenceCache:
+        layers = []
+        for layer in range(cfg.num_hidden_layers):
+            lc = LayerCache(torch.zeros(cfg.sliding_window, cfg.head_dim, dtype=dtype, device=device))
+            ratio, kind = cfg.ratio(layer), cfg.attention_kind(layer)
+            owns = kind in ("csa", "hca", "full")
+            if owns:
+                lc.comp = Rows(cfg.head_dim, dtype, device)
+            if kind in ("csa", "full"):
+                lc.index_keys = Rows(cfg.index_head_dim, dtype, device)
+            if kind == "csa":
+                lc.comp_state = CompressorState.empty(2 * cfg.head_dim, device)
+                lc.index_state = CompressorState.empty(2 * cfg.index_head_dim, device)
+            elif kind == "hca" or (kind == "full" and ratio > 1):
+                lc.comp_state = CompressorState.empty(cfg.head_dim, device)
+            layers.append(lc)
+        return cls(layers)
+
+    def allocated_bytes(self) -> int:
+        """Bytes of the tensors this reference cache holds right now."""
+        total = 0
+        for lc in self.layers:
+            tensors = [lc.ring] + [r.data for r in (lc.comp, lc.index_keys) if r is not None]
+            for st in (lc.comp_state, lc.index_state):
+                if st is not None:
+                    tensors += [t for t in (st.pending_c, st.pending_z, st.prev_c, st.prev_z) if t is not None]
+            total += sum(t.numel() * t.element_size() for t in tensors)
+        return total + 8 * len(self.engram_history)
+
+
+# ---- production-format accounting (model.md 3.2 / 3.4) --------------------------------------------
+
+def v4_kv_row_bytes(cfg: ModelConfig) -> int:
+    """nope FP8 + rope BF16 + UE8M0 per 64 nope channels, scale bytes padded to 8 (584 at 448/64)."""
+    scales = -(-cfg.nope_head_dim // 64)
+    return cfg.nope_head_dim + 2 * cfg.qk_rope_head_dim + -(-scales // 8) * 8
+
+
+def mxfp4_row_bytes(dim: int) -> int:
+    return dim // 2 + dim // 32
+
+
+def v41_window_row_bytes(cfg: ModelConfig) -> int:
+    return cfg.head_dim + cfg.head_dim // 32
+
+
+def v41_comp_row_bytes(cfg: ModelConfig) -> int:
+    return cfg.head_dim // 2 + cfg.head_dim // 16
+
+
+@dataclass(frozen=True)
+class CacheBytes:
+    """Production-format bytes of one sequence's state: growing rows + fixed rings and carry state."""
+
+    window: int
+    compressed: int
+    index_keys: int
+    compressor_state: int
+    engram_history: int
+
+    @property
+    def total(self) -> int:
+        return self.window + self.compressed + self.index_keys + self.compressor_state + self.engram_history
+
+
+def format_bytes(cfg: ModelConfig, num_tokens: int, include_nextn: bool = False) -> CacheBytes:
+    """model.md section 3 byte counts for a sequence of `num_tokens` tokens.
+
+    Window rings are counted at full size (W rows) for every attention layer (plus the MTP layer's
+    when `include_nextn`, as model.md 3.2 does); compressor state at its fixed FP32 size.
+    """
+    n_layers = cfg.num_hidden_layers + (cfg.num_nextn_predict_layers if include_nextn and not cfg.is_v41 else 0)
+    w = cfg.sliding_window
+    window = comp = idx = state = 0
+    if not cfg.is_v41:
+        window = n_layers * w * v4_kv_row_bytes(cfg)
+        for layer in range(cfg.num_hidden_layers):
+            m = cfg.ratio(layer)
+            if m == 0:
+                continue
+            comp += (num_tokens // m) * v4_kv_row_bytes(cfg)
+            if m == 4:
+                idx += (num_tokens // 4) * mxfp4_row_bytes(cfg.index_head_dim)
+                state += 2 * 4 * 2 * cfg.head_dim * 2 * 4 + 2 * 4 * 2 * cfg.index_head_dim * 2 * 4
+            else:
+                state += m * cfg.head_dim * 2 * 4
+        return CacheBytes(window, comp, idx, state, 0)
+    window = n_layers * w * v41_window_row_bytes(cfg)
+    for src in cfg.kv_source_layer_ids:
+        m = cfg.ratio(src)
+        comp += (num_tokens // m) * v41_comp_row_bytes(cfg)
+        idx += (num_tokens // m) * mxfp4_row_bytes(cfg.index_head_dim)
+        if m > 1:
+            state += m * cfg.head_dim * 2 * 4
+    history = 8 * (cfg.engram_max_ngram_size - 1) if cfg.engram_layer_ids else 0
+    return CacheBytes(window, comp, idx, state, history)

@@ -1,0 +1,1 @@
+"""Building blocks of the reference forward, one module per block (model.md section 2)."""

@@ -1,0 +1,113 @@
+"""V4 attention: sliding window + CSA (overlapping ratio-4 compressor, lightning indexer) or HCA (model.md 2.5)."""
+
+from __future__ import annotations
+
+import torch
+
+from .. import quant
+from ..config import ModelConfig
+from .common import (
+    Ctx,
+    Rotary,
+    WeightSource,
+    grouped_output,
+    index_scores,
+    select_topk,
+    sparse_attention,
+    window_keys,
+    write_ring,
+)
+from .compressor import pool_windows
+from .step import Step
+
+
+class Compressor:
+    """Per-token value/score projections (FP32, BF16 weights) + pooling + norm + rope + rounding."""
+
+    def __init__(self, ws: WeightSource, prefix: str, ratio: int, overlap: bool, eps: float):
+        self.wkv, self.wgate = ws.t(prefix + "wkv.weight"), ws.t(prefix + "wgate.weight")
+        self.ape, self.norm = ws.t(prefix + "ape"), ws.t(prefix + "norm.weight")
+        self.ratio, self.overlap, self.eps = ratio, overlap, eps
+
+    def project(self, ctx: Ctx, x: torch.Tensor, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        c = ctx.ops.linear(x.float(), self.wkv)
+        z = ctx.ops.linear(x.float(), self.wgate) + self.ape[positions % self.ratio]
+        return c, z
+
+    def rows(self, ctx: Ctx, state, c, z, start: int, rope: Rotary) -> torch.Tensor:
+        """Pooled, normalised, rotated rows of the windows this chunk completes (act dtype, unrounded)."""
+        pooled, first = pool_windows(ctx, state, c, z, start, self.ratio, self.overlap)
+        rows = ctx.act(ctx.ops.rms_norm(pooled, self.norm, self.eps))
+        pos = (torch.arange(pooled.shape[0]) + first) * self.ratio
+        return ctx.act(rope.apply(rows, pos))
+
+
+def round_kv_nope(ctx: Ctx, kv: torch.Tensor, nope: int) -> torch.Tensor:
+    """(Q) FP8 e4m3 round trip of the nope channels, UE8M0 per 64; rope channels untouched."""
+    if not ctx.quant:
+        return kv
+    return ctx.act(torch.cat([quant.fp8_block_round(kv[..., :nope], 64), kv[..., nope:].float()], -1))
+
+
+class AttentionV4:
+    def __init__(self, cfg: ModelConfig, ws: WeightSource, layer: int):
+        p = f"layers.{layer}.attn."
+        self.cfg, self.layer, self.kind, self.ratio = cfg, layer, cfg.attention_kind(layer), cfg.ratio(layer)
+        self.wq_a, self.wq_b, self.wkv = ws.linear(p + "wq_a"), ws.linear(p + "wq_b"), ws.linear(p + "wkv")
+        self.q_norm, self.kv_norm = ws.t(p + "q_norm.weight"), ws.t(p + "kv_norm.weight")
+        self.wo_a, self.wo_b, self.sink = ws.linear(p + "wo_a"), ws.linear(p + "wo_b"), ws.t(p + "attn_sink")
+        self.rope = Rotary(cfg, self.ratio > 0, ws.device)
+        eps = cfg.rms_norm_eps
+        if self.ratio:
+            self.comp = Compressor(ws, p + "compressor.", self.ratio, self.kind == "csa", eps)
+        if self.kind == "csa":
+            self.idx_wq_b, self.idx_proj = ws.linear(p + "indexer.wq_b"), ws.t(p + "indexer.weights_proj.weight")
+            self.idx_comp = Compressor(ws, p + "indexer.compressor.", 4, True, eps)
+            self.hadamard = quant.hadamard(cfg.index_head_dim, ws.device)
+
+    def _index_round(self, ctx: Ctx, t: torch.Tensor) -> torch.Tensor:
+        """(Q) Hadamard-128 then MXFP4 on index queries / keys."""
+        if not ctx.quant:
+            return t
+        return ctx.act(quant.mxfp4_round(ctx.ops.linear(t.float(), self.hadamard)))
+
+    def __call__(self, ctx: Ctx, x: torch.Tensor, step: Step) -> torch.Tensor:
+        cfg, ops, pos = self.cfg, ctx.ops, step.positions
+        t, h, d = x.shape[0], cfg.num_attention_heads, cfg.head_dim
+        qr = ctx.act(ops.rms_norm(self.wq_a(ctx, x), self.q_norm, cfg.rms_norm_eps))
+        q = ctx.act(self.wq_b(ctx, qr)).view(t, h, d)
+        q = ctx.act(ops.rms_norm(q, None, cfg.rms_norm_eps))
+        q = ctx.act(self.rope.apply(q, pos))
+        kv = ctx.act(ops.rms_norm(self.wkv(ctx, x), self.kv_norm, cfg.rms_norm_eps))
+        kv = round_kv_nope(ctx, ctx.act(self.rope.apply(kv, pos)), cfg.nope_head_dim)
+        if self.ratio:
+            c, z = self.comp.project(ctx, x, pos)
+        if self.kind == "csa":
+            ci, zi = self.idx_comp.project(ctx, x, pos)
+            qi = ctx.act(self.idx_wq_b(ctx, qr)).view(t, cfg.index_n_heads, cfg.index_head_dim)
+            qi = self._index_round(ctx, ctx.act(self.rope.apply(qi, pos)))
+            wts = ops.linear(x, self.idx_proj) * (cfg.index_head_dim**-0.5 * cfg.index_n_heads**-0.5)
+        out = torch.empty(t, h, d, dtype=torch.float32, device=x.device)
+        for seq, sl in zip(step.seqs, step.slices):
+            lc, start, p = seq.cache.layers[self.layer], seq.start, pos[sl]
+            keys, valid = window_keys(lc.ring, start, kv[sl])
+            if self.ratio:
+                rows = self.comp.rows(ctx, lc.comp_state, c[sl], z[sl], start, self.rope)
+                lc.comp.append(round_kv_nope(ctx, rows, cfg.nope_head_dim))
+                n_vis = (p + 1) // self.ratio
+                comp = lc.comp.view
+                if self.kind == "csa":
+                    krows = self.idx_comp.rows(ctx, lc.index_state, ci[sl], zi[sl], start, self.rope)
+                    lc.index_keys.append(self._index_round(ctx, krows))
+                    scores = index_scores(ctx, qi[sl], wts[sl], lc.index_keys.view, n_vis)
+                    sel = select_topk(scores, cfg.index_topk)
+                    ckeys, cvalid = lc.comp.data[sel.clamp(min=0)], sel >= 0
+                else:
+                    ckeys = comp[None].expand(len(p), -1, -1)
+                    cvalid = torch.arange(comp.shape[0])[None, :] < n_vis[:, None]
+                keys = torch.cat([keys, ckeys.to(keys.dtype)], 1)
+                valid = torch.cat([valid, cvalid.to(valid.device)], 1)
+            out[sl] = sparse_attention(ctx, q[sl], keys, valid, self.sink, d**-0.5)
+            write_ring(lc.ring, start, kv[sl])
+        o = ctx.act(self.rope.apply(ctx.act(out), pos, inverse=True))
+        return grouped_output(ctx, o.flatten(1), self.wo_a, self.wo_b, cfg.o_groups)

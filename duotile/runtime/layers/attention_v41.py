@@ -1,0 +1,136 @@
+"""V4.1 CSA2 attention: Full / Reindex / Reuse layers over shared compressed KV (model.md 2.13).
+
+* Full (KV-source) layers own a compressor - ratio 2: gated 2-token softmax pooling without overlap
+  or ape; ratio 1: a per-token projection - whose normalised output is the latent. The main row is
+  NVFP4(rope(latent, first token of the group)); the index key is MXFP4(rope(k_norm(latent @ Wk^T))).
+* Index sources (Full and Reindex layers) score visible rows with their own index queries. The
+  candidate source additionally publishes a per-query candidate pool (blocks of `candidate_block_size`
+  compressed positions, block score = max, newest block forced in, top `candidate_topk_blocks`);
+  Reindex layers score only that pool. Reuse layers take the preceding source's top-k unchanged.
+* Attention: the layer's own window (FP8 with UE8M0 per 32 over all channels) + the selected rows of
+  its KV source, one softmax with the sink; no per-head query norm.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .. import quant
+from ..config import ModelConfig
+from .common import (
+    Ctx,
+    Rotary,
+    WeightSource,
+    grouped_output,
+    index_scores,
+    select_topk,
+    sparse_attention,
+    window_keys,
+    write_ring,
+)
+from .compressor import pool_windows
+from .step import Step, StepSeq
+
+
+def candidate_pool(scores: torch.Tensor, n_visible: torch.Tensor, block: int, topk_blocks: int) -> torch.Tensor:
+    """Boolean [S, N] pool: top blocks by max score, the newest visible block always kept."""
+    s, n = scores.shape
+    nb = -(-n // block)
+    padded = torch.cat([scores, scores.new_full((s, nb * block - n), float("-inf"))], 1)
+    block_scores = padded.view(s, nb, block).amax(-1)
+    newest = ((n_visible - 1) // block).to(scores.device)
+    ids = torch.arange(nb, device=scores.device)
+    block_scores = block_scores.masked_fill((ids[None, :] == newest[:, None]) & (n_visible[:, None] > 0), float("inf"))
+    chosen = torch.sort(block_scores, dim=-1, descending=True, stable=True).indices[:, :topk_blocks]
+    keep = torch.zeros(s, nb, dtype=torch.bool, device=scores.device)
+    keep.scatter_(1, chosen, block_scores.gather(1, chosen) > float("-inf"))
+    pool = keep.repeat_interleave(block, 1)[:, :n]
+    return pool & (torch.arange(n, device=scores.device)[None, :] < n_visible[:, None])
+
+
+class AttentionV41:
+    def __init__(self, cfg: ModelConfig, ws: WeightSource, layer: int):
+        p = f"layers.{layer}.attn."
+        self.cfg, self.layer, self.kind, self.ratio = cfg, layer, cfg.attention_kind(layer), cfg.ratio(layer)
+        self.wq_a, self.wq_b, self.wkv = ws.linear(p + "wq_a"), ws.linear(p + "wq_b"), ws.linear(p + "wkv")
+        self.q_norm, self.kv_norm = ws.t(p + "q_norm.weight"), ws.t(p + "kv_norm.weight")
+        self.wo_a, self.wo_b, self.sink = ws.linear(p + "wo_a"), ws.linear(p + "wo_b"), ws.t(p + "attn_sink")
+        self.rope = Rotary(cfg, self.ratio > 0, ws.device)
+        if self.kind == "full":
+            self.c_wkv, self.c_norm = ws.t(p + "compressor.wkv.weight"), ws.t(p + "compressor.norm.weight")
+            self.c_wgate = ws.t(p + "compressor.wgate.weight") if self.ratio > 1 else None
+            self.wk, self.k_norm = ws.t(p + "indexer.wk.weight"), ws.t(p + "indexer.k_norm.weight")
+        if self.kind in ("full", "reindex"):
+            self.idx_wq_b, self.idx_proj = ws.linear(p + "indexer.wq_b"), ws.t(p + "indexer.weights_proj.weight")
+        if self.ratio:
+            self.kv_src, self.idx_src = cfg.kv_source(layer), cfg.index_source(layer)
+
+    def _latent(self, ctx: Ctx, seq: StepSeq, x: torch.Tensor) -> tuple[torch.Tensor, int]:
+        """Normalised compressor output (pre-rope) for the groups this chunk completes, and the first group."""
+        eps = self.cfg.rms_norm_eps
+        c = ctx.ops.linear(x.float(), self.c_wkv)
+        if self.ratio == 1:
+            return ctx.act(ctx.ops.rms_norm(c, self.c_norm, eps)), seq.start
+        z = ctx.ops.linear(x.float(), self.c_wgate)
+        st = seq.cache.layers[self.layer].comp_state
+        pooled, first = pool_windows(ctx, st, c, z, seq.start, self.ratio, overlap=False)
+        return ctx.act(ctx.ops.rms_norm(pooled, self.c_norm, eps)), first
+
+    def _publish(self, ctx: Ctx, seq: StepSeq, x: torch.Tensor) -> None:
+        """Full layer: append main rows and index keys of completed groups to this layer's storage."""
+        latent, first = self._latent(ctx, seq, x)
+        pos = (torch.arange(latent.shape[0]) + first) * self.ratio
+        main = ctx.act(self.rope.apply(latent, pos))
+        key = ctx.act(ctx.ops.rms_norm(ctx.ops.linear(latent, self.wk), self.k_norm, self.cfg.rms_norm_eps))
+        key = ctx.act(self.rope.apply(key, pos))
+        if ctx.quant:
+            main, key = ctx.act(quant.nvfp4_round(main)), ctx.act(quant.mxfp4_round(key))
+        lc = seq.cache.layers[self.layer]
+        lc.comp.append(main)
+        lc.index_keys.append(key)
+
+    def _select(self, ctx: Ctx, seq: StepSeq, qi, wts, n_vis: torch.Tensor) -> torch.Tensor:
+        cfg = self.cfg
+        if self.kind == "reuse":
+            return seq.scratch[("topk", self.idx_src)]
+        keys = seq.cache.layers[self.kv_src].index_keys.view
+        scores = index_scores(ctx, qi, wts, keys, n_vis)
+        if self.kind == "reindex":
+            scores = scores.masked_fill(~seq.scratch["pool"], float("-inf"))
+        elif self.layer == cfg.candidate_source_layer_id:
+            seq.scratch["pool"] = candidate_pool(scores, n_vis, cfg.candidate_block_size, cfg.candidate_topk_blocks)
+        sel = select_topk(scores, cfg.index_topk)
+        seq.scratch[("topk", self.layer)] = sel
+        return sel
+
+    def __call__(self, ctx: Ctx, x: torch.Tensor, step: Step) -> torch.Tensor:
+        cfg, ops, pos = self.cfg, ctx.ops, step.positions
+        t, h, d = x.shape[0], cfg.num_attention_heads, cfg.head_dim
+        qr = ctx.act(ops.rms_norm(self.wq_a(ctx, x), self.q_norm, cfg.rms_norm_eps))
+        q = ctx.act(self.rope.apply(ctx.act(self.wq_b(ctx, qr)).view(t, h, d), pos))
+        kv = ctx.act(self.rope.apply(ctx.act(ops.rms_norm(self.wkv(ctx, x), self.kv_norm, cfg.rms_norm_eps)), pos))
+        if ctx.quant:
+            kv = ctx.act(quant.fp8_block_round(kv, 32))
+        qi = wts = None
+        if self.kind in ("full", "reindex"):
+            qi = ctx.act(self.idx_wq_b(ctx, qr)).view(t, cfg.index_n_heads, cfg.index_head_dim)
+            qi = ctx.act(self.rope.apply(qi, pos))
+            if ctx.quant:
+                qi = ctx.act(quant.mxfp4_round(qi))
+            wts = ops.linear(x, self.idx_proj) * (cfg.index_head_dim**-0.5 * cfg.index_n_heads**-0.5)
+        out = torch.empty(t, h, d, dtype=torch.float32, device=x.device)
+        for seq, sl in zip(step.seqs, step.slices):
+            lc, start = seq.cache.layers[self.layer], seq.start
+            keys, valid = window_keys(lc.ring, start, kv[sl])
+            if self.ratio:
+                if self.kind == "full":
+                    self._publish(ctx, seq, x[sl])
+                n_vis = (pos[sl] + 1) // self.ratio
+                sel = self._select(ctx, seq, None if qi is None else qi[sl], None if wts is None else wts[sl], n_vis)
+                comp = seq.cache.layers[self.kv_src].comp.data  # capacity >= 1 row; -1 picks are masked
+                keys = torch.cat([keys, comp[sel.clamp(min=0)].to(keys.dtype)], 1)
+                valid = torch.cat([valid, (sel >= 0).to(valid.device)], 1)
+            out[sl] = sparse_attention(ctx, q[sl], keys, valid, self.sink, d**-0.5)
+            write_ring(lc.ring, start, kv[sl])
+        o = ctx.act(self.rope.apply(ctx.act(out), pos, inverse=True))
+        return grouped_output(ctx, o.flatten(1), self.wo_a, self.wo_b, cfg.o_groups)

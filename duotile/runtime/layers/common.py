@@ -1,0 +1,204 @@
+"""Shared pieces: the per-step numeric context, quantised linears, rotary embedding, top-k selection.
+
+`Ctx` carries the choices one forward step is made with: the ops flavour (fast or batch-invariant,
+ops.py), the activation dtype (BF16 like the released reference, or FP32), and whether the
+reference's quantisation round trips (model.md 2.10) are simulated. Turning `quant` off gives the
+plain float model that Hugging Face transformers implements (model.md 1.6).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+
+from .. import quant
+from ..config import ModelConfig
+from ..ops import FastOps
+
+
+@dataclass
+class Ctx:
+    ops: FastOps
+    dtype: torch.dtype = torch.bfloat16
+    quant: bool = True
+
+    def act(self, t: torch.Tensor) -> torch.Tensor:
+        """Round to the activation dtype, where the reference stores a BF16 tensor."""
+        return t.to(self.dtype)
+
+
+class Linear:
+    """`y = x @ W^T` in FP32 with the dequantised weight; FP8/FP4 weights first quantise the activation."""
+
+    def __init__(self, weight: torch.Tensor, act_block: int | None):
+        self.weight, self.act_block = weight, act_block
+
+    def __call__(self, ctx: Ctx, x: torch.Tensor) -> torch.Tensor:
+        if self.act_block and ctx.quant:
+            x = quant.act_quant(x, self.act_block)
+        return ctx.ops.linear(x, self.weight)
+
+
+class Rotary:
+    """Interleaved RoPE on the last `qk_rope_head_dim` channels (model.md 2.4).
+
+    Window-only layers: base `rope_theta`, plain. Compressed layers: base `compress_rope_theta` with
+    YaRN frequency interpolation and no magnitude scaling. cos/sin are computed in blocks of 64
+    positions with a fixed shape, so a position's values never depend on which batch asked for it.
+    """
+
+    BLOCK = 64
+
+    def __init__(self, cfg: ModelConfig, compressed: bool, device: torch.device | str = "cpu"):
+        dim = cfg.qk_rope_head_dim
+        base = cfg.compress_rope_theta if compressed else cfg.rope_theta
+        freqs = [base ** (-2.0 * i / dim) for i in range(dim // 2)]
+        if compressed and cfg.rope_factor > 1:
+            orig = cfg.original_max_position_embeddings
+            corr = lambda k: dim * math.log(orig / (k * 2 * math.pi)) / (2 * math.log(base))
+            low = max(math.floor(corr(cfg.beta_fast)), 0)
+            high = min(math.ceil(corr(cfg.beta_slow)), dim - 1)
+            ramp = [min(max((i - low) / max(high - low, 1e-3), 0.0), 1.0) for i in range(dim // 2)]
+            freqs = [f / cfg.rope_factor * r + f * (1 - r) for f, r in zip(freqs, ramp)]
+        self.freqs = torch.tensor(freqs, dtype=torch.float32, device=device)
+        self.dim = dim
+        self._blocks: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
+
+    def _block(self, b: int) -> tuple[torch.Tensor, torch.Tensor]:
+        cached = self._blocks.get(b)
+        if cached is None:
+            pos = torch.arange(b * self.BLOCK, (b + 1) * self.BLOCK, device=self.freqs.device).float()
+            angle = pos[:, None] * self.freqs[None, :]
+            cached = self._blocks[b] = (torch.cos(angle), torch.sin(angle))
+        return cached
+
+    def cos_sin(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos, sin [T, rope/2] for integer positions [T] (CPU)."""
+        lo, hi = int(positions.min()) // self.BLOCK, int(positions.max()) // self.BLOCK
+        tables = [self._block(b) for b in range(lo, hi + 1)]
+        idx = (positions - lo * self.BLOCK).to(self.freqs.device)
+        return torch.cat([c for c, _ in tables])[idx], torch.cat([s for _, s in tables])[idx]
+
+    def apply(self, x: torch.Tensor, positions: torch.Tensor, inverse: bool = False) -> torch.Tensor:
+        """Rotate x [..., T, (heads,) C] by positions [T]; returns FP32. `inverse` rotates by -P."""
+        if positions.numel() == 0:
+            return x.float()
+        cos, sin = self.cos_sin(positions)
+        while cos.dim() < x.dim():
+            cos, sin = cos.unsqueeze(-2), sin.unsqueeze(-2)
+        if inverse:
+            sin = -sin
+        x = x.float()
+        rope = x[..., -self.dim :]
+        a, b = rope[..., 0::2], rope[..., 1::2]
+        rotated = torch.stack([a * cos - b * sin, a * sin + b * cos], dim=-1).flatten(-2)
+        return torch.cat([x[..., : -self.dim], rotated], dim=-1)
+
+
+def select_topk(scores: torch.Tensor, k: int) -> torch.Tensor:
+    """Top-k column indices per row (ties: lowest index), -inf picks as -1, sorted ascending, -1 last."""
+    rows, n = scores.shape
+    if n == 0:
+        return torch.full((rows, k), -1, dtype=torch.long, device=scores.device)
+    order = torch.sort(scores, dim=-1, descending=True, stable=True).indices[:, :k]
+    valid = scores.gather(-1, order) > float("-inf")
+    key = torch.where(valid, order, torch.full_like(order, n)).sort(-1).values
+    out = torch.where(key == n, torch.full_like(key, -1), key)
+    if out.shape[1] < k:
+        out = torch.cat([out, out.new_full((rows, k - out.shape[1]), -1)], 1)
+    return out
+
+
+def sparse_attention(ctx: Ctx, q: torch.Tensor, keys: torch.Tensor, valid: torch.Tensor,
+                     sink: torch.Tensor, scale: float) -> torch.Tensor:
+    """One softmax over a per-query key set plus a value-less sink logit (model.md 2.5.6).
+
+    q [S, H, d]; keys [S, L, d] (K = V); valid [S, L]. Returns o [S, H, d] in FP32.
+    """
+    ops = ctx.ops
+    q, keys = q.float(), keys.float()
+    if ops.invariant:
+        logits = ops.sum(q[:, :, None, :] * keys[:, None, :, :], -1)
+    else:
+        logits = torch.einsum("shd,sld->shl", q, keys)
+    logits = (logits * scale).masked_fill(~valid[:, None, :], float("-inf"))
+    mx = logits.amax(-1, keepdim=True)
+    e = ops.exp(logits - mx)
+    den = ops.sum(e, -1) + ops.exp(sink[None, :] - mx.squeeze(-1))
+    p = e / den.unsqueeze(-1)
+    if ops.invariant:
+        return ops.sum(p[..., None] * keys[:, None, :, :], 2)
+    return torch.einsum("shl,sld->shd", p, keys)
+
+
+def window_keys(ring: torch.Tensor, start: int, new_rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-query window rows [S, W, d] (slot j = position P-W+1+j) and their validity [S, W].
+
+    `ring` [W, d] holds the rows of positions < start at slot `pos % W`; new_rows [S, d] are the chunk's.
+    """
+    size = ring.shape[0]
+    prev_pos = torch.arange(start - size + 1, start)
+    prev = ring[prev_pos % size].to(new_rows.dtype)
+    ext = torch.cat([prev, new_rows], 0)  # positions start-W+1 .. start+S-1
+    s = new_rows.shape[0]
+    keys = ext.unfold(0, size, 1).transpose(1, 2)[:s]  # [S, W, d]
+    pos = torch.arange(s)[:, None] + start - size + 1 + torch.arange(size)[None, :]
+    return keys, (pos >= 0).to(ring.device)
+
+
+def write_ring(ring: torch.Tensor, start: int, new_rows: torch.Tensor) -> None:
+    """Store the chunk's rows at slot `pos % W` (only the last W matter)."""
+    size = ring.shape[0]
+    s = new_rows.shape[0]
+    keep = min(s, size)
+    pos = torch.arange(start + s - keep, start + s)
+    ring[pos % size] = new_rows[s - keep :].to(ring.dtype)
+
+
+def grouped_output(ctx: Ctx, o: torch.Tensor, wo_a: Linear, wo_b: Linear, groups: int) -> torch.Tensor:
+    """Grouped low-rank output projection (model.md 2.5.7); o [T, H*d] -> [T, D] in the act dtype."""
+    t = o.shape[0]
+    og = o.view(t, groups, -1)
+    wa = wo_a.weight.view(groups, -1, og.shape[-1])
+    ys = [ctx.ops.linear(og[:, g], wa[g]) for g in range(groups)]  # the reference runs wo_a in BF16, no act quant
+    y = ctx.act(torch.cat(ys, -1))
+    return ctx.act(wo_b(ctx, y))
+
+
+class WeightSource:
+    """Hands out a checkpoint's dequantised tensors on a device, wrapped as `Linear` where they are GEMMs."""
+
+    def __init__(self, checkpoint, device: torch.device | str = "cpu"):
+        self.ckpt, self.device = checkpoint, device
+        self.act_block = checkpoint.config.weight_block_size[0]
+
+    def t(self, name: str) -> torch.Tensor:
+        return self.ckpt.get(name).to(self.device)
+
+    def linear(self, name: str) -> Linear:
+        weight_name = name if name in self.ckpt.specs else name + ".weight"
+        spec = self.ckpt.specs[weight_name]
+        quantised = spec.kind in ("fp8", "fp4")
+        return Linear(self.t(weight_name), self.act_block if quantised else None)
+
+    def has(self, name: str) -> bool:
+        return name in self.ckpt.specs
+
+
+def index_scores(ctx: Ctx, qi: torch.Tensor, wts: torch.Tensor, keys: torch.Tensor,
+                 n_visible: torch.Tensor) -> torch.Tensor:
+    """Lightning-indexer scores s[i, j] = sum_h wts[i,h] * relu(qi[i,h] . k_j), -inf where j >= n_visible[i].
+
+    The q.k product is rounded to the activation dtype before the ReLU (the reference's BF16 einsum).
+    """
+    qi, keys = qi.float(), keys.float()
+    if ctx.ops.invariant:
+        dots = ctx.ops.sum(qi[:, :, None, :] * keys[None, None, :, :], -1)
+    else:
+        dots = torch.einsum("shc,nc->shn", qi, keys)
+    dots = torch.relu(ctx.act(dots).float()) * wts.float()[:, :, None]
+    scores = ctx.ops.sum(dots, 1)
+    cols = torch.arange(keys.shape[0], device=scores.device)
+    return scores.masked_fill(cols[None, :] >= n_visible[:, None].to(scores.device), float("-inf"))

@@ -1,0 +1,48 @@
+"""KV compressors: gated softmax pooling of m tokens into one row (model.md 2.5.4, V4.1 in 2.13).
+
+`pool_windows` implements the general chunked rule: the carried open-window tokens are joined with
+the chunk's tokens, every completed window is pooled, and the remainder is carried again. For the
+overlapping ratio-4 compressor (`overlap=True`) each token's value/score vector has an A half (for
+the next window) and a B half (for its own), and window w pools the 8 slots
+{A halves of window w-1} U {B halves of window w}; window 0's missing A slots have score -inf.
+Pooling is per channel; the state is FP32 like the reference.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ..cache import CompressorState
+from .common import Ctx
+
+
+def pool_windows(ctx: Ctx, st: CompressorState, c: torch.Tensor, z: torch.Tensor, start: int, ratio: int,
+                 overlap: bool) -> tuple[torch.Tensor, int]:
+    """Feed values c [S, width] and scores z [S, width] (FP32, ape added) of positions start.. .
+
+    Returns the pooled rows of the windows completed by this chunk [nw, width or width/2] and the index
+    of the first of them.
+    """
+    c = torch.cat([st.pending_c, c.float()])
+    z = torch.cat([st.pending_z, z.float()])
+    first = (start - st.pending_c.shape[0]) // ratio
+    nw = c.shape[0] // ratio
+    done = nw * ratio
+    st.pending_c, st.pending_z = c[done:].clone(), z[done:].clone()
+    vc = c[:done].view(nw, ratio, c.shape[-1])
+    vz = z[:done].view(nw, ratio, z.shape[-1])
+    if overlap and nw:
+        half = vc.shape[-1] // 2
+        a_c, a_z = vc[..., :half], vz[..., :half]
+        if st.prev_c is None:
+            prev_c = torch.zeros_like(a_c[:1])
+            prev_z = torch.full_like(a_z[:1], float("-inf"))
+        else:
+            prev_c, prev_z = st.prev_c[None], st.prev_z[None]
+        vc = torch.cat([torch.cat([prev_c, a_c[:-1]]), vc[..., half:]], 1)
+        vz = torch.cat([torch.cat([prev_z, a_z[:-1]]), vz[..., half:]], 1)
+        st.prev_c, st.prev_z = a_c[-1].clone(), a_z[-1].clone()
+    elif overlap:
+        return c.new_zeros(0, c.shape[-1] // 2), first
+    pooled = ctx.ops.sum(ctx.ops.softmax(vz, 1) * vc, 1)
+    return pooled, first

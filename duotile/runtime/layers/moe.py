@@ -1,0 +1,58 @@
+"""Mixture of experts: sqrt-softplus router (hash or noaux top-k), clamped SwiGLU experts (model.md 2.6)."""
+
+from __future__ import annotations
+
+import torch
+
+from .. import quant
+from ..config import ModelConfig
+from .common import Ctx, Linear
+
+
+class Expert:
+    """Clamped SwiGLU: up in [-limit, limit], gate <= limit; an optional per-row weight before w2."""
+
+    def __init__(self, w1: Linear, w3: Linear, w2: Linear, limit: float):
+        self.w1, self.w3, self.w2, self.limit = w1, w3, w2, limit
+
+    def __call__(self, ctx: Ctx, xq: torch.Tensor, weight: torch.Tensor | None = None) -> torch.Tensor:
+        """xq: activations already act-quantised (shared by all experts of a token). Returns FP32."""
+        g = ctx.act(ctx.ops.linear(xq, self.w1.weight)).float()
+        u = ctx.act(ctx.ops.linear(xq, self.w3.weight)).float()
+        a = ctx.ops.silu(g.clamp(max=self.limit)) * u.clamp(-self.limit, self.limit)
+        if weight is not None:
+            a = a * weight[:, None]
+        return ctx.act(self.w2(ctx, ctx.act(a))).float()
+
+
+class MoE:
+    def __init__(self, cfg: ModelConfig, gate: torch.Tensor, bias: torch.Tensor | None,
+                 tid2eid: torch.Tensor | None, experts: list[Expert], shared: Expert | None, act_block: int):
+        self.gate, self.bias, self.tid2eid = gate, bias, tid2eid
+        self.experts, self.shared, self.act_block = experts, shared, act_block
+        self.topk, self.scale = cfg.num_experts_per_tok, cfg.routed_scaling_factor
+
+    def route(self, ctx: Ctx, x: torch.Tensor, tokens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Expert ids [T, k] and weights [T, k] (FP32)."""
+        ops = ctx.ops
+        logits = ops.linear(x.float(), self.gate)
+        s = torch.sqrt(ops.softplus(logits))
+        if self.tid2eid is not None:
+            idx = self.tid2eid[tokens.to(self.tid2eid.device)]
+        else:
+            idx = torch.sort(s + self.bias, dim=-1, descending=True, stable=True).indices[:, : self.topk]
+        w = s.gather(-1, idx)
+        w = w / ops.sum(w, -1).unsqueeze(-1) * self.scale
+        return idx, w
+
+    def __call__(self, ctx: Ctx, x: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
+        idx, w = self.route(ctx, x, tokens)
+        xq = quant.act_quant(x, self.act_block) if ctx.quant else x.float()
+        y = torch.zeros(x.shape[0], idx.shape[1], x.shape[1], dtype=torch.float32, device=x.device)
+        for e in torch.unique(idx).tolist():
+            rows, slots = (idx == e).nonzero(as_tuple=True)
+            y[rows, slots] = self.experts[e](ctx, xq[rows], w[rows, slots])
+        out = ctx.ops.sum(y, 1)
+        if self.shared is not None:
+            out = out + self.shared(ctx, xq)
+        return ctx.act(out)

@@ -1,0 +1,38 @@
+"""What one forward step is made of: several sequences, each with a chunk of new tokens."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from ..cache import SequenceCache
+
+
+@dataclass
+class StepSeq:
+    """One sequence's part of a step: its cache and its new tokens at positions start .. start+S-1."""
+
+    cache: SequenceCache
+    tokens: torch.Tensor
+    scratch: dict = field(default_factory=dict)  # per-step state shared between layers (V4.1 top-k, pools)
+
+    @property
+    def start(self) -> int:
+        return self.cache.num_tokens
+
+
+@dataclass
+class Step:
+    seqs: list[StepSeq]
+    tokens: torch.Tensor = field(init=False)
+    positions: torch.Tensor = field(init=False)
+    slices: list[slice] = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.tokens = torch.cat([s.tokens.long().cpu() for s in self.seqs])
+        self.positions = torch.cat([torch.arange(s.start, s.start + len(s.tokens)) for s in self.seqs])
+        self.slices, at = [], 0
+        for s in self.seqs:
+            self.slices.append(slice(at, at + len(s.tokens)))
+            at += len(s.tokens)

@@ -1,0 +1,129 @@
+"""The whole V4 / V4.1 forward in plain PyTorch: prefill chunks and one-token decode with state.
+
+`Model.forward(step)` runs several sequences at once, each with a chunk of new tokens (a decode step
+is a chunk of one). Token-parallel work (projections, norms, mHC, MoE) runs on all rows of the step;
+cache updates and attention run per sequence. Blocks follow model.md 2.1 (V4, two-pass mHC) and 2.13
+(V4.1, single-pass mHC with Engram); the MTP layer / DSpark blocks are loaded by the checkpoint reader
+but not run. V4.1 runs every layer on every prompt token (exact full decoder prefill, no bounded
+replay - model.md 3.5).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .cache import SequenceCache
+from .config import ModelConfig
+from .layers.attention_v4 import AttentionV4
+from .layers.attention_v41 import AttentionV41
+from .layers.common import Ctx, WeightSource
+from .layers.engram import Engram
+from .layers.mhc import HCHead, HCSite, collapse, expand
+from .layers.moe import Expert, MoE
+from .layers.step import Step, StepSeq
+from .ops import FastOps, InvariantOps
+from .weights import Checkpoint
+
+
+def _moe(cfg: ModelConfig, ws: WeightSource, layer: int) -> MoE:
+    p, limit = f"layers.{layer}.ffn.", cfg.swiglu_limit
+    experts = [Expert(ws.linear(f"{p}experts.{e}.w1"), ws.linear(f"{p}experts.{e}.w3"),
+                      ws.linear(f"{p}experts.{e}.w2"), limit) for e in range(cfg.n_routed_experts)]
+    shared = None
+    if cfg.n_shared_experts:
+        shared = Expert(ws.linear(p + "shared_experts.w1"), ws.linear(p + "shared_experts.w3"),
+                        ws.linear(p + "shared_experts.w2"), limit)
+    hashed = cfg.is_hash_layer(layer)
+    return MoE(cfg, ws.t(p + "gate.weight"), None if hashed else ws.t(p + "gate.bias"),
+               ws.t(p + "gate.tid2eid") if hashed else None, experts, shared, ws.act_block)
+
+
+class Block:
+    """One decoder layer: [Engram], attention site, FFN site."""
+
+    def __init__(self, cfg: ModelConfig, ws: WeightSource, layer: int):
+        p = f"layers.{layer}."
+        self.layer, self.eps = layer, cfg.rms_norm_eps
+        self.attn_norm, self.ffn_norm = ws.t(p + "attn_norm.weight"), ws.t(p + "ffn_norm.weight")
+        self.hc_attn = HCSite(cfg, ws.t(p + "hc_attn_fn"), ws.t(p + "hc_attn_base"), ws.t(p + "hc_attn_scale"))
+        self.hc_ffn = HCSite(cfg, ws.t(p + "hc_ffn_fn"), ws.t(p + "hc_ffn_base"), ws.t(p + "hc_ffn_scale"))
+        self.attn = (AttentionV41 if cfg.is_v41 else AttentionV4)(cfg, ws, layer)
+        self.moe = _moe(cfg, ws, layer)
+        self.engram = Engram(cfg, ws, layer) if layer in cfg.engram_layer_ids else None
+
+    def _norm(self, ctx: Ctx, x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+        return ctx.act(ctx.ops.rms_norm(x, w, self.eps))
+
+    def two_pass(self, ctx: Ctx, x: torch.Tensor, step: Step) -> torch.Tensor:
+        """V4: each site collapses with the `pre` it computes from the current streams."""
+        pre, post, comb = self.hc_attn.mixes(ctx, x)
+        a = self.attn(ctx, self._norm(ctx, collapse(ctx, x, pre), self.attn_norm), step)
+        x = expand(ctx, a, x, post, comb)
+        pre, post, comb = self.hc_ffn.mixes(ctx, x)
+        f = self.moe(ctx, self._norm(ctx, collapse(ctx, x, pre), self.ffn_norm), step.tokens)
+        return expand(ctx, f, x, post, comb)
+
+    def single_pass(self, ctx: Ctx, x: torch.Tensor, pre_prev: torch.Tensor, step: Step):
+        """V4.1: each site collapses with the `pre` of the previous site; returns (X, pre for the next)."""
+        if self.engram is not None:
+            ids = torch.cat([self.engram.hash_ids(s.cache.engram_history, s.tokens) for s in step.seqs])
+            x = self.engram(ctx, x, ids)
+        pre_a, post, comb = self.hc_attn.mixes(ctx, x)
+        a = self.attn(ctx, self._norm(ctx, collapse(ctx, x, pre_prev), self.attn_norm), step)
+        x = expand(ctx, a, x, post, comb)
+        pre_f, post, comb = self.hc_ffn.mixes(ctx, x)
+        f = self.moe(ctx, self._norm(ctx, collapse(ctx, x, pre_a), self.ffn_norm), step.tokens)
+        return expand(ctx, f, x, post, comb), pre_f
+
+
+class Model:
+    """The reference model built from a validated checkpoint."""
+
+    def __init__(self, checkpoint: Checkpoint, *, dtype: torch.dtype = torch.bfloat16, quant: bool = True,
+                 batch_invariant: bool = False, device: torch.device | str = "cpu"):
+        cfg = self.config = checkpoint.config
+        ws = WeightSource(checkpoint, device)
+        self.device, self.dtype = device, dtype
+        self.ctx = Ctx(InvariantOps() if batch_invariant else FastOps(), dtype, quant)
+        self.embed, self.norm, self.head = ws.t("embed.weight"), ws.t("norm.weight"), ws.t("head.weight")
+        self.blocks = [Block(cfg, ws, layer) for layer in range(cfg.num_hidden_layers)]
+        self.hc_head = None
+        if not cfg.is_v41:
+            self.hc_head = HCHead(cfg, ws.t("hc_head_fn"), ws.t("hc_head_base"), ws.t("hc_head_scale"))
+
+    def new_cache(self) -> SequenceCache:
+        return SequenceCache.create(self.config, self.dtype, self.device)
+
+    @torch.no_grad()
+    def forward(self, seqs: list[StepSeq], all_logits: bool = False) -> list[torch.Tensor]:
+        """Run one step; per sequence, FP32 logits of its last token [V] (or of every token [S, V])."""
+        cfg, ctx = self.config, self.ctx
+        step = Step(seqs)
+        e = ctx.act(self.embed[step.tokens.to(self.embed.device)])
+        x = e[:, None, :].expand(-1, cfg.hc_mult, -1).contiguous()
+        if cfg.is_v41:
+            pre = torch.zeros(x.shape[0], cfg.hc_mult, device=x.device)
+            pre[:, 0] = 1.0
+            for block in self.blocks:
+                x, pre = block.single_pass(ctx, x, pre, step)
+            h = collapse(ctx, x, pre)
+        else:
+            for block in self.blocks:
+                x = block.two_pass(ctx, x, step)
+            h = self.hc_head(ctx, x)
+        self._advance(step)
+        rows = [torch.arange(sl.start, sl.stop) if all_logits else torch.tensor([sl.stop - 1]) for sl in step.slices]
+        picked = h[torch.cat(rows).to(h.device)]
+        logits = ctx.ops.linear(ctx.act(ctx.ops.rms_norm(picked, self.norm, cfg.rms_norm_eps)), self.head)
+        out, at = [], 0
+        for r in rows:
+            out.append(logits[at : at + len(r)] if all_logits else logits[at])
+            at += len(r)
+        return out
+
+    def _advance(self, step: Step) -> None:
+        look = self.config.engram_max_ngram_size - 1 if self.config.engram_layer_ids else 0
+        for seq in step.seqs:
+            seq.cache.num_tokens += len(seq.tokens)
+            if look:
+                seq.cache.engram_history = (seq.cache.engram_history + seq.tokens.tolist())[-look:]
