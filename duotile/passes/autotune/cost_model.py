@@ -1,0 +1,187 @@
+"""An analytical cost model, for targets with no hardware here (sm100, ascend950).
+
+**It ranks configs; it does not measure them.** Reports carry ``metric = "model"``.
+
+The model reads the bound, fused Tile IR of one config (the same module the constraints
+check), never a kernel's name:
+
+- work per program: tensor-core flops (``gemm``: 2 m n k), vector element-ops (``map`` /
+  ``ew`` / ``reduce``), global bytes (``load`` / ``gather`` / ``store`` tiles), each multiplied
+  by the trips of the loops around it (a loop bound that depends on a grid index, as in causal
+  attention, is taken at the grid's midpoint);
+- DRAM bytes: every tensor once (compulsory) plus ``L2_MISS`` of the re-read tile traffic;
+- occupancy: programs resident per SM from the config's shared memory and registers (CUDA),
+  one per core on Ascend; then wave quantisation, ``waves = ceil(programs / (units x resident))``;
+- the main (pipelined) loop: with ``S`` stages an iteration takes
+  ``max(t_mma, t_vector, t_smem, t_dram, latency / (S - 1))``, with one stage
+  ``latency + t_mma + t_vector + t_dram`` (no overlap); plus one pipeline fill per program.
+
+Peak figures (``reference/kernels.md`` section 1 for NVIDIA): H200 989 / 1,979 TFLOP/s dense
+bf16 / fp8, 4.8 TB/s, 132 SMs; B200 2,250 / 4,500 TFLOP/s, 8 TB/s, 148 SMs. The reference
+notes give **no Ascend 950 figures**; the numbers below are assumptions from Huawei's public
+announcement of the Ascend 950 (Huawei Connect, September 2025: 1 PFLOP/s FP8, 2 PFLOP/s
+FP4; 950DT with 4 TB/s HiZQ 2.0 HBM), with bf16 taken as half the FP8 rate and 32 cube cores
+(each with two vector cores, the ``__mix__(1,2)`` split) assumed. Shared-memory bandwidth,
+vector rates, latency and the L2 miss share are round assumptions, stated per target.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import sympy
+
+from ...dsl.ir import Module, Op, Role
+from .constraints import TileUsage, _threads, estimate_usage
+
+
+@dataclass(frozen=True)
+class Machine:
+    name: str
+    units: int  # SMs / cube cores
+    mma_flops: dict[int, float]  # operand bits -> dense FLOP/s (16 = bf16/f16, 8 = fp8)
+    vector_flops: float  # element-ops/s over the chip
+    dram_bw: float  # bytes/s
+    smem_bw_unit: float  # operand-memory bytes/s per unit (smem / L1 -> L0)
+    smem_per_unit: int  # bytes of operand memory per unit
+    regs_per_unit: int  # 32-bit registers per SM (0: not a limit)
+    max_resident: int  # programs per unit at most
+    latency_s: float  # global-memory latency
+    launch_s: float  # fixed cost per program
+    mma_m: int = 64  # rows of one MMA issue group: B is re-read from operand memory per group
+    assumed: str = ""
+
+
+L2_MISS = 0.15  # share of re-read tile traffic that misses L2 (assumption)
+
+MACHINES = {
+    "sm90": Machine("H200 SXM", 132, {16: 989e12, 8: 1979e12, 32: 67e12}, 67e12, 4.8e12,
+                    128 * 1.83e9, 228 * 1024, 65536, 32, 0.7e-6, 0.3e-6, 64,
+                    "wgmma m64 per warpgroup; smem 128 B/clk/SM at 1.83 GHz, 0.7 us latency, 15% L2 miss: assumptions"),
+    "sm100": Machine("B200", 148, {16: 2250e12, 8: 4500e12, 32: 80e12}, 80e12, 8.0e12,
+                     128 * 1.9e9, 228 * 1024, 65536, 32, 0.7e-6, 0.3e-6, 128,
+                     "tcgen05 m128; vector rate, smem bandwidth, latency: assumptions"),
+    "ascend950": Machine("Ascend 950 (assumed figures)", 32, {16: 500e12, 8: 1000e12, 32: 125e12}, 40e12, 4.0e12,
+                         256 * 1.8e9, 512 * 1024, 0, 1, 1.0e-6, 0.5e-6, 16,
+                         "all Ascend 950 figures are assumptions (see module docstring)"),
+}
+CORE_KNOBS = ("cores", "num_cores", "n_cores", "core_num", "CORES", "NUM_CORES")
+
+
+@dataclass
+class Estimate:
+    time_s: float
+    flops: float
+    dram_bytes: float
+    programs: int
+    resident: int
+    waves: int
+    wave_efficiency: float
+    bound: str  # which term dominated the main loop
+
+    @property
+    def time_ms(self) -> float:
+        return self.time_s * 1e3
+
+
+def _num(e, env: dict) -> float:
+    if isinstance(e, (int, float)):
+        return float(e)
+    return float(sympy.sympify(e).subs(env))
+
+
+def _walk(block, trips: float, env: dict, acc: dict, loop_depth: int, main: list, mma_m: int):
+    for op in block.ops:
+        if op.name == "for":
+            n = max(0.0, _num(op.attrs["extent"], env) - _num(op.attrs["start"], env))
+            if not main and op.attrs.get("stages"):
+                main.append((op, n))
+            for r in op.regions:
+                _walk(r, trips * n, env, acc, loop_depth + 1, main, mma_m)
+            continue
+        _count(op, trips, acc, mma_m)
+        for r in op.regions:
+            _walk(r, trips, env, acc, loop_depth, main, mma_m)
+
+
+def _count(op: Op, trips: float, acc: dict, mma_m: int):
+    if op.name == "gemm":
+        a, b, c = op.args
+        k = a.type.shape[0] if op.attrs.get("transpose_a") else a.type.shape[1]
+        bits = a.type.dtype.bits
+        acc.setdefault(("mma", bits), 0.0)
+        acc[("mma", bits)] += 2.0 * float(c.type.numel()) * float(k) * trips
+        groups = math.ceil(int(c.type.shape[0]) / mma_m)  # B is read once per MMA row group
+        acc["smem"] += (float(a.type.numel()) + groups * float(b.type.numel())) * bits / 8 * trips
+    elif op.name in ("map", "ew", "reduce", "cast"):
+        src = op.result if op.result is not None else op.attrs.get("into")
+        n = float(src.type.numel()) if src is not None else 0.0
+        if op.name == "reduce":
+            n = float(op.args[0].type.numel())
+        acc["vector"] += n * trips
+    elif op.name in ("load", "gather", "store"):
+        v = op.result if op.result is not None else op.args[0]
+        acc["gmem"] += float(v.type.numel()) * v.type.dtype.bits / 8 * trips
+
+
+def estimate(module: Module, target: str, knobs: dict[str, Any] | None = None,
+             usage: TileUsage | None = None) -> Estimate:
+    """The modelled time of one bound module on ``target``."""
+    m = MACHINES[target]
+    knobs = knobs or {}
+    usage = usage or estimate_usage(module)
+    grid = module.grid
+    extents = [max(1, int(_num(e, {}))) for e in grid.attrs["extents"]]
+    programs = math.prod(extents)
+    env = {v: (n - 1) / 2 for v, n in zip(grid.attrs["vars"], extents)}
+    acc: dict = {"smem": 0.0, "vector": 0.0, "gmem": 0.0}
+    main: list = []
+    for r in grid.regions:
+        _walk(r, 1.0, env, acc, 0, main, m.mma_m)
+
+    units = m.units
+    for k in CORE_KNOBS:
+        if k in knobs:
+            units = min(units, int(knobs[k]))
+    resident = _resident(m, usage, knobs)
+    waves = math.ceil(programs / (units * resident))
+    wave_eff = programs / (waves * units * resident)
+
+    compulsory = sum(float(sympy.Mul(*p.shape)) * p.dtype.bits / 8 for p in module.params)
+    traffic = acc["gmem"] * programs
+    dram = compulsory + max(0.0, traffic - compulsory) * L2_MISS
+    dram_per_program = dram / programs
+    concurrent = units * resident  # programs sharing the chip at once
+    # per-program rates while `concurrent` programs run together
+    mma = sum(v / (m.mma_flops.get(key[1], m.mma_flops[16]) / concurrent)
+              for key, v in acc.items() if isinstance(key, tuple))
+    vec = acc["vector"] / (m.vector_flops / concurrent)
+    smem = acc["smem"] / (m.smem_bw_unit / resident)
+    mem = dram_per_program / (m.dram_bw / concurrent)
+    trips, stages = (main[0][1], main[0][0].attrs["stages"] or 1) if main else (1.0, 1)
+    trips = max(trips, 1.0)
+    per_iter = {"mma": mma / trips, "vector": vec / trips, "smem": smem / trips, "dram": mem / trips}
+    if stages >= 2:
+        per_iter["latency"] = m.latency_s / (stages - 1) / resident
+        bound = max(per_iter, key=per_iter.get)
+        t_iter = per_iter[bound]
+    else:
+        bound = "latency"
+        t_iter = m.latency_s / resident + per_iter["mma"] + per_iter["vector"] + per_iter["dram"]
+    program_time = trips * t_iter + m.latency_s + m.launch_s / resident
+    flops = sum(v for key, v in acc.items() if isinstance(key, tuple)) * programs
+    return Estimate(waves * program_time, flops, dram, programs, resident, waves, wave_eff, bound)
+
+
+def _resident(m: Machine, usage: TileUsage, knobs: dict) -> int:
+    """Programs that fit on one SM / core at once."""
+    if m.max_resident == 1:
+        return 1
+    by_smem = m.smem_per_unit // max(1, usage.peak[Role.OPERAND] + 1024) if usage.peak[Role.OPERAND] else m.max_resident
+    threads = _threads(knobs)
+    reg_bytes = usage.peak[Role.VECTOR] + (0 if m.name.startswith("B200") else usage.peak[Role.ACCUMULATOR])
+    regs = (math.ceil(reg_bytes / 4 / threads) + 32) * threads
+    by_regs = m.regs_per_unit // regs if m.regs_per_unit else m.max_resident
+    return max(1, min(m.max_resident, by_smem, by_regs, 2048 // threads))

@@ -1,0 +1,278 @@
+"""Compile candidates in parallel, then run, verify and time them.
+
+    runner = Runner(spec, case, "sm90", device="cuda")
+    trials = runner.evaluate([config, ...])      # one Trial per config, in order
+
+For each batch:
+1. **compile** every config on a thread pool (TileLang's lowering runs in C++ and releases the
+   GIL; threads beat processes there, ``reference/toolchain.md`` Q6). ``parallel="processes"``
+   compiles registered specs in worker processes instead: they only fill the on-disk artifact
+   cache, and this process then loads each artifact from it (a cache hit).
+2. **verify**: outputs are first filled with NaN, the candidate runs once, and every output is
+   compared with the spec's reference (computed once per runner) within the spec's tolerance,
+   bit for bit for exact specs. A wrong candidate's time never counts.
+3. **time**: warm-up runs, then ``reps`` runs each preceded by an L2 flush (a 256 MB buffer is
+   written) and timed with CUDA events; the median is kept. On the CPU (``interpret``) the
+   same loop uses ``time.perf_counter``.
+
+A candidate that fails to compile, is wrong, raises, or runs past ``run_timeout`` is recorded
+with its reason and the sweep goes on. A timed-out kernel cannot be killed from a thread: its
+worker is abandoned (on a GPU a hung kernel keeps the device busy; the report says so).
+"""
+
+from __future__ import annotations
+
+import concurrent.futures as cf
+import math
+import os
+import statistics
+import threading
+import time
+import traceback
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from ...codegen.build import build_module
+from ...codegen.compile import specialize
+from ...codegen.target import get_target
+from ...kernels_spec.registry import Spec
+from .space import Config
+
+STATUSES = ("ok", "compiled", "pruned", "compile_error", "wrong", "timeout", "run_error")
+L2_FLUSH_BYTES = 256 * 1024 * 1024
+
+
+@dataclass
+class Trial:
+    config: Config
+    status: str
+    reason: str = ""
+    time_ms: float | None = None  # median measured time, or the cost model's estimate
+    metric: str = "measured"  # "measured" | "model"
+    compile_s: float | None = None
+    max_error: float | None = None
+    usage: dict[str, int] = field(default_factory=dict)
+    index: int = -1
+    is_default: bool = False
+
+    @property
+    def counts(self) -> bool:
+        return self.status in ("ok", "compiled") and self.time_ms is not None
+
+    def to_json(self) -> dict[str, Any]:
+        return {"index": self.index, "config": self.config, "status": self.status, "reason": self.reason,
+                "time_ms": self.time_ms, "metric": self.metric, "compile_s": self.compile_s,
+                "max_error": self.max_error, "usage": self.usage, "is_default": self.is_default}
+
+
+def first_line(err: BaseException) -> str:
+    text = f"{type(err).__name__}: {err}".strip()
+    return text.splitlines()[0][:400] if text else type(err).__name__
+
+
+@dataclass
+class Compiled:
+    config: Config
+    module: Any
+    artifact: Any
+    compile_s: float
+
+
+class Runner:
+    def __init__(self, spec: Spec, case: dict, target: str, *, device: str | None = None, seed: int = 0,
+                 workers: int | None = None, parallel: str = "threads", compile_timeout: float = 600.0,
+                 run_timeout: float = 60.0, warmup: int = 3, reps: int = 20, flush_l2: bool | None = None,
+                 measure: bool = True, workdir: str | None = None):
+        self.spec, self.case, self.target = spec, case, get_target(target)
+        self.device = torch.device(device or ("cuda" if target in ("sm90", "sm100") else "cpu"))
+        self.seed, self.parallel = seed, parallel
+        self.workers = workers or max(1, min(16, os.cpu_count() or 1))
+        self.compile_timeout, self.run_timeout = compile_timeout, run_timeout
+        self.warmup, self.reps, self.measure = warmup, reps, measure
+        self.flush_l2 = self.device.type == "cuda" if flush_l2 is None else flush_l2
+        self.workdir = workdir
+        self.constants = spec.constants_of(case)
+        self.inputs = spec.make_inputs(case, self.device if measure else torch.device("cpu"), seed)
+        self.sig = spec.kernel.bind(self.inputs)
+        self._expected: dict[str, torch.Tensor] | None = None
+        self._flush_buf: torch.Tensor | None = None
+
+    # -- reference -----------------------------------------------------------------------------
+    @property
+    def expected(self) -> dict[str, torch.Tensor]:
+        if self._expected is None:
+            args = {k: v for k, v in self.inputs.items() if k not in self.spec.outputs}
+            self._expected = {k: v.detach().clone() for k, v in
+                              self.spec.run_reference(args, self.case).items()}
+        return self._expected
+
+    # -- compile -------------------------------------------------------------------------------
+    def _compile_one(self, config: Config) -> Compiled:
+        t0 = time.perf_counter()
+        module, knobs = specialize(self.spec.kernel, self.sig, self.target, config, self.constants)
+        artifact = build_module(self.spec.kernel, module, self.target, knobs,
+                                os.path.join(self.workdir, f"c{abs(hash(repr(sorted(config.items()))))}")
+                                if self.workdir else None)
+        return Compiled(config, module, artifact, time.perf_counter() - t0)
+
+    def compile(self, configs: list[Config]) -> list[Compiled | Trial]:
+        """One ``Compiled`` per config, or a ``compile_error`` / ``timeout`` Trial."""
+        if self.parallel == "processes" and self.spec.name and len(configs) > 1:
+            self._warm_in_processes(configs)
+        out: list[Compiled | Trial] = []
+        pool = cf.ThreadPoolExecutor(max_workers=min(self.workers, max(1, len(configs))),
+                                     thread_name_prefix="duotile-compile")
+        try:
+            futures = [pool.submit(self._compile_one, c) for c in configs]
+            deadline = time.monotonic() + self.compile_timeout
+            for c, fut in zip(configs, futures):
+                try:
+                    out.append(fut.result(timeout=max(0.0, deadline - time.monotonic())))
+                except cf.TimeoutError:
+                    out.append(Trial(c, "timeout", f"compilation ran past {self.compile_timeout:.0f} s"))
+                except Exception as err:  # noqa: BLE001 - any failure of a candidate is recorded
+                    out.append(Trial(c, "compile_error", first_line(err)))
+        finally:
+            pool.shutdown(wait=False, cancel_futures=True)
+        return out
+
+    def _warm_in_processes(self, configs: list[Config]) -> None:
+        ctx = __import__("multiprocessing").get_context("spawn")
+        with cf.ProcessPoolExecutor(max_workers=min(self.workers, len(configs)), mp_context=ctx) as pool:
+            futs = [pool.submit(_compile_registered, self.spec.name, self.case, self.target.name, c, self.seed)
+                    for c in configs]
+            cf.wait(futs, timeout=self.compile_timeout)
+
+    # -- run -----------------------------------------------------------------------------------
+    def _sync(self):
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+
+    def _with_timeout(self, fn, timeout: float):
+        box: dict[str, Any] = {}
+
+        def work():
+            try:
+                if self.device.type == "cuda":
+                    torch.cuda.set_device(self.device)
+                box["value"] = fn()
+            except BaseException as err:  # noqa: BLE001
+                box["error"] = err
+                box["trace"] = traceback.format_exc()
+
+        t = threading.Thread(target=work, name="duotile-run", daemon=True)
+        t.start()
+        t.join(timeout)
+        if t.is_alive():
+            raise TimeoutError(f"ran past {timeout:.1f} s")
+        if "error" in box:
+            raise box["error"]
+        return box.get("value")
+
+    def _check(self) -> tuple[bool, str, float]:
+        worst, problems = 0.0, []
+        for name in self.spec.outputs:
+            got, want = self.inputs[name], self.expected[name].to(self.inputs[name].device)
+            if got.shape != want.shape:
+                return False, f"{name}: shape {tuple(got.shape)} != reference {tuple(want.shape)}", math.inf
+            if self.spec.exact:
+                if not torch.equal(got, want):
+                    problems.append(f"{name}: not bitwise equal to the reference")
+                continue
+            g, w = got.float(), want.float()
+            atol, rtol = self.spec.tolerance(self.case, name)
+            err = (g - w).abs()
+            finite = torch.isfinite(w)
+            bad = ~torch.isclose(g, w, atol=atol, rtol=rtol, equal_nan=True)
+            e = float(err[finite].max()) if finite.any() else 0.0
+            worst = max(worst, e if math.isfinite(e) else math.inf)
+            if bad.any():
+                problems.append(f"{name}: {int(bad.sum())}/{bad.numel()} elements off "
+                                f"(max abs error {e:.3g}, atol {atol:g}, rtol {rtol:g})")
+        return not problems, "; ".join(problems), worst
+
+    def _poison_outputs(self):
+        for name in self.spec.outputs:
+            t = self.inputs[name]
+            if t.dtype.is_floating_point:
+                t.fill_(float("nan"))
+            else:
+                t.fill_(-1)
+
+    def _time(self, fn) -> float:
+        tensors = self.inputs
+        for _ in range(self.warmup):
+            fn(tensors)
+        self._sync()
+        times = []
+        if self.device.type == "cuda":
+            if self.flush_l2 and self._flush_buf is None:
+                self._flush_buf = torch.empty(L2_FLUSH_BYTES // 4, dtype=torch.int32, device=self.device)
+            for _ in range(self.reps):
+                if self.flush_l2:
+                    self._flush_buf.zero_()
+                start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                start.record()
+                fn(tensors)
+                end.record()
+                end.synchronize()
+                times.append(start.elapsed_time(end))
+        else:
+            for _ in range(self.reps):
+                t0 = time.perf_counter()
+                fn(tensors)
+                times.append((time.perf_counter() - t0) * 1e3)
+        return statistics.median(times)
+
+    def measure_one(self, c: Compiled) -> Trial:
+        trial = Trial(c.config, "ok", compile_s=c.compile_s)
+        try:
+            fn = self.target.load(c.artifact, c.module)
+        except Exception as err:  # noqa: BLE001
+            trial.status, trial.reason = "compile_error", f"load failed: {first_line(err)}"
+            return trial
+        try:
+            self._poison_outputs()
+            self._with_timeout(lambda: (fn(self.inputs), self._sync()), self.run_timeout)
+        except TimeoutError as err:
+            trial.status, trial.reason = "timeout", f"first run {err}"
+            return trial
+        except Exception as err:  # noqa: BLE001
+            trial.status, trial.reason = "run_error", first_line(err)
+            return trial
+        ok, why, worst = self._check()
+        trial.max_error = worst if math.isfinite(worst) else None
+        if not ok:
+            trial.status, trial.reason = "wrong", why
+            return trial
+        try:
+            trial.time_ms = self._with_timeout(lambda: self._time(fn), self.run_timeout)
+        except TimeoutError as err:
+            trial.status, trial.reason = "timeout", f"timing {err}"
+        except Exception as err:  # noqa: BLE001
+            trial.status, trial.reason = "run_error", first_line(err)
+        return trial
+
+    def evaluate(self, configs: list[Config]) -> list[Trial]:
+        out = []
+        for item in self.compile(configs):
+            if isinstance(item, Trial):
+                out.append(item)
+            elif not self.measure:
+                out.append(Trial(item.config, "compiled", compile_s=item.compile_s))
+            else:
+                out.append(self.measure_one(item))
+        return out
+
+
+def _compile_registered(spec_name: str, case: dict, target: str, config: Config, seed: int) -> str:
+    """Worker-process entry: build one registered kernel's artifact into the shared disk cache."""
+    from ...kernels_spec import registry
+
+    spec = registry.get(spec_name)
+    inputs = spec.make_inputs(case, torch.device("cpu"), seed)
+    tgt = get_target(target)
+    module, knobs = specialize(spec.kernel, spec.kernel.bind(inputs), tgt, config, spec.constants_of(case))
+    return build_module(spec.kernel, module, tgt, knobs).meta.get("dir", "")
