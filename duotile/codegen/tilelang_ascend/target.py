@@ -1,0 +1,49 @@
+"""Registers the ``ascend950`` target: pass pipeline, TileLang Ascend source, Ascend C++ lowering."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from ...dsl.ir import Module
+from ...dsl.printer import format_module
+from ...dsl.tunables import choice
+from ...passes.assign_memory import assign_memory
+from ...passes.fuse_elementwise import fuse_elementwise
+from ..target import Artifact, Target, register_target
+from .capacity import AscendMemoryModel
+from .emit import generate_source
+from .insert_moves import insert_moves
+from .lower_tilelang import lower_file, tilelang_version
+from .nt_operands import nt_operands
+from .vector_accumulators import vector_accumulators
+
+
+class AscendTarget(Target):
+    name = "ascend950"
+    stages = ("ir", "tilelang", "ascend")
+    knobs = {"cores": choice(32, 24, 16), "threads": choice(128, 256, 64)}
+
+    def lower(self, module: Module, knobs) -> Module:
+        module = fuse_elementwise(module)
+        module = nt_operands(module)
+        module = vector_accumulators(module)
+        module = insert_moves(module)
+        return assign_memory(module, AscendMemoryModel())
+
+    def generate(self, module: Module, knobs) -> Artifact:
+        knobs = {**self.default_knobs(), **(knobs or {})}
+        return Artifact(module.name, self.name,
+                        stages={"ir": format_module(module), "tilelang": generate_source(module, knobs)})
+
+    def build(self, artifact: Artifact, workdir: str) -> Artifact:
+        path = Path(workdir) / "kernel_tilelang.py"
+        path.write_text(artifact.stages["tilelang"])
+        artifact.stages["ascend"], artifact.timings["lower"] = lower_file(path)
+        artifact.meta["binary"] = "none: no bisheng/CANN on this machine; Ascend C++ source only"
+        return artifact
+
+    def toolchain(self) -> dict[str, str]:
+        return {"tilelang": tilelang_version(), "generator": "ascend950-1"}
+
+
+register_target(AscendTarget())
