@@ -1,0 +1,184 @@
+"""One tuning sweep, end to end: space -> constraints -> search -> runner (or cost model) -> cache.
+
+    result = tune(spec, case, "sm90", budget="quick", pins={"STAGES": 3})
+
+On a runnable target every candidate is compiled, verified against the spec's reference and
+timed. On sm100 / ascend950 (no hardware here) feasible configs are ranked by the cost model
+and compiled best-first; only those that compile are kept, and the result says
+``metric = "model"``.
+"""
+
+from __future__ import annotations
+
+import random
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from ...codegen.target import get_target
+from ...kernels_spec.registry import Spec
+from ..check_batch_invariance import check_batch_invariance
+from . import cache as tcache
+from .constraints import Constraints
+from .cost_model import MACHINES, estimate
+from .runner import Runner, Trial
+from .space import Config, ConfigSpace, config_key
+from .strategies import get_budget, search
+
+MODEL_TARGETS = ("sm100", "ascend950")
+
+
+@dataclass
+class TuneResult:
+    kernel: str
+    target: str
+    case: dict
+    shapes: dict[str, int]
+    metric: str  # "measured" | "model"
+    trials: list[Trial]
+    default: Trial | None
+    best: Trial | None
+    space_size: int
+    budget: str
+    strategy: str
+    wall_s: float
+    device: str = ""
+    notes: list[str] = field(default_factory=list)
+
+    def counts(self) -> dict[str, int]:
+        out: dict[str, int] = {}
+        for t in self.trials:
+            out[t.status] = out.get(t.status, 0) + 1
+        return out
+
+    @property
+    def speedup(self) -> float | None:
+        if self.best and self.default and self.default.counts and self.best.time_ms:
+            return self.default.time_ms / self.best.time_ms
+        return None
+
+
+def _progress(total: int, desc: str):
+    try:
+        from tqdm import tqdm
+
+        return tqdm(total=total, desc=desc, unit="cfg", leave=True)
+    except ImportError:  # pragma: no cover - tqdm is a dependency
+        return None
+
+
+def tune(spec: Spec, case: dict, target: str, *, budget: str = "default", strategy: str = "auto",
+         pins: dict[str, Any] | None = None, device: str | None = None, seed: int = 0,
+         relations: list[str] = (), cache_dir: str | None = None, write_cache: bool = True,
+         progress: bool = True, runner_options: dict | None = None,
+         on_trial: Callable[[Trial], None] | None = None) -> TuneResult:
+    t_start = time.monotonic()
+    kernel = spec.kernel
+    bud = get_budget(budget)
+    tgt = get_target(target)
+    notes: list[str] = []
+    space = ConfigSpace.from_kernel(kernel, tgt, pins)
+    model = target in MODEL_TARGETS
+    runner = Runner(spec, case, target, device=device, seed=seed, measure=not model, **(runner_options or {}))
+    sig = runner.sig
+    if kernel.batch_dim:
+        check_batch_invariance(kernel, sig.dtypes, sig.present, runner.constants)
+        notes.append(f"batch-invariant in {kernel.batch_dim}: reductions checked; the cached config "
+                     f"serves every {kernel.batch_dim}")
+    cons = Constraints(kernel, sig, target, runner.constants, relations, space.owners)
+    trials: list[Trial] = []
+    bar = _progress(bud.max_candidates, f"tune {kernel.name} {target}") if progress else None
+    default_key = config_key(space.default())
+
+    def record(t: Trial):
+        t.index = len(trials)
+        t.is_default = config_key(t.config) == default_key
+        trials.append(t)
+        if bar is not None and t.status != "pruned":
+            bar.update(1)
+            best = min((x.time_ms for x in trials if x.counts), default=None)
+            bar.set_postfix_str(f"best {best:.4g} ms" if best else t.status)
+        if on_trial:
+            on_trial(t)
+
+    def feasible(c: Config) -> bool:
+        v = cons.check(c)
+        if not v.ok:
+            record(Trial(c, "pruned", "; ".join(v.reasons), usage=v.usage))
+        return v.ok
+
+    if model:
+        notes.append(f"ranking by the analytical cost model of {MACHINES[target].name}: a model, not a "
+                     f"measurement ({MACHINES[target].assumed})")
+        _model_sweep(space, cons, runner, bud, seed, feasible, record)
+        strategy_used = "model-ranked"
+    else:
+        def evaluate(batch: list[Config]) -> list[float | None]:
+            out = []
+            for t in runner.evaluate(batch):
+                t.usage = cons.check(t.config).usage
+                record(t)
+                out.append(t.time_ms if t.counts else None)
+            return out
+
+        default = space.default()
+        if feasible(default):  # the default is always measured: the speed-up is against it
+            evaluate([default])
+        steps = search(space, evaluate, bud, strategy, seed, feasible=lambda c: config_key(c) != default_key
+                       and feasible(c))
+        del steps
+        strategy_used = strategy if strategy != "auto" else (
+            "exhaustive" if space.size <= bud.max_candidates else "pattern")
+    if bar is not None:
+        bar.close()
+
+    good = [t for t in trials if t.counts]
+    best = min(good, key=lambda t: t.time_ms) if good else None
+    dflt = next((t for t in trials if t.is_default), None)
+    dev = tcache.device_name(target)
+    result = TuneResult(kernel.name, target, dict(case), dict(sig.shapes), "model" if model else "measured",
+                        trials, dflt, best, space.size, bud.name, strategy_used, time.monotonic() - t_start,
+                        dev, notes)
+    if best is not None and write_cache:
+        key = tcache.make_key(kernel, target, sig.shapes, dev, tgt.toolchain(), sig.dtypes, sig.present,
+                              runner.constants)
+        cache = tcache.TuningCache(tcache.cache_path(cache_dir))
+        notes.extend(cache.problems)
+        cache.put(key, best.config, time_ms=best.time_ms, metric=result.metric,
+                  default_time_ms=dflt.time_ms if dflt and dflt.counts else None, shapes=sig.shapes,
+                  case={k: v for k, v in case.items()})
+    return result
+
+
+def _model_sweep(space, cons, runner, bud, seed, feasible, record):
+    """Rank feasible configs by the cost model, then compile best-first; keep those that compile."""
+    if space.size <= 4096:
+        pool = list(space.enumerate())
+    else:
+        rng = random.Random(seed)
+        seen, pool = set(), [space.default()]
+        for _ in range(4096):
+            c = space.sample(rng)
+            if config_key(c) not in seen:
+                seen.add(config_key(c))
+                pool.append(c)
+    ranked = []
+    default_key = config_key(space.default())
+    for c in pool:
+        if feasible(c):
+            v = cons.check(c)
+            knobs = {k: x for k, x in c.items() if space.owners.get(k) == "target"}
+            ranked.append((estimate(v.module, runner.target.name, knobs).time_ms, c))
+    ranked.sort(key=lambda x: (x[0], config_key(x[1]) != default_key))
+    # the default is compiled too (speed-up is reported against it), then the best-ranked
+    order = [x for x in ranked if config_key(x[1]) == default_key] + \
+            [x for x in ranked if config_key(x[1]) != default_key][: bud.max_candidates]
+    for i in range(0, len(order), bud.batch):
+        chunk = order[i:i + bud.batch]
+        for (ms, _), t in zip(chunk, runner.evaluate([c for _, c in chunk])):
+            t.metric = "model"
+            t.usage = cons.check(t.config).usage
+            if t.status == "compiled":
+                t.time_ms = ms
+            record(t)
