@@ -5,12 +5,13 @@ from __future__ import annotations
 import contextlib
 import linecache
 import sys
+import threading
 import types
 
 from .errors import DslError, SourceLoc
 from .ir import Block, Op, Value
 
-_current: Builder | None = None
+_state = threading.local()  # tracing is per thread: builds run in a thread pool
 
 
 class Builder:
@@ -60,7 +61,12 @@ def _loc_of(frame) -> SourceLoc:
     return SourceLoc(file, line, linecache.getline(file, line))
 
 
+def _get() -> Builder | None:
+    return getattr(_state, "builder", None)
+
+
 def current() -> Builder:
+    _current = _get()
     if _current is None:
         raise DslError("tile ops can only be used inside a @dsl.kernel function while it is traced")
     return _current
@@ -68,14 +74,15 @@ def current() -> Builder:
 
 @contextlib.contextmanager
 def tracing(code: types.CodeType):
-    global _current
-    outer, _current = _current, Builder(code)
+    outer = _get()
+    _state.builder = Builder(code)
     try:
-        yield _current
+        yield _state.builder
     finally:
-        _current = outer
+        _state.builder = outer
 
 
 def error(message: str) -> DslError:
     """A DslError located at the kernel line being traced (if any)."""
-    return DslError(message, _current.loc() if _current else None)
+    b = _get()
+    return DslError(message, b.loc() if b else None)

@@ -24,7 +24,7 @@ class Spec:
     make_inputs: Callable[[Case, torch.device, int], dict[str, torch.Tensor]]  # with outputs allocated
     outputs: tuple[str, ...]
     cases: dict[str, Case]  # small test cases (interpreter, GPU tests)
-    build_cases: dict[str, Case]  # what `duotile build` compiles: model-sized shapes
+    build_cases: dict[str, Case]  # what `duotile build` compiles: model-sized shapes (+ optional "config")
     tolerance: Callable[[Case, str], tuple[float, float]]  # (atol, rtol) for an output
     exact: bool = False  # outputs must match bit for bit
     constants_of: Callable[[Case], dict[str, Any]] = field(default=lambda case: {})  # kernel constants; the
@@ -35,6 +35,15 @@ class Spec:
     @property
     def name(self) -> str:
         return self.kernel.name
+
+    def meta_inputs(self, case: Case) -> dict[str, torch.Tensor]:
+        """Inputs with shapes and dtypes only (no data): enough to specialise and build."""
+        with torch.device("meta"):
+            return self.make_inputs(case, torch.device("meta"), 0)
+
+    def config_of(self, case: Case) -> dict[str, Any]:
+        """A case may pin a config (tunables and target knobs), e.g. to fit a large head dim."""
+        return dict(case.get("config", {}))
 
     def run_reference(self, inputs: dict[str, torch.Tensor], case: Case) -> dict[str, torch.Tensor]:
         args = {k: v for k, v in inputs.items() if k not in self.outputs}

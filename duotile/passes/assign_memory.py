@@ -8,7 +8,8 @@ scope capacities and the byte cost of a value. The pass
 2. computes each value's live range on the structured IR: from its definition to its last
    use, extended to the end of any loop that uses it but does not define it (a value read in
    every iteration, or a buffer carried across iterations, stays live for the whole loop);
-3. charges a value produced inside a pipelined loop of ``stages`` S for S copies (the
+3. charges a value that one of ``model.staged_ops`` (loads, transfers) produces inside a
+   pipelined loop of ``stages`` S for S copies (the
    multi-buffering the target must honour, so a config that only fits single-buffered is
    rejected instead of silently downgraded);
 4. raises ``CapacityError(target, memory, needed, capacity, detail)`` at the first scope whose
@@ -117,7 +118,9 @@ class _Walker:
             if op.result is not None:
                 scope = self.model.scope_of(op.result)
                 op.attrs["scope"] = scope
-                stages = next((lp.attrs.get("stages") or 1 for lp in reversed(loops) if lp.name == "for"), 1)
+                stages = 1
+                if op.name in self.model.staged_ops:
+                    stages = next((lp.attrs.get("stages") or 1 for lp in reversed(loops) if lp.name == "for"), 1)
                 self.defs[op.result.id] = (op.result, op, scope, stages, here, list(loops))
             for region in op.regions:
                 self.block(region, loops + [op])

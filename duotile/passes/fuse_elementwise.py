@@ -31,8 +31,18 @@ FUSIBLE = ("ew", "cast", "iota", "expand")
 
 def fuse_elementwise(module: Module) -> Module:
     uses = Counter(v.id for op in module.walk() for v in _reads(op))
-    _fuse_block(module.body, uses)
+    index_only = _index_only_ops(module)
+    _fuse_block(module.body, uses, index_only)
     return module
+
+
+def _index_only_ops(module: Module) -> dict[int, Op]:
+    """Ops computing from loop indices alone (iota, index math): cheap, so recomputed at every use."""
+    found: dict[int, Op] = {}
+    for op in module.walk():  # definitions come before uses in a walk
+        if op.name in FUSIBLE and op.result is not None and all(v.id in found for v in op.values()):
+            found[op.result.id] = op
+    return found
 
 
 def _reads(op: Op):
@@ -54,9 +64,10 @@ def _writes(op: Op) -> set[int]:
 
 
 class _Fuser:
-    def __init__(self, block: Block, uses: Counter):
+    def __init__(self, block: Block, uses: Counter, index_only: dict[int, Op]):
         self.ops = block.ops
         self.uses = uses
+        self.index_only = index_only
         self.pos = {op.result.id: i for i, op in enumerate(self.ops) if op.result is not None}
         self.inlined: set[int] = set()
 
@@ -97,6 +108,8 @@ class _Fuser:
             kind = "scalar" if hasattr(a, "free_symbols") and a.free_symbols else "const"
             value = a if kind == "scalar" else (int(a) if is_int else float(a))
             return Node(kind, (), i32 if is_int else f32, (), value)
+        if a.id in self.index_only:
+            return self.tree(self.index_only[a.id], user_pos, inputs)
         if self.inlinable(a, user_pos):
             self.inlined.add(a.id)
             return self.tree(self.ops[self.pos[a.id]], user_pos, inputs)
@@ -108,7 +121,7 @@ class _Fuser:
         out: list[Op] = []
         for i in reversed(range(len(self.ops))):  # users first, so inlining is decided top-down
             op = self.ops[i]
-            if op.result is not None and op.result.id in self.inlined:
+            if op.result is not None and (op.result.id in self.inlined or op.result.id in self.index_only):
                 continue
             if op.name in FUSIBLE:
                 inputs: list[Value] = []
@@ -126,8 +139,8 @@ class _Fuser:
         return Op("map", tuple(inputs), {"expr": expr, "into": dst}, None, [], op.loc)
 
 
-def _fuse_block(block: Block, uses: Counter):
+def _fuse_block(block: Block, uses: Counter, index_only: dict[int, Op]):
     for op in block.ops:
         for region in op.regions:
-            _fuse_block(region, uses)
-    block.ops = _Fuser(block, uses).run()
+            _fuse_block(region, uses, index_only)
+    block.ops = _Fuser(block, uses, index_only).run()

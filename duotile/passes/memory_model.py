@@ -10,8 +10,10 @@ everything target-specific is a field or a method here:
   (e.g. Ascend UB is smaller when the kernel has a SIMT region);
 - ``labels``: scope -> the name printed in messages ("UB", "L0C", "shared memory");
 - ``scope_of(value)``: the scope of one value (by default ``roles[value.type.role]``);
-- ``cost(value, stages)``: bytes one value occupies, ``stages`` copies when it is produced in
-  a pipelined loop (multi-buffering); by default ``numel * itemsize * stages``.
+- ``staged_ops``: ops whose results are multi-buffered in a pipelined loop (the transfers the
+  pipeline overlaps with compute; by default load, gather and move);
+- ``cost(value, stages)``: bytes one value occupies, ``stages`` copies when a staged op makes
+  it inside a pipelined loop; by default ``numel * itemsize * stages``.
 
 A scope absent from ``capacities`` is unbounded (registers on CUDA, say): it is annotated
 but never checked.
@@ -31,6 +33,7 @@ class MemoryModel:
     roles: dict[Role, str]
     capacities: dict[str, int] = field(default_factory=dict)
     labels: dict[str, str] = field(default_factory=dict)
+    staged_ops: tuple[str, ...] = ("load", "gather", "move")
 
     def scope_of(self, value: Value) -> str:
         return self.roles[value.type.role]

@@ -10,8 +10,8 @@ per config (lower is better; ``None`` for a candidate that failed, was wrong or 
 Strategies follow an ask / tell protocol:
 - ``exhaustive``: every config in order (small spaces);
 - ``random``: distinct random samples;
-- ``pattern``: start at the default, move to the best neighbour while one improves, restart from
-  a random sample when none does (helion's PatternSearch, without its surrogate).
+- ``pattern``: start at the default, move to the best neighbour while one improves, then try
+  two-step neighbours, then restart from random samples (helion's PatternSearch, without its surrogate).
 ``auto`` picks ``exhaustive`` when the space fits the budget, otherwise ``pattern``.
 """
 
@@ -106,7 +106,8 @@ class RandomSearch(Strategy):
 
 
 class PatternSearch(Strategy):
-    """Hill-climb over one-step neighbours from the best seen; restart randomly at a local optimum."""
+    """Hill-climb over one-step neighbours of the best seen; at a local optimum try two-step
+    neighbours, then restart from random points."""
 
     name = "pattern"
 
@@ -128,7 +129,12 @@ class PatternSearch(Strategy):
             for c in self.space.neighbours(centre):
                 if len(out) < n and self._new(c, out):
                     out.append(c)
-        if not out:  # local optimum (or nothing valid yet): restart from unseen random points
+        if not out and self.best:  # a local optimum: look two steps away (crosses plateaus)
+            for near in self.space.neighbours(self.best[1]):
+                for c in self.space.neighbours(near):
+                    if len(out) < n and self._new(c, out):
+                        out.append(c)
+        if not out:  # still nothing new (or nothing valid yet): restart from unseen random points
             tries = 0
             while len(out) < max(1, n // 2) and tries < 50 * n and len(self.seen) + len(out) < self.space.size:
                 c = self.space.sample(self.rng)
@@ -136,9 +142,6 @@ class PatternSearch(Strategy):
                 if self._new(c, out):
                     out.append(c)
         return out
-
-    def tell(self, config, cost):
-        super().tell(config, cost)
 
 
 STRATEGIES = {"exhaustive": Exhaustive, "random": RandomSearch, "pattern": PatternSearch}

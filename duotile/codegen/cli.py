@@ -1,0 +1,107 @@
+"""``duotile list``, ``duotile build`` and ``duotile show``."""
+
+from __future__ import annotations
+
+import sys
+from concurrent.futures import ThreadPoolExecutor
+
+from ..kernels_spec.registry import load_all
+from .driver import build_case
+from .target import target_names
+
+BUILD_TARGETS = ("sm90", "sm100", "ascend950")
+
+
+def register(sub) -> None:
+    p = sub.add_parser("list", help="list the kernel specs")
+    p.set_defaults(func=cmd_list)
+    p = sub.add_parser("build", help="generate and compile kernels for targets")
+    p.add_argument("--target", default=",".join(BUILD_TARGETS), help="comma-separated: " + ", ".join(target_names()))
+    p.add_argument("--kernel", default=None, help="only this kernel (default: all)")
+    p.add_argument("--jobs", type=int, default=2, help="parallel builds (threads)")
+    p.add_argument("--no-cache", action="store_true", help="rebuild even when a cached artifact exists")
+    p.set_defaults(func=cmd_build)
+    p = sub.add_parser("show", help="print one stage of a kernel's build")
+    p.add_argument("kernel")
+    p.add_argument("--target", default="sm90")
+    p.add_argument("--stage", default="tilelang", help="ir | tilelang | cuda | ptx | sass | ascend")
+    p.add_argument("--case", default=None, help="which build case (default: the first)")
+    p.set_defaults(func=cmd_show)
+
+
+def cmd_list(args) -> int:
+    rows = [("kernel", "tensors", "tunables", "batch dim", "build cases")]
+    for name, spec in sorted(load_all().items()):
+        k = spec.kernel
+        rows.append((name, ", ".join(k.tensors), ", ".join(f"{t}={s.values()}" for t, s in k.tunables.items()),
+                     k.batch_dim or "-", ", ".join(spec.build_cases)))
+    _table(rows)
+    return 0
+
+
+def cmd_build(args) -> int:
+    specs = load_all()
+    if args.kernel and args.kernel not in specs:
+        print(f"duotile: no kernel named {args.kernel!r}; known: {', '.join(sorted(specs))}", file=sys.stderr)
+        return 2
+    targets = [t.strip() for t in args.target.split(",") if t.strip()]
+    unknown = [t for t in targets if t not in target_names()]
+    if unknown:
+        print(f"duotile: unknown target(s) {', '.join(unknown)}; known: {', '.join(target_names())}", file=sys.stderr)
+        return 2
+    jobs = [(spec, cname, case, t) for name, spec in sorted(specs.items()) if not args.kernel or name == args.kernel
+            for cname, case in spec.build_cases.items() for t in targets]
+    with ThreadPoolExecutor(max_workers=max(1, args.jobs)) as pool:
+        results = list(pool.map(lambda j: build_case(*j, use_cache=not args.no_cache), jobs))
+    rows = [("kernel", "case", "target", "status", "lines", "seconds", "cache", "note")]
+    for r in results:
+        note = r.error.splitlines()[0][:110] if r.error else _note(r)
+        cache = r.artifact.meta.get("cache", "") if r.artifact else ""
+        rows.append((r.spec, r.case, r.target, "ok" if r.ok else "FAIL", str(r.lines), f"{r.seconds:.1f}", cache, note))
+    _table(rows)
+    failed = sum(not r.ok for r in results)
+    print(f"\n{len(results) - failed} built, {failed} failed; artifacts under "
+          f"{results[0].artifact.meta['dir'].rsplit('/artifacts/', 1)[0] if results and results[0].artifact else '-'}")
+    return 1 if failed else 0
+
+
+def _note(r) -> str:
+    a = r.artifact
+    if "sass" in a.stages or "ptx" in a.stages:
+        from .tilelang_cuda.inspect import instruction_summary
+
+        return instruction_summary(a)
+    if "ascend" in a.stages:
+        return f"ascend C++ {len(a.stages['ascend'].splitlines())} lines"
+    return ""
+
+
+def cmd_show(args) -> int:
+    specs = load_all()
+    spec = specs.get(args.kernel)
+    if spec is None:
+        print(f"duotile: no kernel named {args.kernel!r}; known: {', '.join(sorted(specs))}", file=sys.stderr)
+        return 2
+    cname = args.case or next(iter(spec.build_cases))
+    if cname not in spec.build_cases:
+        print(f"duotile: {args.kernel} has no case {cname!r}; cases: {', '.join(spec.build_cases)}", file=sys.stderr)
+        return 2
+    r = build_case(spec, cname, spec.build_cases[cname], args.target)
+    if not r.ok:
+        print(f"duotile: build failed: {r.error}", file=sys.stderr)
+        return 1
+    text = r.artifact.stages.get(args.stage)
+    if text is None:
+        print(f"duotile: target {args.target} has no stage {args.stage!r}; it has: "
+              f"{', '.join(sorted(r.artifact.stages))}", file=sys.stderr)
+        return 2
+    print(text, end="")
+    return 0
+
+
+def _table(rows) -> None:
+    widths = [max(len(str(r[i])) for r in rows) for i in range(len(rows[0]))]
+    for j, row in enumerate(rows):
+        print("  ".join(str(c).ljust(w) for c, w in zip(row, widths)).rstrip())
+        if j == 0:
+            print("  ".join("-" * w for w in widths))

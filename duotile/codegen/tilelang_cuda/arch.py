@@ -1,0 +1,23 @@
+"""The two NVIDIA architectures the TileLang CUDA generator serves, as data."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Arch:
+    name: str  # duotile target name
+    sm: str  # nvcc / TileLang arch
+    smem_bytes: int  # dynamic shared memory per block
+    tmem_columns: int  # 0: no tensor memory; accumulators live in registers
+    runnable_cc: tuple[int, int]  # compute capability a local GPU must have to run it
+
+    @property
+    def has_tmem(self) -> bool:
+        return self.tmem_columns > 0
+
+
+SM90 = Arch("sm90", "sm_90a", 227 * 1024, 0, (9, 0))
+# SM100: 228 KiB of shared memory per SM (227 usable per block) and 512 TMEM columns x 128 lanes x 32 bit.
+SM100 = Arch("sm100", "sm_100a", 227 * 1024, 512, (10, 0))

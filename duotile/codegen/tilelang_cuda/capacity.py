@@ -1,0 +1,57 @@
+"""Static resource check for CUDA targets: shared memory per block and TMEM columns.
+
+TileLang does not check shared memory (a 384 KiB kernel builds and fails only at launch), so
+every config is checked here first. Shared bytes: each shared tile, times the pipeline depth
+when it is loaded inside a pipelined loop. TMEM: fp32 accumulator columns, 512 per SM.
+"""
+
+from __future__ import annotations
+
+from ...dsl.errors import CapacityError
+from ...dsl.ir import Module
+from .arch import Arch
+from .plan import make_plan
+
+
+def _stages_of(module: Module) -> dict[int, int]:
+    depth: dict[int, int] = {}
+
+    def visit(block, stages):
+        for op in block.ops:
+            if op.result is not None:
+                depth[op.result.id] = stages
+            for r in op.regions:
+                visit(r, op.attrs.get("stages") or stages if op.name == "for" else stages)
+
+    visit(module.body, 1)
+    return depth
+
+
+def usage(module: Module, arch: Arch) -> dict[str, int]:
+    plan = make_plan(module, arch)
+    stages = _stages_of(module)
+    smem = tmem_cols = 0
+    for op in module.walk():
+        v = op.result
+        if v is None:
+            continue
+        nbytes = int(v.type.numel()) * v.type.dtype.bits // 8
+        scope = plan.scope[v.id]
+        if scope == "shared":
+            smem += nbytes * (stages[v.id] if op.name == "load" else 1)
+        elif v.id in plan.staged:
+            smem += nbytes
+        if scope == "tmem" or (arch.has_tmem and v.id in plan.mutated):
+            tmem_cols += int(v.type.shape[-1])
+    return {"shared": smem, "tmem_columns": tmem_cols}
+
+
+def check_capacity(module: Module, arch: Arch, knobs: dict) -> dict[str, int]:
+    use = usage(module, arch)
+    detail = f"kernel {module.name} config {module.config}"
+    if use["shared"] > arch.smem_bytes:
+        raise CapacityError(arch.name, "shared memory", use["shared"], arch.smem_bytes, detail)
+    if arch.has_tmem and use["tmem_columns"] > arch.tmem_columns:
+        raise CapacityError(arch.name, "TMEM", use["tmem_columns"] * 128 * 4, arch.tmem_columns * 128 * 4,
+                            detail + f"; {use['tmem_columns']} of {arch.tmem_columns} columns")
+    return use

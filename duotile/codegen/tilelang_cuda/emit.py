@@ -1,0 +1,306 @@
+"""Emit TileLang (CUDA dialect) source for a bound, fused Tile IR module.
+
+The emitter walks the IR once. Buffers are declared at the top of the kernel (TileLang wants
+allocations outside loops); every statement carries the spec line it came from as a comment.
+Each op kind has one small handler; what lives where is decided beforehand in ``plan.py``.
+"""
+
+from __future__ import annotations
+
+import sympy
+
+from ...dsl.errors import UnsupportedError
+from ...dsl.ir import Module, Op, Value
+from .arch import Arch
+from .exprs import ElementPrinter, index, literal
+from .plan import Plan, make_plan
+from .source import Source
+
+HANDLERS = {}
+
+
+def handles(name):
+    def deco(fn):
+        HANDLERS[name] = fn
+        return fn
+
+    return deco
+
+
+class Emitter:
+    def __init__(self, module: Module, arch: Arch, knobs: dict):
+        self.m, self.arch, self.knobs = module, arch, knobs
+        self.plan: Plan = make_plan(module, arch)
+        self.src = Source()
+        self.names: dict[int, str] = {}
+        self.dirty: set[int] = set()  # TMEM accumulators written since their last drain
+        self.loop_stack: list[Op] = []
+        self.barriers = 0
+
+    # -- names and declarations -----------------------------------------------------------------
+    def name(self, v: Value) -> str:
+        if v.id not in self.names:
+            base = {"shared": "smem", "fragment": "frag", "tmem": "tmem"}[self.plan.scope[v.id]]
+            self.names[v.id] = f"{v.hint or 't'}{len(self.names)}_{base}"
+            self.declare(v, self.names[v.id], self.plan.scope[v.id])
+        return self.names[v.id]
+
+    def declare(self, v: Value, name: str, scope: str):
+        shape = "(" + ", ".join(str(int(d)) for d in v.type.shape) + ",)"
+        dt = v.type.dtype.tilelang_name
+        alloc = {"shared": "T.alloc_shared", "fragment": "T.alloc_fragment", "tmem": "T.alloc_tmem"}[scope]
+        self.src.decl(f'{name} = {alloc}({shape}, "{dt}")')
+        if scope == "tmem":
+            self.src.decl(f'{name}_frag = T.alloc_fragment({shape}, "{dt}")')
+
+    def readable(self, v: Value, op: Op) -> str:
+        """The buffer holding ``v`` for vector work: TMEM is drained into its fragment first."""
+        name = self.name(v)
+        if self.plan.scope[v.id] != "tmem":
+            return name
+        if v.id in self.dirty:
+            self.src.line(f"T.copy({name}, {name}_frag)", op.loc)
+            self.dirty.discard(v.id)
+        return f"{name}_frag"
+
+    def new_barrier(self) -> str:
+        self.barriers += 1
+        name = f"mbar{self.barriers}"
+        self.src.decl(f"{name} = T.alloc_barrier(1)")
+        return name
+
+    # -- walking ----------------------------------------------------------------------------------
+    def block(self, ops):
+        for op in ops:
+            handler = HANDLERS.get(op.name)
+            if handler is None:
+                raise UnsupportedError(f"{self.arch.name}: no lowering for op {op.name}", op.loc)
+            handler(self, op)
+
+    def parity(self) -> str:
+        """The phase of a barrier used once per iteration of the enclosing loops."""
+        lin = sympy.Integer(0)
+        for loop in self.loop_stack:
+            lin = lin * (loop.attrs["extent"] - loop.attrs["start"]) + loop.attrs["var"] - loop.attrs["start"]
+        return f"{index(sympy.expand(lin))} % 2"
+
+
+def emit_module(module: Module, arch: Arch, knobs: dict) -> str:
+    e = Emitter(module, arch, knobs)
+    grid = module.grid
+    names = [str(v) for v in grid.attrs["vars"]][::-1]
+    extents = [index(x) for x in grid.attrs["extents"]][::-1]
+    if len(names) > 3:
+        raise UnsupportedError(f"{arch.name}: grids have at most 3 axes, got {len(names)}", grid.loc)
+    e.block(grid.regions[0].ops)
+    params = ", ".join(f'{p.name}: T.Tensor(({", ".join(str(int(d)) for d in p.shape)},), "{p.dtype.tilelang_name}")'
+                       for p in module.params if p.name in _present(module))
+    swizzle = int(knobs.get("raster", 0) or 0)
+    head = [f"with T.Kernel({', '.join(extents)}, threads={knobs['threads']}) as ({', '.join(names)}{',' if len(names) == 1 else ''}):"]
+    return e.src.render(module, arch.name, params, head, swizzle)
+
+
+def _present(module: Module) -> set[str]:
+    used = {op.attrs["tensor"] for op in module.walk() if "tensor" in op.attrs}
+    return {p.name for p in module.params if p.name in used or not p.optional}
+
+
+# -- handlers ---------------------------------------------------------------------------------------
+@handles("for")
+def _for(e: Emitter, op: Op):
+    a = op.attrs
+    start, stop = index(a["start"]), index(a["extent"])
+    if a.get("stages"):
+        e.src.line(f"for {a['var']} in T.Pipelined({start}, {stop}, num_stages={a['stages']}):", op.loc)
+    else:
+        e.src.line(f"for {a['var']} in T.serial({start}, {stop}):", op.loc)
+    e.loop_stack.append(op)
+    with e.src.indent():
+        e.block(op.regions[0].ops)
+    e.loop_stack.pop()
+
+
+@handles("alloc")
+def _alloc(e: Emitter, op: Op):
+    v, fill = op.result, op.attrs["fill"]
+    name, scope = e.name(v), e.plan.scope[op.result.id]
+    form = e.plan.skip_fill.get(v.id)
+    if fill is None:
+        return
+    if scope == "tmem":
+        if form is None:
+            raise UnsupportedError(f"{e.arch.name}: a TMEM accumulator must be zeroed by its first gemm "
+                                   "(zero-fill it right before that gemm or the loop holding it)", op.loc)
+        return
+    if form == "same":  # the gemm right after clears it
+        return
+    if fill == 0.0:
+        e.src.line(f"T.clear({name})", op.loc)
+    else:
+        e.src.line(f"T.fill({name}, {literal(fill, v.type.dtype)})", op.loc)
+
+
+def region(tensor: str, offsets, shape, ndim: int) -> str:
+    lead = ndim - len(shape)
+    parts = []
+    for d, off in enumerate(offsets):
+        o = index(off)
+        if d < lead:
+            parts.append(o)
+        else:
+            n = int(shape[d - lead])
+            parts.append(f"{o}:{o} + {n}" if o != "0" else f"0:{n}")
+    return f"{tensor}[{', '.join(parts)}]"
+
+
+def _in_bounds(e: Emitter, op: Op, loop_vars: list[str]) -> tuple[str, list[str]]:
+    """A bounds condition and the element's global indices for a tile at ``op``'s corner."""
+    p = e.m.param(op.attrs["tensor"])
+    shape, offsets = op.attrs["shape"], op.attrs["offsets"]
+    lead = len(p.shape) - len(shape)
+    conds, idx = [], []
+    for d, off in enumerate(offsets):
+        g = index(off) if d < lead else f"{index(off)} + {loop_vars[d - lead]}"
+        idx.append(g)
+        if d >= lead:
+            conds.append(f"{g} < {int(p.shape[d])}")
+    return " and ".join(conds) or "True", idx
+
+
+@handles("load")
+def _load(e: Emitter, op: Op):
+    v = op.result
+    name = e.name(v)
+    shape = op.attrs["shape"]
+    if op.attrs["other"] == 0.0:
+        p = e.m.param(op.attrs["tensor"])
+        e.src.line(f"T.copy({region(p.name, op.attrs['offsets'], shape, len(p.shape))}, {name})", op.loc)
+        return
+    lv = [f"i{d}" for d in range(len(shape))]
+    cond, idx = _in_bounds(e, op, lv)
+    other = literal(op.attrs["other"], v.type.dtype)
+    e.src.line(f"for {', '.join(lv)} in T.Parallel({', '.join(str(int(d)) for d in shape)}):", op.loc)
+    e.src.line(f"    {name}[{', '.join(lv)}] = T.if_then_else({_tl_and(cond)}, "
+               f"{op.attrs['tensor']}[{', '.join(idx)}], {other})", op.loc)
+
+
+def _tl_and(cond: str) -> str:
+    parts = cond.split(" and ")
+    out = f"({parts[0]})"
+    for p in parts[1:]:
+        out = f"T.And({out}, ({p}))"
+    return out
+
+
+@handles("gather")
+def _gather(e: Emitter, op: Op):
+    v, rows = op.result, op.args[0]
+    name, idx_buf = e.name(v), e.readable(rows, op)
+    p = e.m.param(op.attrs["tensor"])
+    shape, axis = op.attrs["shape"], op.attrs["axis"]
+    lead = len(p.shape) - len(shape)
+    lv = [f"i{d}" for d in range(len(shape))]
+    row = f"{idx_buf}[{lv[axis - lead]}]" if len(rows.type.shape) == 1 else f"{idx_buf}[{lv[axis - lead]}, 0]"
+    conds, gidx = [f"{row} >= 0", f"{row} < {int(p.shape[axis])}"], []
+    for d, off in enumerate(op.attrs["offsets"]):
+        if d == axis:
+            gidx.append(row)
+        elif d < lead:
+            gidx.append(index(off))
+        else:
+            gidx.append(f"{index(off)} + {lv[d - lead]}")
+            conds.append(f"{gidx[-1]} < {int(p.shape[d])}")
+    other = literal(op.attrs["other"], v.type.dtype)
+    e.src.line(f"for {', '.join(lv)} in T.Parallel({', '.join(str(int(d)) for d in shape)}):", op.loc)
+    e.src.line(f"    {name}[{', '.join(lv)}] = T.if_then_else({_tl_and(' and '.join(conds))}, "
+               f"{p.name}[{', '.join(gidx)}], {other})", op.loc)
+
+
+@handles("store")
+def _store(e: Emitter, op: Op):
+    v = op.args[0]
+    src = e.readable(v, op)
+    p = e.m.param(op.attrs["tensor"])
+    e.src.line(f"T.copy({src}, {region(p.name, op.attrs['offsets'], op.attrs['shape'], len(p.shape))})", op.loc)
+
+
+@handles("reduce")
+def _reduce(e: Emitter, op: Op):
+    src = e.readable(op.args[0], op)
+    dst = e.name(op.result)
+    fn = {"sum": "T.reduce_sum", "max": "T.reduce_max", "min": "T.reduce_min"}[op.attrs["fn"]]
+    e.src.line(f"{fn}({src}, {dst}, dim={op.attrs['axis']}, clear=True)", op.loc)
+
+
+@handles("map")
+def _map(e: Emitter, op: Op):
+    into = op.attrs.get("into")
+    out = into if into is not None else op.result
+    dst = e.readable(out, op) if into is not None else e.name(out)
+    shape = [int(d) for d in out.type.shape]
+    lv = tuple(f"i{d}" for d in range(len(shape)))
+    bufs = [e.readable(a, op) for a in op.args]
+
+    def read(k, idx):
+        vshape = op.args[k].type.shape
+        idx = tuple("0" if (i is None or int(d) == 1) else i for i, d in zip(idx, vshape))
+        return f"{bufs[k]}[{', '.join(idx)}]"
+
+    root = op.attrs["expr"]
+    root_idx = tuple(None if (int(r) == 1 and s != 1) else i for r, s, i in zip(root.shape, shape, lv)) \
+        if len(root.shape) == len(shape) else lv
+    text = ElementPrinter(read, lv).expr(root, root_idx)
+    e.src.line(f"for {', '.join(lv)} in T.Parallel({', '.join(map(str, shape))}):", op.loc)
+    e.src.line(f"    {dst}[{', '.join(lv)}] = {text}", op.loc)
+    if into is not None and e.plan.scope[into.id] == "tmem":
+        e.src.line(f"T.copy({dst}, {e.name(into)})", op.loc)
+
+
+@handles("gemm")
+def _gemm(e: Emitter, op: Op):
+    a, b, acc = op.args
+    ta, tb = op.attrs["transpose_a"], op.attrs["transpose_b"]
+    a_buf, b_buf = _operand(e, a, op), _operand(e, b, op)
+    policy = ", policy=T.GemmWarpPolicy.FullRow" if acc.id in e.plan.full_row else ""
+    clear = e.plan.clear_by_gemm.get(id(op))
+    scope = e.plan.scope[acc.id]
+    if not e.arch.has_tmem:
+        clear_arg = f", clear_accum={clear}" if clear else ""
+        e.src.line(f"T.gemm({a_buf}, {b_buf}, {e.name(acc)}, transpose_A={ta}, transpose_B={tb}"
+                   f"{policy}{clear_arg})", op.loc)
+        return
+    if scope == "tmem":
+        _tcgen05(e, op, a_buf, b_buf, e.name(acc), clear or "False", ta, tb)
+        e.dirty.add(acc.id)
+        return
+    # a fragment accumulator that vector work rewrites: multiply into a fresh TMEM tile, add it in
+    tmp = f"{e.name(acc)}_prod"
+    shape = "(" + ", ".join(str(int(d)) for d in acc.type.shape) + ",)"
+    if tmp not in e.src.declared:
+        e.src.decl(f'{tmp} = T.alloc_tmem({shape}, "float32")')
+        e.src.decl(f'{tmp}_frag = T.alloc_fragment({shape}, "float32")')
+    _tcgen05(e, op, a_buf, b_buf, tmp, "True", ta, tb)
+    e.src.line(f"T.copy({tmp}, {tmp}_frag)", op.loc)
+    dims = [f"i{d}" for d in range(2)]
+    e.src.line(f"for {', '.join(dims)} in T.Parallel({shape[1:-2]}):", op.loc)
+    e.src.line(f"    {e.name(acc)}[i0, i1] = {e.name(acc)}[i0, i1] + {tmp}_frag[i0, i1]", op.loc)
+
+
+def _tcgen05(e: Emitter, op: Op, a: str, b: str, acc: str, clear: str, ta: bool, tb: bool):
+    bar = e.new_barrier()
+    e.src.line(f"T.gemm({a}, {b}, {acc}, transpose_A={ta}, transpose_B={tb}, mbar={bar}, clear_accum={clear})",
+               op.loc)
+    e.src.line(f"T.mbarrier_wait_parity({bar}, {e.parity()})", op.loc)
+
+
+def _operand(e: Emitter, v: Value, op: Op) -> str:
+    """A gemm operand's buffer; fragments that must come from shared memory are copied there."""
+    if v.id not in e.plan.staged:
+        return e.readable(v, op) if e.plan.scope[v.id] == "tmem" else e.name(v)
+    src = e.name(v)
+    stage = f"{src}_smem"
+    if stage not in e.src.declared:
+        shape = "(" + ", ".join(str(int(d)) for d in v.type.shape) + ",)"
+        e.src.decl(f'{stage} = T.alloc_shared({shape}, "{v.type.dtype.tilelang_name}")')
+    e.src.line(f"T.copy({src}, {stage})", op.loc)
+    return stage

@@ -1,0 +1,98 @@
+"""Print index expressions (sympy) and element expressions (dsl.expr.Node) as TileLang source."""
+
+from __future__ import annotations
+
+import math
+
+import sympy
+
+from ...dsl.dtypes import DType
+from ...dsl.errors import UnsupportedError
+from ...dsl.expr import Node, child_index
+
+
+def index(e) -> str:
+    """A sympy index expression over loop variables, as TileLang Python."""
+    e = sympy.sympify(e)
+    if e.is_Integer:
+        return str(int(e))
+    if e.is_Symbol:
+        return str(e)
+    if e.is_Add:
+        terms = [index(t) for t in e.as_ordered_terms()]
+        return "(" + " + ".join(terms).replace("+ -", "- ") + ")"
+    if e.is_Mul:
+        coeff, rest = e.as_coeff_Mul()
+        if coeff.is_Integer:
+            return f"{int(coeff)} * {index(rest)}" if coeff != 1 else index(rest)
+        if coeff.is_Rational:  # (p/q) * x only where exact: emitted as floor division
+            return f"({index(coeff.p * rest)} // {coeff.q})"
+    if isinstance(e, sympy.Min):
+        return _nested("T.min", e.args)
+    if isinstance(e, sympy.Max):
+        return _nested("T.max", e.args)
+    if isinstance(e, sympy.ceiling):
+        num, den = sympy.fraction(sympy.together(e.args[0]))
+        return f"T.ceildiv({index(num)}, {index(den)})"
+    if isinstance(e, sympy.floor):
+        num, den = sympy.fraction(sympy.together(e.args[0]))
+        return f"({index(num)} // {index(den)})"
+    if isinstance(e, sympy.Mod):
+        return f"({index(e.args[0])} % {index(e.args[1])})"
+    raise UnsupportedError(f"index expression {e} has no TileLang form")
+
+
+def _nested(fn: str, args) -> str:
+    out = index(args[0])
+    for a in args[1:]:
+        out = f"{fn}({out}, {index(a)})"
+    return out
+
+
+def literal(value: float, dtype: DType) -> str:
+    if isinstance(value, float) and math.isinf(value):
+        sign = "-" if value < 0 else ""
+        return f'{sign}T.infinity("{dtype.tilelang_name}")'
+    if not dtype.is_float:
+        return str(int(value))
+    return f'T.float32({float(value)!r})' if dtype.bits == 32 else f'T.cast({float(value)!r}, "{dtype.tilelang_name}")'
+
+
+_BINARY = {"add": "+", "sub": "-", "mul": "*", "div": "/", "lt": "<", "le": "<=", "gt": ">", "ge": ">=",
+           "eq": "==", "ne": "!="}
+_CALL = {"max": "T.max", "min": "T.min", "and": "T.And", "or": "T.Or", "not": "T.Not", "exp": "T.exp",
+         "exp2": "T.exp2", "log": "T.log", "log2": "T.log2", "sqrt": "T.sqrt", "rsqrt": "T.rsqrt",
+         "sigmoid": "T.sigmoid", "abs": "T.abs", "where": "T.if_then_else"}
+
+
+class ElementPrinter:
+    """Prints a map's expression for one element. ``read(k, idx)`` gives input k at indices."""
+
+    def __init__(self, read, loop_vars: tuple[str, ...]):
+        self.read = read
+        self.loop_vars = loop_vars
+
+    def expr(self, node: Node, idx: tuple | None = None) -> str:
+        idx = tuple(self.loop_vars) if idx is None else idx
+        k = node.kind
+        if k == "arg":
+            return self.read(node.attr, idx)
+        if k == "const":
+            return literal(node.attr, node.dtype)
+        if k == "scalar":
+            return index(node.attr)
+        if k == "iota":
+            i = idx[node.attr]
+            return "0" if i is None else i
+        kids = [self.expr(c, child_index(node, c, idx)) for c in node.children]
+        if k == "expand":
+            return kids[0]
+        if k == "cast":
+            return f'T.cast({kids[0]}, "{node.attr.tilelang_name}")'
+        if k == "neg":
+            return f"(-{kids[0]})"
+        if k in _BINARY:
+            return f"({kids[0]} {_BINARY[k]} {kids[1]})"
+        if k in _CALL:
+            return f"{_CALL[k]}({', '.join(kids)})"
+        raise UnsupportedError(f"elementwise {k} has no TileLang form")

@@ -1,0 +1,33 @@
+"""Runs a generated kernel on a local GPU through TileLang's JIT (used on the H200)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from ...dsl.errors import UnsupportedError
+from ...dsl.ir import Module
+from ..target import Artifact
+from . import toolchain
+from .arch import Arch
+
+
+def make_launcher(artifact: Artifact, module: Module, arch: Arch):
+    if not torch.cuda.is_available():
+        raise UnsupportedError(f"{arch.name}: no CUDA device here; the build is compile-only")
+    cc = torch.cuda.get_device_capability()
+    if cc != arch.runnable_cc:
+        raise UnsupportedError(f"{arch.name} code needs compute capability {arch.runnable_cc}, this GPU has {cc}")
+    import tilelang
+
+    path = Path(artifact.meta["dir"]) / "kernel_tilelang.py"
+    prim = toolchain.load_prim_func(str(path), artifact.meta["entry"])
+    jit = tilelang.compile(prim, target="cuda", pass_configs=toolchain.PASS_CONFIGS)
+    used = [p.name for p in module.params if f"{p.name}: T.Tensor" in artifact.stages["tilelang"]]
+
+    def run(tensors: dict):
+        jit(*(tensors[name] for name in used))
+
+    run.jit = jit
+    return run

@@ -1,0 +1,72 @@
+"""The ``sm90`` and ``sm100`` targets: Tile IR -> TileLang (CUDA dialect) -> CUDA C++ -> cubin."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+from ...dsl.ir import Module
+from ...dsl.tunables import choice
+from ...passes.fuse_elementwise import fuse_elementwise
+from ..target import Artifact, Target, register_target
+from . import toolchain
+from .arch import SM90, SM100, Arch
+from .capacity import check_capacity
+from .emit import emit_module
+
+
+class TileLangCuda(Target):
+    stages = ("ir", "tilelang", "cuda", "ptx", "sass")
+
+    def __init__(self, arch: Arch):
+        self.arch = arch
+        self.name = arch.name
+        # threads per block; raster: rows of blocks swept together for L2 reuse (0 = off)
+        self.knobs = {"threads": choice(256, 128, 384), "raster": choice(0, 8, 16)}
+
+    def toolchain(self) -> dict[str, str]:
+        return {"tilelang": toolchain.tilelang_version(), "nvcc": toolchain.nvcc_version()}
+
+    def lower(self, module: Module, knobs: dict[str, Any]) -> Module:
+        module = fuse_elementwise(module)
+        check_capacity(module, self.arch, knobs)
+        return module
+
+    def generate(self, module: Module, knobs: dict[str, Any]) -> Artifact:
+        from ...dsl.printer import format_module
+
+        text = emit_module(module, self.arch, knobs)
+        return Artifact(module.name, self.name, stages={"ir": format_module(module), "tilelang": text},
+                        meta={"entry": f"{module.name}_kernel"})
+
+    def build(self, artifact: Artifact, workdir: str) -> Artifact:
+        work = Path(workdir)
+        py = work / "kernel_tilelang.py"
+        py.write_text(artifact.stages["tilelang"])
+        t0 = time.perf_counter()
+        prim = toolchain.load_prim_func(str(py), artifact.meta["entry"])
+        cuda = toolchain.lower_to_cuda(prim, self.arch.sm)
+        artifact.timings["tilelang_lower"] = time.perf_counter() - t0
+        artifact.stages["cuda"] = cuda
+        cu = work / "kernel.cu"
+        cu.write_text(cuda)
+        t0 = time.perf_counter()
+        toolchain.nvcc(str(cu), self.arch.sm, str(work / "kernel.cubin"), "cubin")
+        artifact.timings["nvcc"] = time.perf_counter() - t0
+        artifact.files["cubin"] = str(work / "kernel.cubin")
+        toolchain.nvcc(str(cu), self.arch.sm, str(work / "kernel.ptx"), "ptx")
+        artifact.stages["ptx"] = (work / "kernel.ptx").read_text()
+        sass = toolchain.sass(str(work / "kernel.cubin"))
+        if sass is not None:
+            artifact.stages["sass"] = sass
+        return artifact
+
+    def load(self, artifact: Artifact, module: Module):
+        from .launch import make_launcher
+
+        return make_launcher(artifact, module, self.arch)
+
+
+register_target(TileLangCuda(SM90))
+register_target(TileLangCuda(SM100))

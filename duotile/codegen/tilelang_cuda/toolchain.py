@@ -1,0 +1,97 @@
+"""TileLang and nvcc, driven offline: load generated source, lower it, compile it to a cubin."""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import importlib.util
+import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+PASS_CONFIGS = {"tl.emit_line_directives": False}
+
+
+@functools.lru_cache(maxsize=1)
+def tilelang_version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("tilelang")
+    except PackageNotFoundError:
+        return "missing"
+
+
+@functools.lru_cache(maxsize=1)
+def nvcc_version() -> str:
+    nvcc = shutil.which("nvcc")
+    if nvcc is None:
+        return "missing"
+    out = subprocess.run([nvcc, "--version"], capture_output=True, text=True).stdout
+    m = re.search(r"release ([\d.]+), V([\d.]+)", out)
+    return m.group(2) if m else out.strip().splitlines()[-1]
+
+
+def load_prim_func(path: str, name: str):
+    """Import a generated file (TileLang parses real source files) and return its prim_func."""
+    digest = hashlib.sha1(path.encode()).hexdigest()[:10]
+    spec = importlib.util.spec_from_file_location(f"duotile_gen_{digest}", path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return getattr(module, name)
+
+
+def lower_to_cuda(prim_func, sm: str) -> str:
+    import tilelang
+    from tilelang import tvm
+
+    tgt = tvm.target.Target({"kind": "cuda", "arch": sm})
+    with tilelang.transform.PassContext(opt_level=3, config=PASS_CONFIGS), tgt:
+        artifact = tilelang.lower(prim_func, target=tgt, enable_device_compile=False)
+    return artifact.kernel_source
+
+
+def include_dirs() -> list[str]:
+    import tilelang
+
+    root = Path(tilelang.__file__).parent
+    return [str(root / "src"), str(root / "3rdparty" / "cutlass" / "include"),
+            str(root / "3rdparty" / "tvm" / "include")]
+
+
+def nvcc(cu_path: str, sm: str, out_path: str, kind: str) -> None:
+    """``kind``: 'cubin' or 'ptx'. Raises RuntimeError with nvcc's message on failure."""
+    exe = shutil.which("nvcc")
+    if exe is None:
+        raise RuntimeError("nvcc is not on PATH: cannot compile generated CUDA")
+    cmd = [exe, "-std=c++17", f"-arch={sm}", f"-{kind}", "-O3", "-w", *(f"-I{d}" for d in include_dirs()),
+           cu_path, "-o", out_path]
+    proc = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ})
+    if proc.returncode != 0:
+        raise RuntimeError(f"nvcc -arch={sm} -{kind} failed:\n{proc.stderr[-4000:]}")
+
+
+def cuobjdump() -> str | None:
+    """A cuobjdump to read SASS with: the toolkit's, or the one Triton's wheel ships."""
+    found = shutil.which("cuobjdump")
+    if found:
+        return found
+    try:
+        import triton
+
+        cand = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuobjdump"
+        return str(cand) if cand.exists() else None
+    except ImportError:
+        return None
+
+
+def sass(cubin_path: str) -> str | None:
+    tool = cuobjdump()
+    if tool is None:
+        return None
+    proc = subprocess.run([tool, "-sass", cubin_path], capture_output=True, text=True)
+    return proc.stdout if proc.returncode == 0 else None
