@@ -22,6 +22,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 import tempfile
 import time
 import warnings
@@ -46,8 +47,11 @@ def kernel_hash(kernel: KernelDef, dtypes: dict | None = None, present: dict | N
                 constants: dict | None = None) -> str:
     """A hash of the kernel's traced IR at its default config, plus its tunables' spaces."""
     module = kernel.trace(dtypes, present, None, constants)
+    names: dict[str, str] = {}  # value ids come from a global counter: number them by first use
+    text = re.sub(r"%\w+", lambda m: names.setdefault(m.group(0), f"%{len(names)}"),
+                  format_module(module, with_loc=False))
     spaces = {k: [type(s).__name__, s.values(), repr(s.default)] for k, s in kernel.tunables.items()}
-    blob = format_module(module, with_loc=False) + json.dumps(spaces, sort_keys=True, default=str)
+    blob = text + json.dumps(spaces, sort_keys=True, default=str)
     return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
 

@@ -1,0 +1,87 @@
+import json
+
+import pytest
+
+from duotile import dsl
+from duotile.passes.autotune import cache as tc
+from duotile.passes.autotune.cache import TuningCache, best_config, make_key
+
+
+@dsl.kernel
+def k1(x: dsl.Tensor["N", "D", dsl.f32], *, BN: dsl.Tunable = dsl.choice(2, 4)):
+    for i in dsl.grid(dsl.cdiv(x.N, BN)):
+        dsl.store(x[i * BN, 0], dsl.load(x[i * BN, 0], (BN, x.D)) * 2.0)
+
+
+@dsl.kernel
+def k1_edited(x: dsl.Tensor["N", "D", dsl.f32], *, BN: dsl.Tunable = dsl.choice(2, 4)):
+    for i in dsl.grid(dsl.cdiv(x.N, BN)):
+        dsl.store(x[i * BN, 0], dsl.load(x[i * BN, 0], (BN, x.D)) * 3.0)
+
+
+@dsl.kernel(batch_dim="N")
+def k1_batched(x: dsl.Tensor["N", "D", dsl.f32], *, BN: dsl.Tunable = dsl.choice(2, 4)):
+    for i in dsl.grid(dsl.cdiv(x.N, BN)):
+        dsl.store(x[i * BN, 0], dsl.load(x[i * BN, 0], (BN, x.D)) * 2.0)
+
+
+k1_edited.name = "k1"  # same name, different body
+TC = {"tilelang": "0.1.15", "nvcc": "13.0"}
+
+
+def put(tmp_path, kernel=k1, target="sm90", shapes=None, toolchain=TC, config=None):
+    shapes = shapes or {"N": 100, "D": 64}
+    cache = TuningCache(tmp_path / "tuning.json")
+    cache.put(make_key(kernel, target, shapes, "H200", toolchain), config or {"BN": 4}, time_ms=1.0)
+
+
+def lookup(tmp_path, kernel=k1, target="sm90", shapes=None, toolchain=TC, device="H200"):
+    return best_config(kernel, target, shapes or {"N": 100, "D": 64}, device, cache_dir=tmp_path, toolchain=toolchain)
+
+
+def test_hit_within_a_shape_bucket(tmp_path):
+    put(tmp_path)
+    assert lookup(tmp_path) == {"BN": 4}
+    assert lookup(tmp_path, shapes={"N": 128, "D": 64}) == {"BN": 4}  # same bucket (128)
+    assert lookup(tmp_path, shapes={"N": 129, "D": 64}) is None  # next bucket
+
+
+def test_invalidated_by_kernel_target_toolchain_or_device(tmp_path):
+    put(tmp_path)
+    assert k1.name == k1_edited.name
+    assert lookup(tmp_path, kernel=k1_edited) is None
+    assert lookup(tmp_path, target="sm100") is None
+    assert lookup(tmp_path, toolchain={**TC, "tilelang": "0.1.16"}) is None
+    assert lookup(tmp_path, device="H100") is None
+    assert lookup(tmp_path) == {"BN": 4}
+
+
+def test_batch_invariant_kernels_ignore_the_batch_size(tmp_path):
+    put(tmp_path, kernel=k1_batched, shapes={"N": 3, "D": 64})
+    assert lookup(tmp_path, kernel=k1_batched, shapes={"N": 4096, "D": 64}) == {"BN": 4}
+    assert lookup(tmp_path, kernel=k1_batched, shapes={"N": 4096, "D": 128}) is None
+
+
+@pytest.mark.parametrize("damage", ["truncate", "garbage", "edit", "schema"])
+def test_corrupt_or_stale_file_is_reported_and_rebuilt(tmp_path, damage):
+    put(tmp_path)
+    path = tmp_path / "tuning.json"
+    text = path.read_text()
+    if damage == "truncate":
+        path.write_text(text[: len(text) // 2])
+    elif damage == "garbage":
+        path.write_bytes(b"\x00\xff not json")
+    else:
+        data = json.loads(text)
+        if damage == "edit":  # a hand edit without updating the checksum
+            next(iter(data["entries"].values()))["config"]["BN"] = 2
+        else:
+            data["schema"] = tc.SCHEMA + 1
+        path.write_text(json.dumps(data))
+    with pytest.warns(UserWarning, match="not trusted"):
+        cache = TuningCache(path)
+    assert cache.entries == {} and cache.problems
+    assert list(tmp_path.glob("tuning.json.corrupt-*"))
+    assert lookup(tmp_path) is None  # the bad file was moved aside: nothing is trusted
+    put(tmp_path, config={"BN": 2})  # rebuilt: usable again
+    assert lookup(tmp_path) == {"BN": 2}

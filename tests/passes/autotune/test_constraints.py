@@ -1,0 +1,67 @@
+import torch
+
+from duotile.kernels_spec import registry
+from duotile.passes.autotune.constraints import Constraints, parse_relation
+
+
+def gemm_constraints(target, m=8192, n=8192, k=8192, relations=()):
+    spec = registry.get("gemm")
+    inputs = {"a": torch.empty(m, k, dtype=torch.bfloat16), "b": torch.empty(n, k, dtype=torch.bfloat16),
+              "c": torch.empty(m, n, dtype=torch.bfloat16)}
+    return Constraints(spec.kernel, spec.kernel.bind(inputs), target, relations=relations)
+
+
+def test_shared_memory_overflow_on_sm90_is_pruned_with_its_reason():
+    c = gemm_constraints("sm90")
+    ok = c.check({"BM": 128, "BN": 128, "BK": 64, "STAGES": 3})
+    assert ok.ok and ok.usage["shared memory"] == 3 * (128 * 64 + 128 * 64) * 2
+    bad = c.check({"BM": 256, "BN": 256, "BK": 128, "STAGES": 5})
+    assert not bad.ok
+    assert any(r.startswith("shared memory: needs 640.0 KiB > capacity 227.0 KiB") for r in bad.reasons)
+
+
+def test_registers_limit_accumulators_on_sm90_but_tmem_holds_them_on_sm100():
+    cfg = {"BM": 256, "BN": 256, "BK": 32, "STAGES": 2}
+    sm90 = gemm_constraints("sm90").check(cfg)
+    assert not sm90.ok and any("registers per thread" in r for r in sm90.reasons)
+    sm100 = gemm_constraints("sm100").check(cfg)
+    assert sm100.usage["tensor memory"] == 2 * 256  # 256 rows -> 2 x 128 lanes, 256 columns each
+    assert sm100.ok
+
+
+def test_ascend_memories_are_checked_separately():
+    c = gemm_constraints("ascend950")
+    v = c.check({"BM": 256, "BN": 256, "BK": 128, "STAGES": 5})
+    assert not v.ok
+    assert any(r.startswith("L1: needs") for r in v.reasons)   # 5 x 128 KiB of operands
+    assert any(r.startswith("L0A: needs 64.0") for r in v.reasons) is False  # 256x128 bf16 = 64 KiB fits
+    assert v.usage["L0C"] == 256 * 256 * 4
+    assert c.check({"BM": 128, "BN": 128, "BK": 64, "STAGES": 2}).ok
+
+
+def test_waste_and_user_relations():
+    c = gemm_constraints("sm90", m=64, n=8192, k=8192, relations=["Mod(K, BK) == 0", "BM * BN <= 16384"])
+    v = c.check({"BM": 256, "BN": 128, "BK": 64, "STAGES": 2})
+    assert not v.ok
+    assert any("tile extent 256 over M=64 exceeds its power-of-two bucket 64" in r for r in v.reasons)
+    assert "violates BM * BN <= 16384" in v.reasons
+    assert c.check({"BM": 64, "BN": 128, "BK": 64, "STAGES": 2}).ok
+
+
+def test_mma_atom_divisibility():
+    spec = registry.get("gemm")
+    inputs = {"a": torch.empty(64, 64, dtype=torch.float8_e4m3fn), "b": torch.empty(64, 64, dtype=torch.float8_e4m3fn),
+              "c": torch.empty(64, 64, dtype=torch.bfloat16)}
+    c = Constraints(spec.kernel, spec.kernel.bind(inputs), "sm90")
+    assert c.check({"BM": 64, "BN": 64, "BK": 32, "STAGES": 2}).ok  # 32 fp8 = 32 bytes of K
+
+
+def test_relation_parser_reports_missing_names():
+    import pytest
+
+    from duotile.dsl.errors import DslError
+
+    holds = parse_relation("Mod(K, BK) == 0")
+    assert holds({"K": 128, "BK": 64}) and not holds({"K": 100, "BK": 64})
+    with pytest.raises(DslError, match="no value for BK"):
+        holds({"K": 128})

@@ -1,0 +1,94 @@
+import json
+import time
+
+import torch
+
+from duotile.codegen.target import get_target
+from duotile.passes.autotune import report
+from duotile.passes.autotune.cache import best_config
+from duotile.passes.autotune.runner import Runner
+from duotile.passes.autotune.tuner import tune
+
+from .kernels import SCALE_SPEC
+
+CASE = {"N": 16, "D": 8}
+GOOD = {"BN": 4, "SKIP": False, "MODE": "plain"}
+
+
+def test_runner_records_compile_fail_wrong_and_ok_and_goes_on():
+    runner = Runner(SCALE_SPEC, CASE, "interpret", reps=2, warmup=1, workers=2)
+    trials = runner.evaluate([{**GOOD, "MODE": "broken"}, {**GOOD, "SKIP": True}, GOOD])
+    assert [t.status for t in trials] == ["compile_error", "wrong", "ok"]
+    assert "tile of shape" in trials[0].reason or "broadcast" in trials[0].reason
+    assert "elements off" in trials[1].reason  # half the rows were never written (NaN-poisoned)
+    assert trials[2].time_ms > 0 and trials[2].max_error == 0.0
+    assert trials[1].time_ms is None  # a wrong candidate's time never counts
+
+
+def test_a_wrong_reference_fails_every_candidate(monkeypatch):
+    runner = Runner(SCALE_SPEC, CASE, "interpret", reps=1, warmup=0)
+    monkeypatch.setattr(runner, "_expected", {"y": torch.zeros(16, 8)})
+    assert [t.status for t in runner.evaluate([GOOD])] == ["wrong"]
+
+
+def test_timeout_is_recorded_and_the_sweep_continues(monkeypatch):
+    target = get_target("interpret")
+    real_load = target.load
+
+    def slow_load(artifact, module):
+        fn = real_load(artifact, module)
+        if module.config.get("BN") == 8:
+            return lambda tensors: (time.sleep(1.0), fn(tensors))
+        return fn
+
+    monkeypatch.setattr(target, "load", slow_load)
+    runner = Runner(SCALE_SPEC, CASE, "interpret", reps=1, warmup=0, run_timeout=0.3)
+    trials = runner.evaluate([{**GOOD, "BN": 8}, GOOD])
+    assert [t.status for t in trials] == ["timeout", "ok"]
+    assert "ran past 0.3 s" in trials[0].reason
+
+
+def test_tune_end_to_end_on_the_interpreter(tmp_path):
+    result = tune(SCALE_SPEC, CASE, "interpret", budget="quick", strategy="exhaustive", cache_dir=tmp_path,
+                  progress=False, runner_options={"reps": 1, "warmup": 0, "workers": 2})
+    counts = result.counts()
+    assert result.space_size == 18
+    # "broken" configs do not trace: the constraints prune them before anything is compiled
+    assert counts["pruned"] == 6 and counts["wrong"] == 6 and counts["ok"] == 6
+    assert all("does not trace" in t.reason for t in result.trials if t.status == "pruned")
+    assert not result.best.config["SKIP"] and result.best.config["MODE"] != "broken"
+    assert result.default.is_default and result.default.status == "ok"
+    sig = SCALE_SPEC.kernel.bind(SCALE_SPEC.make_inputs(CASE, "cpu", 0))
+    assert best_config(SCALE_SPEC.kernel, "interpret", sig.shapes, result.device, cache_dir=tmp_path,
+                       dtypes=sig.dtypes, present=sig.present) == result.best.config
+    data = json.loads((tmp_path / "tuning.json").read_text())
+    (entry,) = data["entries"].values()
+    assert entry["config"] == result.best.config and entry["metric"] == "measured"
+    text = report.summary(result)
+    assert "speed-up over default" in text and "wrong" in text
+    js = report.write_json(result, tmp_path / "r.json")
+    assert json.loads(js.read_text())["counts"] == counts
+    png = report.plot(result, tmp_path / "r.png")
+    assert png.read_bytes()[:4] == b"\x89PNG"
+
+
+def test_cli_tune_writes_report_plot_and_cache(tmp_path, capsys):
+    from duotile.cli import main
+
+    rc = main(["tune", "rmsnorm", "--target", "interpret", "--shape", "T=3", "--shape", "D=64",
+               "--budget", "quick", "--pin", "ROWS=2", "--out", str(tmp_path / "out"),
+               "--cache-dir", str(tmp_path / "cache"), "--no-progress"])
+    out = capsys.readouterr().out
+    assert rc == 0 and "best config" in out and "ROWS=2" in out
+    assert (tmp_path / "out" / "rmsnorm_interpret.png").exists()
+    from duotile.kernels_spec import registry
+
+    k = registry.get("rmsnorm").kernel
+    # batch-invariant: the config tuned at T=3 serves any T
+    import torch as _t
+
+    sig = k.bind({"x": _t.empty(1000, 64, dtype=_t.bfloat16), "weight": _t.empty(64, dtype=_t.bfloat16),
+                  "y": _t.empty(1000, 64, dtype=_t.bfloat16)})
+    cfg = best_config(k, "interpret", sig.shapes, "model:interpret", dtypes=sig.dtypes, present=sig.present,
+                      cache_dir=tmp_path / "cache")
+    assert cfg == {"ROWS": 2}
