@@ -8,7 +8,11 @@ import sys
 import time
 from pathlib import Path
 
+from ...dsl.errors import CapacityError
+
 LINE_DIRECTIVE = re.compile(r"^\s*#line .*\n", re.MULTILINE)
+CAPACITY = re.compile(r'scope "(?P<scope>[\w.]+)" capacity (?P<cap>\d+) is insufficient for minimum buffer usage '
+                      r"(?P<need>\d+)")
 
 
 def tilelang_version() -> str:
@@ -35,7 +39,14 @@ def lower_file(path: Path) -> tuple[str, float]:
         t0 = time.perf_counter()
         target = Target("ascend")
         with tilelang.transform.PassContext(opt_level=3), target:
-            src = tilelang.lower(mod.ENTRY, target=target, enable_device_compile=False).kernel_source
+            try:
+                src = tilelang.lower(mod.ENTRY, target=target, enable_device_compile=False).kernel_source
+            except Exception as err:  # noqa: BLE001 - TileLang's own capacity check, second line of defence
+                m = CAPACITY.search(str(err))
+                if m is None:
+                    raise
+                raise CapacityError("ascend950", f"{m['scope']} (TileLang's buffer plan)", int(m["need"]),
+                                    int(m["cap"]), "TileLang reuses less than duotile's liveness model") from None
     finally:
         sys.modules.pop(name, None)
     return LINE_DIRECTIVE.sub("", src), time.perf_counter() - t0

@@ -15,6 +15,7 @@ from .emit import generate_source
 from .insert_moves import insert_moves
 from .lower_tilelang import lower_file, tilelang_version
 from .nt_operands import nt_operands
+from .rematerialize_casts import rematerialize_casts
 from .vector_accumulators import vector_accumulators
 
 
@@ -25,6 +26,7 @@ class AscendTarget(Target):
 
     def lower(self, module: Module, knobs) -> Module:
         module = fuse_elementwise(module)
+        module = rematerialize_casts(module)
         module = nt_operands(module)
         module = vector_accumulators(module)
         module = insert_moves(module)

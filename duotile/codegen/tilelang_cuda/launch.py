@@ -20,10 +20,12 @@ def make_launcher(artifact: Artifact, module: Module, arch: Arch):
     if cc != arch.runnable_cc:
         raise UnsupportedError(f"{arch.name} code needs compute capability {arch.runnable_cc}, this GPU has {cc}")
     import tilelang
+    from tilelang import tvm
 
     path = Path(artifact.meta["dir"]) / "kernel_tilelang.py"
     prim = toolchain.load_prim_func(str(path), artifact.meta["entry"])
-    jit = tilelang.compile(prim, target="cuda", pass_configs=toolchain.PASS_CONFIGS)
+    target = tvm.target.Target({"kind": "cuda", "arch": arch.sm})
+    jit = tilelang.compile(prim, target=target, pass_configs=toolchain.PASS_CONFIGS)
     used = [p.name for p in module.params if f"{p.name}: T.Tensor" in artifact.stages["tilelang"]]
 
     def run(tensors: dict):

@@ -23,7 +23,7 @@ class TileLangCuda(Target):
         self.arch = arch
         self.name = arch.name
         # threads per block; raster: rows of blocks swept together for L2 reuse (0 = off)
-        self.knobs = {"threads": choice(256, 128, 384), "raster": choice(0, 8, 16)}
+        self.knobs = {"threads": choice(256, 128, 384, 512), "raster": choice(0, 8, 16)}
 
     def toolchain(self) -> dict[str, str]:
         return {"tilelang": toolchain.tilelang_version(), "nvcc": toolchain.nvcc_version()}

@@ -1,0 +1,158 @@
+"""Benchmarks of the four foundation kernels on the H200 (sm90 build), against PyTorch peers
+measured in the same run. Usage:
+
+    python benchmarks/bench_kernels.py [--kernels gemm_bf16,gemm_fp8,attention,rmsnorm] [--sweep]
+
+``--sweep`` also times a few hand-picked configs per kernel (the full search is `duotile tune`).
+Every timed config is first checked against the reference on the same inputs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from benchmarks.common import MEASURED, PEAK, bench, copy_bandwidth, write_results  # noqa: E402
+from duotile import codegen  # noqa: E402
+from duotile.kernels_spec import get  # noqa: E402
+
+SWEEP = {
+    "gemm_bf16": [{}, {"BM": 128, "BN": 256, "BK": 64, "STAGES": 3}, {"BM": 128, "BN": 256, "BK": 64, "STAGES": 4},
+                  {"BM": 128, "BN": 256, "BK": 64, "STAGES": 3, "raster": 8},
+                  {"BM": 256, "BN": 128, "BK": 64, "STAGES": 3, "raster": 8}],
+    "gemm_fp8": [{}, {"BM": 128, "BN": 256, "BK": 128, "STAGES": 3}, {"BM": 128, "BN": 256, "BK": 128, "STAGES": 4,
+                                                                       "raster": 8},
+                 {"BM": 128, "BN": 128, "BK": 128, "STAGES": 4, "raster": 8}],
+    "attention": [{}, {"BM": 128, "BN": 128, "STAGES": 2, "threads": 256},
+                  {"BM": 128, "BN": 64, "STAGES": 2}, {"BM": 128, "BN": 128, "STAGES": 1}],
+    "rmsnorm": [{}, {"ROWS": 1, "threads": 256}, {"ROWS": 2, "threads": 256}, {"ROWS": 4, "threads": 512}],
+}
+
+
+def run_kernel(spec, case, config, inputs):
+    k = codegen.compile(spec.kernel, "sm90", config=config, constants=spec.constants_of(case))
+    t0 = time.perf_counter()
+    k(**inputs)
+    torch.cuda.synchronize()
+    compile_s = time.perf_counter() - t0
+    return k, compile_s
+
+
+def verified(spec, case, inputs):
+    ref = spec.run_reference(inputs, case)
+    for out in spec.outputs:
+        atol, rtol = spec.tolerance(case, out)
+        got, want = inputs[out].float(), ref[out].float()
+        if not torch.allclose(got, want, atol=atol, rtol=rtol):
+            return False, f"{out} max err {(got - want).abs().max().item():.3g}"
+    return True, ""
+
+
+def time_configs(label, spec, case, configs, work, unit, peer_ms, peak):
+    inputs = spec.make_inputs(case, torch.device("cuda"), 0)
+    rows = []
+    for cfg in configs:
+        row = {"kernel": label, "config": cfg or "default"}
+        try:
+            k, compile_s = run_kernel(spec, case, cfg, inputs)
+            ok, why = verified(spec, case, inputs)
+            if not ok:
+                row.update(status=f"WRONG ({why})")
+                rows.append(row)
+                continue
+            ms = bench(lambda k=k: k(**inputs))
+            rate = work / (ms * 1e-3) / 1e12
+            row.update(status="ok", ms=round(ms, 4), **{unit: round(rate, 1)}, roofline=f"{rate / peak:.0%}",
+                       vs_peer=round(peer_ms / ms, 3), compile_s=round(compile_s, 1))
+        except Exception as err:  # keep sweeping
+            row.update(status=f"FAIL {type(err).__name__}: {str(err)[:160]}")
+        rows.append(row)
+        print(row, flush=True)
+    return rows
+
+
+def gemm_bf16(sweep):
+    spec, n = get("gemm"), 8192
+    case = {"M": n, "N": n, "K": n}
+    a, b = (torch.randn(n, n, device="cuda", dtype=torch.bfloat16) for _ in range(2))
+    peer = bench(lambda: torch.matmul(a, b.t()))
+    flops = 2.0 * n ** 3
+    peer_row = {"kernel": "gemm_bf16", "config": "torch.matmul (peer)", "status": "ok", "ms": round(peer, 4),
+                "TFLOP/s": round(flops / peer / 1e9, 1)}
+    return [peer_row] + time_configs("gemm_bf16", spec, case, SWEEP["gemm_bf16"] if sweep else [{}], flops,
+                                     "TFLOP/s", peer, PEAK["bf16_tflops"])
+
+
+def gemm_fp8(sweep):
+    spec, n = get("gemm"), 8192
+    case = {"M": n, "N": n, "K": n, "dtype": "f8e4m3"}
+    x = spec.make_inputs(case, torch.device("cuda"), 0)
+    sa, sb = x["a_scale"][:, None].contiguous(), x["b_scale"][None, :].contiguous()
+    peer = bench(lambda: torch._scaled_mm(x["a"], x["b"].t(), scale_a=sa, scale_b=sb, out_dtype=torch.bfloat16))
+    one = torch.ones((), device="cuda")
+    peer_t = bench(lambda: torch._scaled_mm(x["a"], x["b"].t(), scale_a=one, scale_b=one, out_dtype=torch.bfloat16))
+    flops = 2.0 * n ** 3
+    rows = [{"kernel": "gemm_fp8", "config": "torch._scaled_mm rowwise (peer)", "status": "ok", "ms": round(peer, 4),
+             "TFLOP/s": round(flops / peer / 1e9, 1)},
+            {"kernel": "gemm_fp8", "config": "torch._scaled_mm tensorwise", "status": "ok", "ms": round(peer_t, 4),
+             "TFLOP/s": round(flops / peer_t / 1e9, 1)}]
+    return rows + time_configs("gemm_fp8", spec, case, SWEEP["gemm_fp8"] if sweep else [{}], flops, "TFLOP/s",
+                               peer, PEAK["fp8_tflops"])
+
+
+def attention(sweep, causal=False):
+    spec = get("flash_attention")
+    case = {"B": 4, "H": 32, "S": 4096, "D": 128, "causal": causal}
+    x = spec.make_inputs(case, torch.device("cuda"), 0)
+    peer = bench(lambda: F.scaled_dot_product_attention(x["q"], x["k"], x["v"], is_causal=causal))
+    flops = 4.0 * 4 * 32 * 4096 * 4096 * 128 / (2 if causal else 1)
+    label = "attention_causal" if causal else "attention"
+    rows = [{"kernel": label, "config": "torch SDPA (peer)", "status": "ok", "ms": round(peer, 4),
+             "TFLOP/s": round(flops / peer / 1e9, 1)}]
+    return rows + time_configs(label, spec, case, SWEEP["attention"] if sweep else [{}], flops, "TFLOP/s", peer,
+                               PEAK["bf16_tflops"])
+
+
+def rmsnorm(sweep):
+    spec = get("rmsnorm")
+    case = {"T": 4096, "D": 4096}  # 16M elements
+    x = spec.make_inputs(case, torch.device("cuda"), 0)
+    nbytes = spec.bytes_moved(case)
+    copy_tbs = copy_bandwidth(2 * case["T"] * case["D"])
+    peer = bench(lambda: F.rms_norm(x["x"], (case["D"],), x["weight"], 1e-6))
+    rows = [{"kernel": "rmsnorm", "config": "copy (ceiling)", "status": "ok", "TB/s": round(copy_tbs, 2)},
+            {"kernel": "rmsnorm", "config": "torch F.rms_norm (peer)", "status": "ok", "ms": round(peer, 4),
+             "TB/s": round(nbytes / peer / 1e9, 2)}]
+    got = time_configs("rmsnorm", spec, case, SWEEP["rmsnorm"] if sweep else [{}], nbytes, "TB/s", peer,
+                       PEAK["hbm_tbs"])
+    for r in got:
+        if "TB/s" in r:
+            r["vs_copy"] = f"{r['TB/s'] / copy_tbs:.0%}"
+    return rows + got
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser()
+    p.add_argument("--kernels", default="gemm_bf16,gemm_fp8,attention,attention_causal,rmsnorm")
+    p.add_argument("--sweep", action="store_true")
+    args = p.parse_args(argv)
+    torch.backends.cuda.matmul.allow_tf32 = False
+    fns = {"gemm_bf16": gemm_bf16, "gemm_fp8": gemm_fp8, "attention": attention,
+           "attention_causal": lambda s: attention(s, causal=True), "rmsnorm": rmsnorm}
+    rows = []
+    for name in args.kernels.split(","):
+        rows += fns[name](args.sweep)
+    print(f"measured ceilings from the brief: {MEASURED}")
+    write_results("kernels_sm90", rows, ["kernel", "config", "status", "ms", "TFLOP/s", "TB/s", "roofline",
+                                         "vs_peer", "vs_copy", "compile_s"])
+
+
+if __name__ == "__main__":
+    main()

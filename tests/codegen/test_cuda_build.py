@@ -1,0 +1,78 @@
+"""Level 3 for NVIDIA: every kernel is generated, lowered by TileLang and compiled by nvcc for
+sm_90a and sm_100a, and the instructions are the ones each architecture needs."""
+
+from __future__ import annotations
+
+import shutil
+
+import pytest
+
+from duotile.codegen.driver import build_case
+from duotile.codegen.tilelang_cuda.inspect import ptx_counts
+from duotile.dsl.errors import CapacityError
+from duotile.kernels_spec import load_all
+
+pytestmark = [pytest.mark.slow, pytest.mark.skipif(shutil.which("nvcc") is None, reason="needs nvcc")]
+pytest.importorskip("tilelang")
+
+CASES = [(n, c) for n, s in sorted(load_all().items()) for c in s.build_cases if (n, c) != ("flash_attention", "d512")]
+BUILDS: dict = {}
+
+
+def built(name, case_name, target):
+    key = (name, case_name, target)
+    if key not in BUILDS:
+        spec = load_all()[name]
+        BUILDS[key] = build_case(spec, case_name, spec.build_cases[case_name], target)
+    r = BUILDS[key]
+    assert r.ok, r.error
+    return r.artifact
+
+
+@pytest.mark.parametrize("name,case_name", CASES)
+@pytest.mark.parametrize("target", ["sm90", "sm100"])
+def test_builds_to_cubin(name, case_name, target):
+    a = built(name, case_name, target)
+    assert a.files["cubin"].endswith(".cubin")
+    assert "T.Kernel(" in a.stages["tilelang"] and "__global__" in a.stages["cuda"]
+    assert "#line" not in a.stages["cuda"]
+
+
+@pytest.mark.parametrize("name,case_name", [("gemm", "bf16_8192"), ("gemm", "fp8_8192"),
+                                            ("flash_attention", "d128"), ("flash_attention", "d128_causal")])
+def test_sm100_uses_tcgen05_not_mma_sync(name, case_name):
+    counts = ptx_counts(built(name, case_name, "sm100").stages["ptx"])
+    assert counts.get("tcgen05.mma", 0) > 0, counts
+    assert counts.get("tcgen05.ld", 0) > 0, counts  # accumulators drained through registers
+    assert "mma.sync" not in counts, counts
+
+
+@pytest.mark.parametrize("name,case_name", [("gemm", "bf16_8192"), ("gemm", "fp8_8192"), ("flash_attention", "d128")])
+def test_sm90_uses_wgmma_and_tma(name, case_name):
+    counts = ptx_counts(built(name, case_name, "sm90").stages["ptx"])
+    assert counts.get("wgmma", 0) > 0 and "mma.sync" not in counts, counts
+
+
+def test_generated_source_names_spec_lines():
+    text = built("gemm", "bf16_8192", "sm90").stages["tilelang"]
+    assert "T.gemm(" in text and "# gemm.py:" in text
+
+
+def test_flash_attention_d512_fits_sm90_with_its_pinned_config():
+    built("flash_attention", "d512", "sm90")
+
+
+def test_oversize_config_is_rejected_naming_memory_and_sizes():
+    spec = load_all()["gemm"]
+    r = build_case(spec, "big", spec.build_cases["bf16_8192"], "sm90",
+                   config={"BM": 256, "BN": 256, "BK": 128, "STAGES": 5})
+    assert not r.ok and "CapacityError" in r.error
+    assert "shared memory" in r.error and "655360 bytes" in r.error and "227.0 KiB" in r.error
+
+
+def test_tmem_overflow_is_rejected_on_sm100():
+    spec = load_all()["flash_attention"]
+    r = build_case(spec, "d512", spec.build_cases["d512"], "sm100")
+    assert not r.ok and "TMEM" in r.error and "columns" in r.error
+    with pytest.raises(CapacityError):
+        raise CapacityError("sm100", "TMEM", 1, 0)
