@@ -18,7 +18,7 @@ def check_outputs(spec, case, inputs, ref):
             assert torch.equal(got, want), f"{spec.name}/{out} differs"
         else:
             atol, rtol = spec.tolerance(case, out)
-            torch.testing.assert_close(got, want, atol=atol, rtol=rtol, msg=lambda m: f"{spec.name}/{out}: {m}")
+            torch.testing.assert_close(got, want, atol=atol, rtol=rtol, msg=lambda m, o=out: f"{spec.name}/{o}: {m}")
 
 
 @pytest.mark.parametrize("name,case_name", CASES)

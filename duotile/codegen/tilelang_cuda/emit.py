@@ -96,7 +96,8 @@ def emit_module(module: Module, arch: Arch, knobs: dict) -> str:
     params = ", ".join(f'{p.name}: T.Tensor(({", ".join(str(int(d)) for d in p.shape)},), "{p.dtype.tilelang_name}")'
                        for p in module.params if p.name in _present(module))
     swizzle = int(knobs.get("raster", 0) or 0)
-    head = [f"with T.Kernel({', '.join(extents)}, threads={knobs['threads']}) as ({', '.join(names)}{',' if len(names) == 1 else ''}):"]
+    targets = ", ".join(names) + ("," if len(names) == 1 else "")
+    head = [f"with T.Kernel({', '.join(extents)}, threads={knobs['threads']}) as ({targets}):"]
     return e.src.render(module, arch.name, params, head, swizzle)
 
 
