@@ -12,9 +12,10 @@ scope capacities and the byte cost of a value. The pass
    pipelined loop of ``stages`` S for S copies (the
    multi-buffering the target must honour, so a config that only fits single-buffered is
    rejected instead of silently downgraded);
-4. raises ``CapacityError(target, memory, needed, capacity, detail)`` at the first scope whose
-   peak live bytes exceed ``model.capacity(scope, module)``; ``detail`` lists the largest
-   values live at the peak with their source lines.
+4. raises ``CapacityError(target, memory, needed, capacity, detail)`` for the first scope (in
+   ``model.capacities`` order) whose peak live bytes exceed ``model.capacity(scope, module)``;
+   ``detail`` lists the largest values live at the peak with their source lines, and any
+   other scope that overflows too.
 
 It changes nothing else and never looks at the target's name.
 
@@ -69,17 +70,21 @@ class ScopeUsage:
 
 def assign_memory(module: Module, model: MemoryModel) -> Module:
     usage = memory_usage(module, model)
-    for scope, use in usage.items():
-        cap = model.capacity(scope, module)
-        if cap is not None and use.peak > cap:
-            top = sorted(use.at, key=lambda x: -x.nbytes)[:4]
-            detail = "live at the peak: " + ", ".join(
-                f"{x.value!r} {x.value.type}"
-                + (f" x{x.nbytes // model.cost(x.value)} stages" if x.nbytes > model.cost(x.value) else "")
-                + f" = {x.nbytes / 1024:.1f} KiB" + (f" (line {x.op.loc.line})" if x.op.loc else "")
-                for x in top)
-            raise CapacityError(model.target, model.label(scope), use.peak, cap, detail,
-                                top[0].op.loc if top else None)
+    order = list(model.capacities) + sorted(set(usage) - set(model.capacities))
+    over = [(usage[s], model.capacity(s, module)) for s in order if s in usage]
+    over = [(use, cap) for use, cap in over if cap is not None and use.peak > cap]
+    if over:
+        use, cap = over[0]
+        top = sorted(use.at, key=lambda x: -x.nbytes)[:4]
+        detail = "live at the peak: " + ", ".join(
+            f"{x.value!r} {x.value.type}"
+            + (f" x{x.nbytes // model.cost(x.value)} stages" if x.nbytes > model.cost(x.value) else "")
+            + f" = {x.nbytes / 1024:.1f} KiB" + (f" (line {x.op.loc.line})" if x.op.loc else "")
+            for x in top)
+        for other, ocap in over[1:]:
+            detail += f"; {model.label(other.scope)} also overflows: {other.peak} > {ocap} bytes"
+        raise CapacityError(model.target, model.label(use.scope), use.peak, cap, detail,
+                            top[0].op.loc if top else None)
     return module
 
 

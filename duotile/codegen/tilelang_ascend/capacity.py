@@ -24,7 +24,8 @@ from ...passes.memory_model import MemoryModel
 
 KIB = 1024
 UB, UB_WITH_SIMT = 248 * KIB, 216 * KIB
-CAPACITIES = {"ub": UB, "l1": 512 * KIB, "l0a": 64 * KIB, "l0b": 64 * KIB, "l0c": 256 * KIB}
+# checked in this order: the cube side first (L0C, then L1), then UB
+CAPACITIES = {"l0c": 256 * KIB, "l1": 512 * KIB, "l0a": 64 * KIB, "l0b": 64 * KIB, "ub": UB}
 LABELS = {"ub": "UB (unified buffer)", "l1": "L1", "l0a": "L0A", "l0b": "L0B", "l0c": "L0C"}
 ROLES = {Role.OPERAND: "l1", Role.ACCUMULATOR: "l0c", Role.VECTOR: "ub"}
 SIMT_OPS = ("map", "gather")  # what the generator lowers inside a T.SimtVF region
