@@ -18,7 +18,7 @@ from pathlib import Path
 
 from ..dsl.ir import Module
 from ..dsl.kernel import KernelDef
-from ..dsl.printer import format_module
+from ..dsl.printer import canonical_text
 from .target import Artifact, Target
 
 STAGE_FILES = {"ir": "kernel.ir", "tilelang": "kernel_tilelang.py", "cuda": "kernel.cu", "ptx": "kernel.ptx",
@@ -30,7 +30,7 @@ def cache_root() -> Path:
 
 
 def artifact_key(module: Module, target: Target, knobs: dict) -> str:
-    text = format_module(module, with_loc=False)
+    text = canonical_text(module)
     blob = json.dumps({"ir": text, "target": target.name, "knobs": knobs,
                        "toolchain": target.toolchain(), "format": 1}, sort_keys=True, default=str)
     return hashlib.sha256(blob.encode()).hexdigest()[:20]

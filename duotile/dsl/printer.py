@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 from .ir import Block, Module, Op, Value
 
 
@@ -66,3 +68,11 @@ def format_module(module: Module, with_loc: bool = True) -> str:
     if module.shapes:
         head.append("  shapes {" + ", ".join(f"{k}={v}" for k, v in module.shapes.items()) + "}")
     return "\n".join(head + format_block(module.body, 1, with_loc)) + "\n"
+
+
+def canonical_text(module: Module) -> str:
+    """The module's text without source lines and with values numbered by first appearance:
+    equal for equal IR in any process (value ids come from a global counter)."""
+    names: dict[str, str] = {}
+    return re.sub(r"%\w+", lambda m: names.setdefault(m.group(0), f"%{len(names)}"),
+                  format_module(module, with_loc=False))

@@ -22,7 +22,6 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import re
 import tempfile
 import time
 import warnings
@@ -30,7 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from ...dsl.kernel import KernelDef
-from ...dsl.printer import format_module
+from ...dsl.printer import canonical_text
 
 SCHEMA = 1
 
@@ -47,9 +46,7 @@ def kernel_hash(kernel: KernelDef, dtypes: dict | None = None, present: dict | N
                 constants: dict | None = None) -> str:
     """A hash of the kernel's traced IR at its default config, plus its tunables' spaces."""
     module = kernel.trace(dtypes, present, None, constants)
-    names: dict[str, str] = {}  # value ids come from a global counter: number them by first use
-    text = re.sub(r"%\w+", lambda m: names.setdefault(m.group(0), f"%{len(names)}"),
-                  format_module(module, with_loc=False))
+    text = canonical_text(module)
     spaces = {k: [type(s).__name__, s.values(), repr(s.default)] for k, s in kernel.tunables.items()}
     blob = text + json.dumps(spaces, sort_keys=True, default=str)
     return hashlib.sha256(blob.encode()).hexdigest()[:16]
