@@ -6,7 +6,7 @@ how many rows are in the call, so a request's numbers can change with the batch 
 
 `InvariantOps` (batch-invariant mode) makes every row's arithmetic a function of that row alone:
 
-* `linear`: one GEMM call per row, always of shape [1, K] x [K, N]; no call ever sees another row,
+* `linear`: one matrix-vector call per row ([N, K] x [K]); no call ever sees another row,
   so no batch-size-dependent split or kernel choice can occur.
 * `sum` (and everything built on it: mean, softmax, RMS norms, attention, pooling): a fixed binary
   tree of element-wise adds over the reduced dim, zero-padded to a power of two. Element-wise adds
@@ -80,10 +80,9 @@ class InvariantOps(FastOps):
     def linear(self, x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
         x = x.float()
         rows = x.reshape(-1, x.shape[-1])
-        wt = w.t()
-        out = torch.empty(rows.shape[0], w.shape[0], dtype=torch.float32, device=x.device)
-        for i in range(rows.shape[0]):
-            out[i : i + 1] = torch.mm(rows[i : i + 1], wt)
+        if rows.shape[0] == 0:
+            return F.linear(x, w)
+        out = torch.stack([torch.mv(w, row) for row in rows])
         return out.reshape(*x.shape[:-1], w.shape[0])
 
     def sum(self, x: torch.Tensor, dim: int) -> torch.Tensor:

@@ -35,10 +35,11 @@ from .step import Step, StepSeq
 def candidate_pool(scores: torch.Tensor, n_visible: torch.Tensor, block: int, topk_blocks: int) -> torch.Tensor:
     """Boolean [S, N] pool: top blocks by max score, the newest visible block always kept."""
     s, n = scores.shape
+    n_visible = n_visible.to(scores.device)
     nb = -(-n // block)
     padded = torch.cat([scores, scores.new_full((s, nb * block - n), float("-inf"))], 1)
     block_scores = padded.view(s, nb, block).amax(-1)
-    newest = ((n_visible - 1) // block).to(scores.device)
+    newest = (n_visible - 1) // block
     ids = torch.arange(nb, device=scores.device)
     block_scores = block_scores.masked_fill((ids[None, :] == newest[:, None]) & (n_visible[:, None] > 0), float("inf"))
     chosen = torch.sort(block_scores, dim=-1, descending=True, stable=True).indices[:, :topk_blocks]
