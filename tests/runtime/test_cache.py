@@ -4,8 +4,13 @@ from __future__ import annotations
 
 import torch
 
-from duotile.runtime.cache import (format_bytes, mxfp4_row_bytes, v4_kv_row_bytes, v41_comp_row_bytes,
-                                   v41_window_row_bytes)
+from duotile.runtime.cache import (
+    format_bytes,
+    mxfp4_row_bytes,
+    v4_kv_row_bytes,
+    v41_comp_row_bytes,
+    v41_window_row_bytes,
+)
 from duotile.runtime.engine import LLM
 from duotile.runtime.layers.step import StepSeq
 from duotile.runtime.presets import get_preset
