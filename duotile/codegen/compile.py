@@ -10,7 +10,7 @@ from ..dsl.ir import Module
 from ..dsl.kernel import KernelDef, Signature
 from ..passes.bind_shapes import bind_shapes
 from ..passes.verify_ir import verify_ir
-from .target import Artifact, Target, get_target
+from .target import KNOB_NAMES, Artifact, Target, get_target
 
 
 def split_config(kernel: KernelDef, target: Target, config: dict[str, Any] | None):
@@ -20,6 +20,8 @@ def split_config(kernel: KernelDef, target: Target, config: dict[str, Any] | Non
     for k in list(config):
         if k in target.knobs:
             knobs[k] = config.pop(k)
+        elif k in KNOB_NAMES and k not in kernel.tunables:
+            config.pop(k)  # another target's knob
     return kernel.resolve_config(config), knobs
 
 

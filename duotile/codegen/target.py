@@ -18,6 +18,9 @@ _PROVIDERS = {
     "ascend950": "duotile.codegen.tilelang_ascend.target",
 }
 _TARGETS: dict[str, Target] = {}
+# Every target knob's name. A config may carry knobs of several targets (a spec case pins
+# `threads` for CUDA and `cores` for Ascend); each target takes its own and ignores the rest.
+KNOB_NAMES = frozenset({"threads", "raster", "fp8_promote", "cores"})
 
 
 @dataclass
@@ -63,6 +66,9 @@ class Target:
 
 
 def register_target(target: Target) -> Target:
+    unknown = set(target.knobs) - KNOB_NAMES
+    if unknown:
+        raise ValueError(f"target {target.name} declares knobs {sorted(unknown)} missing from KNOB_NAMES")
     _TARGETS[target.name] = target
     return target
 

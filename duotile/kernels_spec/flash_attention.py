@@ -17,6 +17,8 @@ from .registry import Spec, register
 
 LOG2E = 1.4426950408889634
 LN2 = 0.6931471805599453
+# d512 holds a 64x512 fp32 accumulator per block: smaller tiles, one warp group
+D512_CONFIG = {"BM": 64, "BN": 64, "STAGES": 1, "threads": 128}
 
 
 @dsl.kernel
@@ -90,14 +92,12 @@ SPEC = register(Spec(
         "d128": {"B": 1, "H": 2, "S": 256, "D": 128},
         "d128_causal": {"B": 2, "H": 1, "S": 192, "D": 128, "causal": True},
         "d128_ragged": {"B": 1, "H": 2, "S": 200, "D": 128, "causal": True},
-        "d512": {"B": 1, "H": 1, "S": 160, "D": 512},
-        "d512_causal": {"B": 1, "H": 2, "S": 130, "D": 512, "causal": True},
+        "d512": {"B": 1, "H": 1, "S": 160, "D": 512, "config": D512_CONFIG},
+        "d512_causal": {"B": 1, "H": 2, "S": 130, "D": 512, "causal": True, "config": D512_CONFIG},
     },
     build_cases={"d128": {"B": 4, "H": 32, "S": 4096, "D": 128},
                  "d128_causal": {"B": 4, "H": 32, "S": 4096, "D": 128, "causal": True},
-                 # d512 holds a 64x512 fp32 accumulator per block: smaller tiles, one warp group
-                 "d512": {"B": 1, "H": 64, "S": 4096, "D": 512, "causal": True,
-                          "config": {"BM": 64, "BN": 64, "STAGES": 1, "threads": 128}}},
+                 "d512": {"B": 1, "H": 64, "S": 4096, "D": 512, "causal": True, "config": D512_CONFIG}},
     tolerance=lambda case, out: (2e-2, 2e-2) if out == "o" else (1e-3, 1e-4),
     constants_of=lambda case: {"CAUSAL": bool(case.get("causal"))},
     flops=_flops,

@@ -21,7 +21,7 @@ def gemm(a: dsl.Tensor["M", "K", dsl.bf16 | dsl.f8e4m3], b: dsl.Tensor["N", "K",
          a_scale: dsl.OptionalTensor["M", dsl.f32] = None, b_scale: dsl.OptionalTensor["N", dsl.f32] = None,
          *,
          BM: dsl.Tunable = dsl.choice(128, 64, 256),
-         BN: dsl.Tunable = dsl.choice(128, 256, 64),
+         BN: dsl.Tunable = dsl.choice(256, 128, 64),
          BK: dsl.Tunable = dsl.choice(64, 128, 32),
          STAGES: dsl.Tunable = dsl.int_range(2, 5, default=3)):
     for m, n in dsl.grid(dsl.cdiv(a.M, BM), dsl.cdiv(b.N, BN)):

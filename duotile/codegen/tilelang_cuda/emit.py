@@ -266,6 +266,9 @@ def _gemm(e: Emitter, op: Op):
     clear = e.plan.clear_by_gemm.get(id(op))
     scope = e.plan.scope[acc.id]
     if not e.arch.has_tmem:
+        if a.type.dtype.bits == 8 and e.knobs.get("fp8_promote") and e.loop_stack:
+            _promoted_gemm(e, op, a_buf, b_buf, policy)
+            return
         clear_arg = f", clear_accum={clear}" if clear else ""
         e.src.line(f"T.gemm({a_buf}, {b_buf}, {e.name(acc)}, transpose_A={ta}, transpose_B={tb}"
                    f"{policy}{clear_arg})", op.loc)
@@ -285,6 +288,19 @@ def _gemm(e: Emitter, op: Op):
     dims = [f"i{d}" for d in range(2)]
     e.src.line(f"for {', '.join(dims)} in T.Parallel({shape[1:-2]}):", op.loc)
     e.src.line(f"    {e.name(acc)}[i0, i1] = {e.name(acc)}[i0, i1] + {tmp}_frag[i0, i1]", op.loc)
+
+
+def _promoted_gemm(e: Emitter, op: Op, a_buf: str, b_buf: str, policy: str):
+    """FP8 on sm90: the tensor cores accumulate with a narrowed mantissa, so each K step goes
+    into a fresh fragment that is added into the fp32 accumulator (DeepGEMM's promotion)."""
+    acc = op.args[2]
+    part = f"{e.name(acc)}_step"
+    shape = ", ".join(str(int(d)) for d in acc.type.shape)
+    e.src.decl(f'{part} = T.alloc_fragment(({shape},), "float32")')
+    e.src.line(f"T.gemm({a_buf}, {b_buf}, {part}, transpose_A={op.attrs['transpose_a']}, "
+               f"transpose_B={op.attrs['transpose_b']}{policy}, clear_accum=True)", op.loc)
+    e.src.line(f"for i0, i1 in T.Parallel({shape}):", op.loc)
+    e.src.line(f"    {e.name(acc)}[i0, i1] = {e.name(acc)}[i0, i1] + {part}[i0, i1]", op.loc)
 
 
 def _tcgen05(e: Emitter, op: Op, a: str, b: str, acc: str, clear: str, ta: bool, tb: bool):

@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from ...dsl.ir import Module
-from ...dsl.tunables import choice
+from ...dsl.tunables import boolean, choice
 from ...passes.fuse_elementwise import fuse_elementwise
 from ..target import Artifact, Target, register_target
 from . import toolchain
@@ -22,8 +22,11 @@ class TileLangCuda(Target):
     def __init__(self, arch: Arch):
         self.arch = arch
         self.name = arch.name
-        # threads per block; raster: rows of blocks swept together for L2 reuse (0 = off)
+        # threads per block; raster: rows of blocks swept together for L2 reuse (0 = off);
+        # fp8_promote (sm90): add each fp8 K step into the fp32 accumulator in registers
         self.knobs = {"threads": choice(256, 128, 384, 512), "raster": choice(0, 8, 16)}
+        if not arch.has_tmem:
+            self.knobs["fp8_promote"] = boolean(True)
 
     def toolchain(self) -> dict[str, str]:
         return {"tilelang": toolchain.tilelang_version(), "nvcc": toolchain.nvcc_version()}
