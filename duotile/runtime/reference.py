@@ -87,9 +87,15 @@ class Model:
         self.ctx = Ctx(InvariantOps() if batch_invariant else FastOps(), dtype, quant)
         self.embed, self.norm, self.head = ws.t("embed.weight"), ws.t("norm.weight"), ws.t("head.weight")
         self.blocks = [Block(cfg, ws, layer) for layer in range(cfg.num_hidden_layers)]
+        self.checkpoint = checkpoint
         self.hc_head = None
         if not cfg.is_v41:
             self.hc_head = HCHead(cfg, ws.t("hc_head_fn"), ws.t("hc_head_base"), ws.t("hc_head_scale"))
+
+    def nextn_weights(self) -> dict[str, torch.Tensor]:
+        """The MTP layer (V4) / DSpark blocks (V4.1), dequantised on demand; running them is a later issue."""
+        return {name: self.checkpoint.get(name).to(self.device) for name in self.checkpoint.specs
+                if name.startswith("mtp.")}
 
     def new_cache(self) -> SequenceCache:
         return SequenceCache.create(self.config, self.dtype, self.device)

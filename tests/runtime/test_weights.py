@@ -134,3 +134,14 @@ def test_unexpected_tensor_and_bad_directory(small_v4, tmp_path):
         Checkpoint.open(path)
     with pytest.raises(CheckpointError, match="no config.json"):
         Checkpoint.open(tmp_path)
+
+
+@pytest.mark.parametrize(("name", "experts"), [("v4-tiny", 16), ("v41-tiny", 4)])
+def test_mtp_and_dspark_weights_load(build, name, experts):
+    model = build(name)
+    nextn = model.nextn_weights()
+    cfg = model.config
+    assert nextn["mtp.0.attn.wq_a"].shape == (cfg.q_lora_rank, cfg.hidden_size)
+    assert sum(1 for k in nextn if k.startswith("mtp.0.ffn.experts.") and k.endswith(".w1")) == experts
+    assert all(torch.isfinite(t.float()).all() for t in nextn.values())
+    assert ("mtp.0.e_proj" in nextn) == (name == "v4-tiny")
