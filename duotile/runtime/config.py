@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -101,7 +101,6 @@ class ModelConfig:
     dspark_markov_rank: int = 256
     dspark_n_routed_experts: int = 128
     dspark_num_experts_per_tok: int = 3
-    extra: dict[str, Any] = field(default_factory=dict)
 
     # ---- derived schedule -------------------------------------------------------------------
     @property
@@ -166,7 +165,7 @@ class ModelConfig:
         """The HF-style config.json content (V4 flat, V4.1 nested under `text_config`)."""
         out: dict[str, Any] = {}
         for f in dataclasses.fields(self):
-            if f.name in ("extra", "rope_factor", "original_max_position_embeddings", "beta_fast",
+            if f.name in ("rope_factor", "original_max_position_embeddings", "beta_fast",
                           "beta_slow", "weight_block_size", "expert_dtype"):
                 continue
             value = getattr(self, f.name)
@@ -198,7 +197,7 @@ class ModelConfig:
 # ---- parsing helpers ----------------------------------------------------------------------------
 
 def _field_names() -> set[str]:
-    return {f.name for f in dataclasses.fields(ModelConfig)} - {"extra"}
+    return {f.name for f in dataclasses.fields(ModelConfig)}
 
 
 def _parse(text: dict[str, Any], model_type: str) -> ModelConfig:
