@@ -28,6 +28,7 @@ from .ops import (
     log2,
     maximum,
     minimum,
+    next_pow2,
     pipelined,
     range,
     rsqrt,
@@ -44,6 +45,6 @@ __all__ = [
     "CallError", "CapacityError", "DslError", "SourceLoc", "UnsupportedError",
     "Module", "Role", "Const", "KernelDef", "OptionalTensor", "Tensor", "Tunable", "kernel",
     "arange", "cdiv", "empty", "exp", "exp2", "full", "gemm", "grid", "load", "log", "log2",
-    "maximum", "minimum", "pipelined", "range", "rsqrt", "sigmoid", "sqrt", "store", "where", "zeros",
+    "maximum", "minimum", "next_pow2", "pipelined", "range", "rsqrt", "sigmoid", "sqrt", "store", "where", "zeros",
     "boolean", "choice", "enum", "int_range", "pow2",
 ]

@@ -85,6 +85,19 @@ def cdiv(a, b) -> Expr:
     return sympy.ceiling(as_expr(a) / as_expr(b))
 
 
+class next_pow2(sympy.Function):  # noqa: N801 - reads like the other size helpers
+    """The smallest power of two >= n: a tile that covers a dimension of any size."""
+
+    is_integer = True
+    is_positive = True
+
+    @classmethod
+    def eval(cls, n):
+        if n.is_Integer:
+            return sympy.Integer(1 << max(0, int(n) - 1).bit_length())
+        return None
+
+
 # -- buffers --------------------------------------------------------------------------------
 def _shape(shape) -> tuple[Expr, ...]:
     if not isinstance(shape, (tuple, list)) or not shape:

@@ -29,6 +29,8 @@ class Spec:
     exact: bool = False  # outputs must match bit for bit
     constants_of: Callable[[Case], dict[str, Any]] = field(default=lambda case: {})  # kernel constants; the
     # reference takes them under the same names
+    # an elementwise error bound beyond (atol, rtol), e.g. fp8 accumulation: (case, output, inputs) -> tensor
+    extra_error: Callable[[Case, str, dict], torch.Tensor] | None = None
     flops: Callable[[Case], float] | None = None
     bytes_moved: Callable[[Case], float] | None = None
 
@@ -44,6 +46,14 @@ class Spec:
     def config_of(self, case: Case) -> dict[str, Any]:
         """A case may pin a config (tunables and target knobs), e.g. to fit a large head dim."""
         return dict(case.get("config", {}))
+
+    def allowed_error(self, case: Case, output: str, want: torch.Tensor, inputs: dict) -> torch.Tensor:
+        """The largest |got - want| accepted for each element of ``output``."""
+        atol, rtol = self.tolerance(case, output)
+        allowed = atol + rtol * want.float().abs()
+        if self.extra_error is not None:
+            allowed = allowed + self.extra_error(case, output, inputs).to(allowed.device)
+        return allowed
 
     def run_reference(self, inputs: dict[str, torch.Tensor], case: Case) -> dict[str, torch.Tensor]:
         args = {k: v for k, v in inputs.items() if k not in self.outputs}

@@ -18,10 +18,11 @@ def rmsnorm(x: dsl.Tensor["T", "D", dsl.bf16], weight: dsl.Tensor["D", dsl.bf16]
             y: dsl.Tensor["T", "D", dsl.bf16], *,
             EPS: dsl.Const = 1e-6,
             ROWS: dsl.Tunable = dsl.choice(1, 2, 4, 8)):
+    width = dsl.next_pow2(x.D)  # one tile covers the row; the padding reads zeros
     for t in dsl.grid(dsl.cdiv(x.T, ROWS)):
-        xt = dsl.load(x[t * ROWS, 0], (ROWS, x.D)).to(dsl.f32)
+        xt = dsl.load(x[t * ROWS, 0], (ROWS, width)).to(dsl.f32)
         mean_sq = (xt * xt).sum(axis=1) / x.D
-        w = dsl.load(weight[0], (x.D,)).to(dsl.f32)
+        w = dsl.load(weight[0], (width,)).to(dsl.f32)
         dsl.store(y[t * ROWS, 0], (xt * dsl.rsqrt(mean_sq + EPS)[:, None] * w[None, :]).to(dsl.bf16))
 
 

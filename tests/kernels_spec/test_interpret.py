@@ -17,8 +17,11 @@ def check_outputs(spec, case, inputs, ref):
         if spec.exact:
             assert torch.equal(got, want), f"{spec.name}/{out} differs"
         else:
-            atol, rtol = spec.tolerance(case, out)
-            torch.testing.assert_close(got, want, atol=atol, rtol=rtol, msg=lambda m, o=out: f"{spec.name}/{o}: {m}")
+            allowed = spec.allowed_error(case, out, want, {k: v.cpu() for k, v in inputs.items()})
+            err = (got - want).abs()
+            bad = ~(err <= allowed)  # NaN counts as bad
+            assert not bad.any(), (f"{spec.name}/{out}: {int(bad.sum())}/{bad.numel()} elements off, "
+                                   f"max error {err.max().item():.3g}")
 
 
 @pytest.mark.parametrize("name,case_name", CASES)
