@@ -64,7 +64,7 @@ def bad_store(x: dsl.Tensor["N", dsl.f32], y: dsl.Tensor["N", dsl.bf16]):
 
 @dsl.kernel
 def bad_gemm(a: dsl.Tensor["M", "K", dsl.bf16], b: dsl.Tensor["N", "K", dsl.bf16]):
-    for i in dsl.grid(1):
+    for _ in dsl.grid(1):
         acc = dsl.zeros((16, 16), dsl.f32, role="accumulator")
         dsl.gemm(dsl.load(a[0, 0], (16, 32), role="operand"), dsl.load(b[0, 0], (16, 16), role="operand"), acc,
                  transpose_b=True)
@@ -101,7 +101,7 @@ def test_parameters_need_annotations():
 def test_unknown_role_is_rejected():
     @dsl.kernel
     def k(x: dsl.Tensor["N", dsl.f32]):
-        for i in dsl.grid(1):
+        for _ in dsl.grid(1):
             dsl.zeros((4,), role="scratchpad")
 
     with pytest.raises(DslError, match="unknown memory role 'scratchpad'"):

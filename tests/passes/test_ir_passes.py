@@ -52,7 +52,7 @@ def test_fuse_elementwise_builds_maps_and_keeps_multi_use_values():
 def test_fusion_does_not_move_a_read_past_a_write():
     @dsl.kernel
     def k(x: dsl.Tensor["N", dsl.f32], y: dsl.Tensor["N", dsl.f32]):
-        for i in dsl.grid(1):
+        for _ in dsl.grid(1):
             buf = dsl.zeros((4,))
             old = buf + 1.0  # reads buf before it is written
             buf[:] = dsl.load(x[0], (4,))
