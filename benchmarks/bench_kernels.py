@@ -25,14 +25,13 @@ from duotile.kernels_spec import get  # noqa: E402
 
 SWEEP = {
     "gemm_bf16": [{}, {"BM": 128, "BN": 256, "BK": 64, "STAGES": 3, "raster": 8},
-                  {"BM": 128, "BN": 256, "BK": 64, "STAGES": 4, "raster": 16},
-                  {"BM": 128, "BN": 256, "BK": 64, "STAGES": 3, "raster": 8, "threads": 384}],
+                  {"BM": 128, "BN": 256, "BK": 64, "STAGES": 4, "raster": 16}],
     "gemm_fp8": [{"BM": 128, "BN": 128, "BK": 128, "STAGES": 4, "raster": 8},
                  {"BM": 128, "BN": 128, "BK": 128, "STAGES": 4, "raster": 8, "fp8_promote": False},
                  {"BM": 128, "BN": 256, "BK": 128, "STAGES": 3, "raster": 8, "fp8_promote": False},
                  {"BM": 128, "BN": 256, "BK": 128, "STAGES": 3, "raster": 8},
                  {"BM": 128, "BN": 128, "BK": 128, "STAGES": 3, "raster": 8, "threads": 128}],
-    "attention": [{}, {"BM": 128, "BN": 128, "STAGES": 1}, {"BM": 128, "BN": 128, "STAGES": 2, "threads": 384}],
+    "attention": [{}, {"BM": 128, "BN": 128, "STAGES": 1}],
     "rmsnorm": [{}, {"ROWS": 1, "threads": 128}, {"ROWS": 2, "threads": 512}],
 }
 

@@ -22,9 +22,10 @@ class TileLangCuda(Target):
     def __init__(self, arch: Arch):
         self.arch = arch
         self.name = arch.name
-        # threads per block; raster: rows of blocks swept together for L2 reuse (0 = off);
+        # threads per block (warp groups that split a wgmma tile evenly);
+        # raster: rows of blocks swept together for L2 reuse (0 = off);
         # fp8_promote (sm90): add each fp8 K step into the fp32 accumulator in registers
-        self.knobs = {"threads": choice(256, 128, 384, 512), "raster": choice(0, 8, 16)}
+        self.knobs = {"threads": choice(256, 128, 512), "raster": choice(0, 8, 16)}
         if not arch.has_tmem:
             self.knobs["fp8_promote"] = boolean(True)
 
