@@ -20,6 +20,7 @@ def register(sub) -> None:
     p.add_argument("--kernel", default=None, help="only this kernel (default: all)")
     p.add_argument("--jobs", type=int, default=2, help="parallel builds (threads)")
     p.add_argument("--no-cache", action="store_true", help="rebuild even when a cached artifact exists")
+    p.add_argument("--no-tuned", action="store_true", help="ignore tuned configs from `duotile tune`")
     p.set_defaults(func=cmd_build)
     p = sub.add_parser("show", help="print one stage of a kernel's build")
     p.add_argument("kernel")
@@ -52,12 +53,15 @@ def cmd_build(args) -> int:
     jobs = [(spec, cname, case, t) for name, spec in sorted(specs.items()) if not args.kernel or name == args.kernel
             for cname, case in spec.build_cases.items() for t in targets]
     with ThreadPoolExecutor(max_workers=max(1, args.jobs)) as pool:
-        results = list(pool.map(lambda j: build_case(*j, use_cache=not args.no_cache), jobs))
-    rows = [("kernel", "case", "target", "status", "lines", "seconds", "cache", "note")]
+        results = list(pool.map(lambda j: build_case(*j, use_cache=not args.no_cache, use_tuned=not args.no_tuned),
+                                jobs))
+    rows = [("kernel", "case", "target", "status", "lines", "seconds", "cache", "config", "note")]
     for r in results:
         note = r.error.splitlines()[0][:110] if r.error else _note(r)
         cache = r.artifact.meta.get("cache", "") if r.artifact else ""
-        rows.append((r.spec, r.case, r.target, "ok" if r.ok else "FAIL", str(r.lines), f"{r.seconds:.1f}", cache, note))
+        source = r.artifact.meta.get("config_source", "") if r.artifact else ""
+        rows.append((r.spec, r.case, r.target, "ok" if r.ok else "FAIL", str(r.lines), f"{r.seconds:.1f}", cache,
+                     source, note))
     _table(rows)
     failed = sum(not r.ok for r in results)
     print(f"\n{len(results) - failed} built, {failed} failed; artifacts under "

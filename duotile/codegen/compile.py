@@ -57,7 +57,13 @@ class CompiledKernel:
             from .build import build_module
 
             tgt = get_target(self.target)
-            module, knobs = specialize(self.kernel, sig, tgt, self.config, self.constants)
+            config = self.config
+            if config is None:  # no config given: a tuned one from `duotile tune`, if any
+                from ..passes.autotune.cache import best_config
+
+                config = best_config(self.kernel, self.target, sig.shapes, dtypes=sig.dtypes, present=sig.present,
+                                     constants=self.constants)
+            module, knobs = specialize(self.kernel, sig, tgt, config, self.constants)
             artifact = build_module(self.kernel, module, tgt, knobs, self.workdir)
             self._cache[key] = (module, artifact, None)
         module, artifact, fn = self._cache[key]

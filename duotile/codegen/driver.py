@@ -32,15 +32,26 @@ class BuildResult:
         return sum(1 for line in text.splitlines() if line.strip() and not line.lstrip().startswith("#"))
 
 
+def tuned_config(spec: Spec, sig, target: str, constants: dict) -> dict[str, Any] | None:
+    """The autotuner's best config for this call, when the tuning cache has one."""
+    from ..passes.autotune.cache import best_config
+
+    return best_config(spec.kernel, target, sig.shapes, dtypes=sig.dtypes, present=sig.present, constants=constants)
+
+
 def build_case(spec: Spec, case_name: str, case: Case, target: str, config: dict[str, Any] | None = None,
-               use_cache: bool = True) -> BuildResult:
+               use_cache: bool = True, use_tuned: bool = True) -> BuildResult:
+    """Build one case. Config precedence: ``config`` > the case's pinned config > a tuned config
+    from the tuning cache > the kernel's defaults."""
     t0 = time.perf_counter()
     try:
         tgt = get_target(target)
         sig = spec.kernel.bind(spec.meta_inputs(case))
-        cfg = {**spec.config_of(case), **(config or {})}
+        tuned = tuned_config(spec, sig, target, spec.constants_of(case)) if use_tuned else None
+        cfg = {**(tuned or {}), **spec.config_of(case), **(config or {})}
         module, knobs = specialize(spec.kernel, sig, tgt, cfg, spec.constants_of(case))
         artifact = build_module(spec.kernel, module, tgt, knobs, use_cache=use_cache)
+        artifact.meta["config_source"] = "tuned" if tuned else "default"
         return BuildResult(spec.name, case_name, target, True, time.perf_counter() - t0, artifact, module)
     except Exception as err:  # reported per row; the build goes on
         msg = f"{type(err).__name__}: {err}"
