@@ -18,16 +18,10 @@ import torch
 
 from ...dsl.expr import Node
 from ...dsl.ir import Block, Module, Op, Value
+from ..handlers import OpHandlers
 
-HANDLERS = {}
-
-
-def handles(name):
-    def deco(fn):
-        HANDLERS[name] = fn
-        return fn
-
-    return deco
+HANDLERS = OpHandlers()
+handles = HANDLERS.on
 
 
 @lru_cache(maxsize=4096)

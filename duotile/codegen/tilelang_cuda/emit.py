@@ -11,20 +11,14 @@ import sympy
 
 from ...dsl.errors import UnsupportedError
 from ...dsl.ir import Module, Op, Value
+from ..handlers import OpHandlers
 from .arch import Arch
 from .exprs import ElementPrinter, index, literal
 from .plan import Plan, make_plan
 from .source import Source
 
-HANDLERS = {}
-
-
-def handles(name):
-    def deco(fn):
-        HANDLERS[name] = fn
-        return fn
-
-    return deco
+HANDLERS = OpHandlers()
+handles = HANDLERS.on
 
 
 class Emitter:
