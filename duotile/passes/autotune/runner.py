@@ -87,7 +87,8 @@ class Runner:
                  measure: bool = True, workdir: str | None = None):
         self.spec, self.case, self.target = spec, case, get_target(target)
         self.device = torch.device(device or ("cuda" if target in ("sm90", "sm100") else "cpu"))
-        if self.device.type == "cuda" and self.device.index is None:  # worker threads need an index
+        if self.device.type == "cuda" and self.device.index is None and torch.cuda.is_available():
+            # worker threads need an explicit index (torch.cuda.set_device rejects a bare "cuda")
             self.device = torch.device("cuda", torch.cuda.current_device())
         self.seed, self.parallel = seed, parallel
         self.workers = workers or max(1, min(16, os.cpu_count() or 1))

@@ -92,3 +92,16 @@ def test_cli_tune_writes_report_plot_and_cache(tmp_path, capsys):
     cfg = best_config(k, "interpret", sig.shapes, "model:interpret", dtypes=sig.dtypes, present=sig.present,
                       cache_dir=tmp_path / "cache")
     assert cfg == {"ROWS": 2}
+
+
+def test_cuda_target_runner_builds_without_a_gpu():
+    """Regression: giving the CUDA device an index must not touch CUDA on a CPU-only machine."""
+    import torch
+
+    from duotile.kernels_spec import get
+    from duotile.passes.autotune.runner import Runner
+
+    if torch.cuda.is_available():
+        return
+    runner = Runner(get("rmsnorm"), {"T": 4, "D": 64}, "sm100", measure=False)
+    assert runner.device.type == "cuda" and runner.device.index is None
