@@ -323,4 +323,25 @@ class Constraints:
         reasons += mma_reasons(usage, self.target)
         exempt = {self.kernel.batch_dim} if self.kernel.batch_dim else set()
         reasons += waste_reasons(module, exempt)
+        if not reasons:
+            reasons += self._target_capacity(config, knobs)
         return Verdict(not reasons, reasons, {lim.memory: int(lim.needed) for lim in limits}, module)
+
+    def _target_capacity(self, config: dict[str, Any], knobs: dict[str, Any]) -> list[str]:
+        """The target's own pipeline and capacity model (what its build would reject), still before
+        any compiler runs: the estimator above is a quick filter, the target's check is the law."""
+        from ...codegen.target import get_target
+        from ...dsl.errors import CapacityError, UnsupportedError
+
+        tgt = get_target(self.target)
+        kern = {k: v for k, v in config.items() if k in self.kernel.tunables}
+        bound = bind_shapes(self.kernel.trace(self.sig.dtypes, self.sig.present, kern, self.constants),
+                            self.sig.shapes)
+        try:
+            tgt.lower(bound, {**tgt.default_knobs(), **knobs})
+        except CapacityError as err:
+            return [f"{err.memory}: needs {err.needed / 1024:.1f} KiB > capacity {err.capacity / 1024:.1f} KiB "
+                    f"({self.target}'s capacity model)"]
+        except UnsupportedError as err:
+            return [f"unsupported on {self.target}: {err}"]
+        return []

@@ -65,3 +65,22 @@ def test_relation_parser_reports_missing_names():
     assert holds({"K": 128, "BK": 64}) and not holds({"K": 100, "BK": 64})
     with pytest.raises(DslError, match="no value for BK"):
         holds({"K": 128})
+
+
+def test_the_targets_own_capacity_model_has_the_last_word(monkeypatch):
+    """Regression: the estimator passed configs that the ascend950 pipeline then rejected at build
+    time (seen in a compile-only sweep); now the target's check runs before anything compiles."""
+    from duotile.codegen.target import get_target
+    from duotile.dsl.errors import CapacityError
+
+    spec = registry.get("rmsnorm")
+    sig = spec.kernel.bind(spec.meta_inputs({"T": 64, "D": 512}))
+    target = get_target("interpret")
+
+    def refuse(module, knobs):
+        raise CapacityError("interpret", "L0C", 600 * 1024, 256 * 1024)
+
+    monkeypatch.setattr(target, "lower", refuse)
+    verdict = Constraints(spec.kernel, sig, "interpret").check({"ROWS": 1})
+    assert not verdict.ok
+    assert any("L0C: needs 600.0 KiB > capacity 256.0 KiB" in r for r in verdict.reasons)
