@@ -9,6 +9,7 @@ from ..dsl.errors import DslError
 from ..dsl.ir import Module
 from ..dsl.kernel import KernelDef, Signature
 from ..passes.bind_shapes import bind_shapes
+from ..passes.check_batch_invariance import check_batch_invariance
 from ..passes.verify_ir import verify_ir
 from .target import KNOB_NAMES, Artifact, Target, get_target
 
@@ -31,7 +32,8 @@ def specialize(kernel: KernelDef, sig: Signature, target: str | Target = "interp
     """Trace ``kernel`` for one call signature and run the target's pipeline on it."""
     tgt = get_target(target) if isinstance(target, str) else target
     cfg, knobs = split_config(kernel, tgt, config)
-    module = verify_ir(kernel.trace(sig.dtypes, sig.present, cfg, constants))
+    # traces the kernel; for a decode-path kernel (batch_dim) it also rejects batch-dependent reductions
+    module = verify_ir(check_batch_invariance(kernel, sig.dtypes, sig.present, constants, cfg))
     module = verify_ir(bind_shapes(module, sig.shapes))
     return verify_ir(tgt.lower(module, knobs)), knobs
 

@@ -82,3 +82,14 @@ def test_tuned_config_may_not_depend_on_the_batch_size():
     assert require_batch_free(row_sumsq, same) == {"ROWS": 2}
     with pytest.raises(DslError, match="differs between"):
         require_batch_free(row_sumsq, {(("D", 64), ("T", 1)): {"ROWS": 1}, (("D", 64), ("T", 64)): {"ROWS": 4}})
+
+
+def test_compiling_a_batch_dependent_reduction_fails_before_codegen():
+    """The pass sits in every target's pipeline (codegen.specialize), not only in the tuner."""
+    import torch
+
+    from duotile import codegen
+
+    k = codegen.compile(col_sum, "interpret")
+    with pytest.raises(DslError, match="batch-invariant in T"):
+        k(x=torch.zeros(8, 4), y=torch.zeros(4))
