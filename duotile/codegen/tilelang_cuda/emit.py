@@ -88,14 +88,15 @@ def emit_module(module: Module, arch: Arch, knobs: dict) -> str:
         raise UnsupportedError(f"{arch.name}: grids have at most 3 axes, got {len(names)}", grid.loc)
     e.block(grid.regions[0].ops)
     params = ", ".join(f'{p.name}: T.Tensor(({", ".join(str(int(d)) for d in p.shape)},), "{p.dtype.tilelang_name}")'
-                       for p in module.params if p.name in _present(module))
+                       for p in module.params if p.name in present_params(module))
     swizzle = int(knobs.get("raster", 0) or 0)
     targets = ", ".join(names) + ("," if len(names) == 1 else "")
     head = [f"with T.Kernel({', '.join(extents)}, threads={knobs['threads']}) as ({targets}):"]
     return e.src.render(module, arch.name, params, head, swizzle)
 
 
-def _present(module: Module) -> set[str]:
+def present_params(module: Module) -> set[str]:
+    """Parameters the kernel takes: all but optional tensors the call left out."""
     used = {op.attrs["tensor"] for op in module.walk() if "tensor" in op.attrs}
     return {p.name for p in module.params if p.name in used or not p.optional}
 

@@ -11,6 +11,7 @@ from ...dsl.ir import Module
 from ..target import Artifact
 from . import toolchain
 from .arch import Arch
+from .emit import present_params
 
 
 def make_launcher(artifact: Artifact, module: Module, arch: Arch):
@@ -26,7 +27,8 @@ def make_launcher(artifact: Artifact, module: Module, arch: Arch):
     prim = toolchain.load_prim_func(str(path), artifact.meta["entry"])
     target = tvm.target.Target({"kind": "cuda", "arch": arch.sm})
     jit = tilelang.compile(prim, target=target, pass_configs=toolchain.PASS_CONFIGS)
-    used = [p.name for p in module.params if f"{p.name}: T.Tensor" in artifact.stages["tilelang"]]
+    present = present_params(module)
+    used = [p.name for p in module.params if p.name in present]  # the prim_func's argument order
 
     def run(tensors: dict):
         jit(*(tensors[name] for name in used))
