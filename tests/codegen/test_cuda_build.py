@@ -76,3 +76,12 @@ def test_tmem_overflow_is_rejected_on_sm100():
     assert not r.ok and "TMEM" in r.error and "columns" in r.error
     with pytest.raises(CapacityError):
         raise CapacityError("sm100", "TMEM", 1, 0)
+
+
+def test_fp8_promotion_every_two_steps_lowers_and_compiles_on_sm90():
+    spec = load_all()["gemm"]
+    r = build_case(spec, "fp8_8192", spec.build_cases["fp8_8192"], "sm90", config={"fp8_promote": 2, "BN": 128})
+    assert r.ok, r.error
+    text = r.artifact.stages["tilelang"]
+    assert "clear_accum=(k) % 2 == 0" in text and "if T.Or((k) % 2 == 1, k == 127):" in text
+    assert ptx_counts(r.artifact.stages["ptx"]).get("wgmma", 0) > 0

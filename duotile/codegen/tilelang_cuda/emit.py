@@ -286,16 +286,28 @@ def _gemm(e: Emitter, op: Op):
 
 
 def _promoted_gemm(e: Emitter, op: Op, a_buf: str, b_buf: str, policy: str):
-    """FP8 on sm90: the tensor cores accumulate with a narrowed mantissa, so each K step goes
-    into a fresh fragment that is added into the fp32 accumulator (DeepGEMM's promotion)."""
-    acc = op.args[2]
+    """FP8 on sm90: the tensor cores accumulate with a narrowed mantissa, so the K loop runs into a
+    step fragment that is added into the fp32 accumulator every ``fp8_promote`` iterations (and on
+    the last one) -- DeepGEMM's promotion; 1 is exact per K step, larger values add less often."""
+    acc, every = op.args[2], int(e.knobs["fp8_promote"])
+    loop = e.loop_stack[-1]
+    k, start, stop = loop.attrs["var"], loop.attrs["start"], loop.attrs["extent"]
     part = f"{e.name(acc)}_step"
     shape = ", ".join(str(int(d)) for d in acc.type.shape)
     e.src.decl(f'{part} = T.alloc_fragment(({shape},), "float32")')
+    first = "True" if every == 1 else f"({index(k - start)}) % {every} == 0"
     e.src.line(f"T.gemm({a_buf}, {b_buf}, {part}, transpose_A={op.attrs['transpose_a']}, "
-               f"transpose_B={op.attrs['transpose_b']}{policy}, clear_accum=True)", op.loc)
-    e.src.line(f"for i0, i1 in T.Parallel({shape}):", op.loc)
-    e.src.line(f"    {e.name(acc)}[i0, i1] = {e.name(acc)}[i0, i1] + {part}[i0, i1]", op.loc)
+               f"transpose_B={op.attrs['transpose_b']}{policy}, clear_accum={first})", op.loc)
+    add = [f"for i0, i1 in T.Parallel({shape}):",
+           f"    {e.name(acc)}[i0, i1] = {e.name(acc)}[i0, i1] + {part}[i0, i1]"]
+    if every == 1:
+        for line in add:
+            e.src.line(line, op.loc)
+        return
+    e.src.line(f"if T.Or(({index(k - start)}) % {every} == {every - 1}, {k} == {index(stop - 1)}):", op.loc)
+    with e.src.indent():
+        for line in add:
+            e.src.line(line, op.loc)
 
 
 def _tcgen05(e: Emitter, op: Op, a: str, b: str, acc: str, clear: str, ta: bool, tb: bool):

@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from ...dsl.ir import Module
-from ...dsl.tunables import boolean, choice
+from ...dsl.tunables import choice
 from ...passes.fuse_elementwise import fuse_elementwise
 from ..target import Artifact, Target, register_target
 from . import toolchain
@@ -24,10 +24,10 @@ class TileLangCuda(Target):
         self.name = arch.name
         # threads per block (warp groups that split a wgmma tile evenly);
         # raster: rows of blocks swept together for L2 reuse (0 = off);
-        # fp8_promote (sm90): add each fp8 K step into the fp32 accumulator in registers
+        # fp8_promote (sm90): add the fp8 partial sums into the fp32 accumulator every N K steps (0: never)
         self.knobs = {"threads": choice(256, 128, 512), "raster": choice(0, 8, 16)}
         if not arch.has_tmem:
-            self.knobs["fp8_promote"] = boolean(True)
+            self.knobs["fp8_promote"] = choice(1, 2, 4, 0)
 
     def toolchain(self) -> dict[str, str]:
         return {"tilelang": toolchain.tilelang_version(), "nvcc": toolchain.nvcc_version()}
