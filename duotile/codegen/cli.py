@@ -6,6 +6,7 @@ import sys
 from concurrent.futures import ThreadPoolExecutor
 
 from ..kernels_spec.registry import load_all
+from .build import cache_root
 from .driver import build_case
 from .target import target_names
 
@@ -60,12 +61,13 @@ def cmd_build(args) -> int:
         note = r.error.splitlines()[0][:110] if r.error else _note(r)
         cache = r.artifact.meta.get("cache", "") if r.artifact else ""
         source = r.artifact.meta.get("config_source", "") if r.artifact else ""
-        rows.append((r.spec, r.case, r.target, "ok" if r.ok else "FAIL", str(r.lines), f"{r.seconds:.1f}", cache,
-                     source, note))
+        status = "ok" if r.ok else ("too big" if r.rejected else "FAIL")
+        rows.append((r.spec, r.case, r.target, status, str(r.lines), f"{r.seconds:.1f}", cache, source, note))
     _table(rows)
-    failed = sum(not r.ok for r in results)
-    print(f"\n{len(results) - failed} built, {failed} failed; artifacts under "
-          f"{results[0].artifact.meta['dir'].rsplit('/artifacts/', 1)[0] if results and results[0].artifact else '-'}")
+    failed = sum(not r.ok and not r.rejected for r in results)
+    rejected = sum(r.rejected for r in results)
+    print(f"\n{len(results) - failed - rejected} built, {rejected} rejected by a capacity check (the config does "
+          f"not fit that target's memories; see the note), {failed} failed; artifacts under {cache_root()}")
     return 1 if failed else 0
 
 

@@ -6,6 +6,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
+from ..dsl.errors import CapacityError
 from ..dsl.ir import Module
 from ..kernels_spec.registry import Case, Spec
 from .build import build_module
@@ -23,6 +24,7 @@ class BuildResult:
     artifact: Artifact | None = None
     module: Module | None = None
     error: str = ""
+    rejected: bool = False  # the config does not fit the target's memories (a CapacityError)
 
     @property
     def lines(self) -> int:
@@ -48,11 +50,12 @@ def build_case(spec: Spec, case_name: str, case: Case, target: str, config: dict
         tgt = get_target(target)
         sig = spec.kernel.bind(spec.meta_inputs(case))
         tuned = tuned_config(spec, sig, target, spec.constants_of(case)) if use_tuned else None
-        cfg = {**(tuned or {}), **spec.config_of(case), **(config or {})}
+        cfg = {**(tuned or {}), **spec.config_of(case, target), **(config or {})}
         module, knobs = specialize(spec.kernel, sig, tgt, cfg, spec.constants_of(case))
         artifact = build_module(spec.kernel, module, tgt, knobs, use_cache=use_cache)
         artifact.meta["config_source"] = "tuned" if tuned else "default"
         return BuildResult(spec.name, case_name, target, True, time.perf_counter() - t0, artifact, module)
     except Exception as err:  # reported per row; the build goes on
         msg = f"{type(err).__name__}: {err}"
-        return BuildResult(spec.name, case_name, target, False, time.perf_counter() - t0, error=msg)
+        return BuildResult(spec.name, case_name, target, False, time.perf_counter() - t0, error=msg,
+                           rejected=isinstance(err, CapacityError))

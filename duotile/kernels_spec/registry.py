@@ -43,9 +43,10 @@ class Spec:
         with torch.device("meta"):
             return self.make_inputs(case, torch.device("meta"), 0)
 
-    def config_of(self, case: Case) -> dict[str, Any]:
-        """A case may pin a config (tunables and target knobs), e.g. to fit a large head dim."""
-        return dict(case.get("config", {}))
+    def config_of(self, case: Case, target: str | None = None) -> dict[str, Any]:
+        """A case may pin a config (tunables and target knobs), e.g. to fit a large head dim, and
+        a per-target one on top (``"config_for": {"ascend950": {...}}``) where memories differ."""
+        return {**case.get("config", {}), **case.get("config_for", {}).get(target, {})}
 
     def allowed_error(self, case: Case, output: str, want: torch.Tensor, inputs: dict) -> torch.Tensor:
         """The largest |got - want| accepted for each element of ``output``."""
