@@ -31,7 +31,7 @@ SWEEP = {
                  {"BM": 128, "BN": 256, "BK": 64, "STAGES": 3, "raster": 8, "fp8_promote": 2},
                  {"BM": 128, "BN": 256, "BK": 128, "STAGES": 3, "raster": 8, "fp8_promote": 0},
                  {"BM": 128, "BN": 128, "BK": 128, "STAGES": 4, "raster": 8, "fp8_promote": 0}],
-    "attention": [{}, {"BM": 128, "BN": 128, "STAGES": 1}],
+    "attention": [{}, {"overlap": True}, {"BM": 128, "BN": 128, "STAGES": 1}],
     "rmsnorm": [{}, {"ROWS": 1, "threads": 128}, {"ROWS": 2, "threads": 512}],
 }
 

@@ -85,3 +85,20 @@ def test_fp8_promotion_every_two_steps_lowers_and_compiles_on_sm90():
     text = r.artifact.stages["tilelang"]
     assert "clear_accum=(k) % 2 == 0" in text and "if T.Or((k) % 2 == 1, k == 127):" in text
     assert ptx_counts(r.artifact.stages["ptx"]).get("wgmma", 0) > 0
+
+
+def test_overlap_knob_pipelines_a_dependent_second_gemm_on_sm90():
+    """FA3's schedule as a lowering rule: the P.V gemm and the rescale of its accumulator run one
+    iteration behind. Compile-checked here; its speed and results are for the H200 (-m gpu)."""
+    spec = load_all()["flash_attention"]
+    r = build_case(spec, "d128", spec.build_cases["d128"], "sm90", config={"overlap": True})
+    assert r.ok, r.error
+    head = next(line for line in r.artifact.stages["tilelang"].splitlines() if "T.Pipelined" in line)
+    assert "order=[-1, -1, 0, " in head and "stage=[-1, -1, 0, " in head and head.rstrip(":").endswith("1])")
+    assert ptx_counts(r.artifact.stages["ptx"]).get("wgmma", 0) > 0
+
+
+def test_overlap_leaves_single_gemm_loops_alone():
+    spec = load_all()["gemm"]
+    r = build_case(spec, "bf16_8192", spec.build_cases["bf16_8192"], "sm90", config={"overlap": True})
+    assert r.ok and "order=" not in r.artifact.stages["tilelang"]

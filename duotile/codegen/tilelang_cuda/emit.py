@@ -12,6 +12,7 @@ import sympy
 from ...dsl.errors import UnsupportedError
 from ...dsl.ir import Module, Op, Value
 from ..handlers import OpHandlers
+from . import overlap
 from .arch import Arch
 from .exprs import ElementPrinter, index, literal
 from .plan import Plan, make_plan
@@ -106,14 +107,28 @@ def present_params(module: Module) -> set[str]:
 def _for(e: Emitter, op: Op):
     a = op.attrs
     start, stop = index(a["start"]), index(a["extent"])
+    head = len(e.src.body)
     if a.get("stages"):
         e.src.line(f"for {a['var']} in T.Pipelined({start}, {stop}, num_stages={a['stages']}):", op.loc)
     else:
         e.src.line(f"for {a['var']} in T.serial({start}, {stop}):", op.loc)
     e.loop_stack.append(op)
     with e.src.indent():
-        e.block(op.regions[0].ops)
+        spans = [_emit_counting(e, o) for o in op.regions[0].ops]
     e.loop_stack.pop()
+    plan = overlap.schedule(op.regions[0].ops) if a.get("stages") and e.knobs.get("overlap") else None
+    if plan is not None and not e.arch.has_tmem:
+        statements = dict(enumerate(spans))
+        e.src.body[head] = e.src.body[head].replace(
+            f"num_stages={a['stages']})", f"num_stages={a['stages']}, {overlap.annotation(plan, statements)})")
+
+
+def _emit_counting(e: Emitter, op: Op) -> int:
+    """Emit one op of a loop body; return how many top-level statements of the body it wrote."""
+    before = len(e.src.body)
+    pad = "    " * e.src.depth
+    e.block([op])
+    return sum(1 for line in e.src.body[before:] if line.startswith(pad) and not line.startswith(pad + " "))
 
 
 @handles("alloc")

@@ -28,6 +28,8 @@ class TileLangCuda(Target):
         self.knobs = {"threads": choice(256, 128, 512), "raster": choice(0, 8, 16)}
         if not arch.has_tmem:
             self.knobs["fp8_promote"] = choice(1, 2, 4, 0)
+            # overlap: run a dependent second gemm one iteration behind (FA3's schedule), see overlap.py
+            self.knobs["overlap"] = choice(False, True)
 
     def toolchain(self) -> dict[str, str]:
         return {"tilelang": toolchain.tilelang_version(), "nvcc": toolchain.nvcc_version()}
