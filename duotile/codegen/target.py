@@ -61,6 +61,10 @@ class Target:
         """Versions that change what this target generates (part of every cache key)."""
         return {}
 
+    def knobs_for(self, module: Module) -> dict[str, Space]:
+        """The knobs that can change this kernel's code (the autotuner searches only these)."""
+        return self.knobs
+
     def default_knobs(self) -> dict[str, Any]:
         return {k: s.default for k, s in self.knobs.items()}
 

@@ -31,6 +31,15 @@ class TileLangCuda(Target):
             # overlap: run a dependent second gemm one iteration behind (FA3's schedule), see overlap.py
             self.knobs["overlap"] = choice(False, True)
 
+    def knobs_for(self, module: Module) -> dict:
+        """fp8_promote only matters with an fp8 gemm, overlap only with two gemms in a pipelined loop."""
+        ops = list(module.walk())
+        fp8 = any(op.name == "gemm" and op.args[0].type.dtype.bits == 8 for op in ops)
+        two_gemm_loop = any(op.name == "for" and op.attrs.get("stages")
+                            and sum(o.name == "gemm" for o in op.regions[0].ops) >= 2 for op in ops)
+        drop = ({"fp8_promote"} if not fp8 else set()) | ({"overlap"} if not two_gemm_loop else set())
+        return {k: s for k, s in self.knobs.items() if k not in drop}
+
     def toolchain(self) -> dict[str, str]:
         return {"tilelang": toolchain.tilelang_version(), "nvcc": toolchain.nvcc_version()}
 

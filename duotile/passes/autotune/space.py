@@ -53,15 +53,18 @@ class ConfigSpace:
     pinned: dict[str, Any] = field(default_factory=dict)
 
     @classmethod
-    def from_kernel(cls, kernel: KernelDef, target=None, pinned: dict[str, Any] | None = None) -> ConfigSpace:
-        """The kernel's tunables plus ``get_target(target).knobs`` (a name or a Target)."""
+    def from_kernel(cls, kernel: KernelDef, target=None, pinned: dict[str, Any] | None = None,
+                    module=None) -> ConfigSpace:
+        """The kernel's tunables plus ``get_target(target).knobs`` (a name or a Target); given the
+        traced ``module``, only the knobs that can change its code (``Target.knobs_for``)."""
         params: dict[str, Space] = dict(kernel.tunables)
         owners = {k: "kernel" for k in params}
         if target is not None:
             from ...codegen.target import get_target
 
             tgt = get_target(target) if isinstance(target, str) else target
-            for k, s in tgt.knobs.items():
+            knobs = tgt.knobs_for(module) if module is not None else tgt.knobs
+            for k, s in knobs.items():
                 if k in params:
                     raise DslError(f"kernel {kernel.name!r} tunable {k!r} clashes with a knob of target "
                                    f"{tgt.name!r}; rename the tunable")

@@ -78,10 +78,11 @@ def tune(spec: Spec, case: dict, target: str, *, budget: str = "default", strate
     bud = get_budget(budget)
     tgt = get_target(target)
     notes: list[str] = []
-    space = ConfigSpace.from_kernel(kernel, tgt, pins)
     model = target in MODEL_TARGETS
     runner = Runner(spec, case, target, device=device, seed=seed, measure=not model, **(runner_options or {}))
     sig = runner.sig
+    traced = kernel.trace(sig.dtypes, sig.present, None, runner.constants)
+    space = ConfigSpace.from_kernel(kernel, tgt, pins, module=traced)
     if kernel.batch_dim:
         check_batch_invariance(kernel, sig.dtypes, sig.present, runner.constants)
         notes.append(f"batch-invariant in {kernel.batch_dim}: reductions checked; the cached config "

@@ -82,3 +82,26 @@ def test_target_knobs_join_the_space():
     assert space.owners["threads"] == "target" and space.size == SPACE.size * 2
     kern, knobs = space.split(space.default())
     assert knobs == {"threads": 128} and "threads" not in kern
+
+
+def test_cuda_knobs_that_cannot_change_a_kernel_are_left_out():
+    import torch
+
+    from duotile.codegen.target import get_target
+    from duotile.kernels_spec import registry
+
+    tgt = get_target("sm90")
+    gemm = registry.get("gemm")
+    fp8 = gemm.kernel.bind(gemm.meta_inputs({"M": 64, "N": 64, "K": 64, "dtype": "f8e4m3"}))
+    bf16 = gemm.kernel.bind(gemm.meta_inputs({"M": 64, "N": 64, "K": 64}))
+    fa = registry.get("flash_attention")
+    fa_sig = fa.kernel.bind(fa.meta_inputs({"B": 1, "H": 1, "S": 64, "D": 64}))
+
+    def knobs(spec, sig):
+        module = spec.kernel.trace(sig.dtypes, sig.present)
+        return set(ConfigSpace.from_kernel(spec.kernel, tgt, module=module).params) - set(spec.kernel.tunables)
+
+    assert knobs(gemm, fp8) == {"threads", "raster", "fp8_promote"}
+    assert knobs(gemm, bf16) == {"threads", "raster"}
+    assert knobs(fa, fa_sig) == {"threads", "raster", "overlap"}
+    assert torch.is_tensor(gemm.meta_inputs({"M": 1, "N": 1, "K": 1})["a"])
