@@ -84,6 +84,7 @@ class TensorParam:
     shape: tuple[Expr, ...]
     dtype: DType
     optional: bool = False
+    dims: tuple[str | int, ...] = ()  # the declared names ("M", "K"); kept when sizes are bound
 
     def __str__(self) -> str:
         dims = " x ".join(str(d) for d in self.shape)

@@ -170,7 +170,7 @@ class KernelDef:
             dtype = (dtypes or {}).get(name, spec.dtypes()[0])
             shape = tuple(sympy.Integer(d) if isinstance(d, int) else
                           sympy.Symbol(d, integer=True, positive=True) for d in spec.dims)
-            p = TensorParam(name, shape, dtype, spec.optional)
+            p = TensorParam(name, shape, dtype, spec.optional, spec.dims)
             params.append(p)
             is_present = (present or {}).get(name, not spec.optional)
             refs[name] = TensorRef(p, spec.dims) if is_present else None

@@ -61,7 +61,7 @@ class Reduction:
 
 
 def _dim_names(module: Module, tensor: str) -> list[str]:
-    return [str(d) for d in module.param(tensor).shape]
+    return [str(d) for d in module.param(tensor).dims]
 
 
 def _provenance(module: Module) -> dict[int, list[set[str]]]:

@@ -50,7 +50,7 @@ class Rewriter:
         return Block([self.op(o) for o in block.ops])
 
     def module(self, m: Module, **changes) -> Module:
-        params = [type(p)(p.name, tuple(self.expr(d) for d in p.shape), p.dtype, p.optional)
+        params = [type(p)(p.name, tuple(self.expr(d) for d in p.shape), p.dtype, p.optional, p.dims)
                   for p in m.params]
         fields = dict(name=m.name, params=params, body=self.block(m.body), config=dict(m.config),
                       constants=dict(m.constants), shapes=dict(m.shapes), batch_dim=m.batch_dim,

@@ -11,6 +11,7 @@ Semantics, for every target to match:
 from __future__ import annotations
 
 import itertools
+import math
 from functools import lru_cache
 
 import sympy
@@ -27,19 +28,7 @@ handles = HANDLERS.on
 @lru_cache(maxsize=4096)
 def _compiled(expr: sympy.Basic, names: tuple[str, ...]):
     syms = [sympy.Symbol(n, integer=True, nonnegative=True) for n in names]
-    return sympy.lambdify(syms, expr, modules=[{"ceiling": _ceil, "floor": _floor}, "math"])
-
-
-def _ceil(x):
-    import math
-
-    return math.ceil(x)
-
-
-def _floor(x):
-    import math
-
-    return math.floor(x)
+    return sympy.lambdify(syms, expr, modules=[{"ceiling": math.ceil, "floor": math.floor}, "math"])
 
 
 class Interpreter:
@@ -121,47 +110,33 @@ def _window(it: Interpreter, op: Op, tensor: torch.Tensor):
     return tuple(src), tuple(dst)
 
 
-@handles("load")
-def _load(it: Interpreter, op: Op):
-    tensor = it.tensors[op.attrs["tensor"]]
+def _read_tile(it: Interpreter, op: Op, source: torch.Tensor) -> torch.Tensor:
+    """The tile at ``op``'s corner of ``source``; what lies outside it reads ``other``."""
     t = op.result.type
     out = torch.full([int(d) for d in t.shape], op.attrs["other"], dtype=t.dtype.torch, device=it.device)
-    src, dst = _window(it, op, tensor)
+    src, dst = _window(it, op, source)
     if src is not None:
-        out.view([int(d) for d in op.attrs["shape"]])[dst] = tensor[src]
-    it.put(op.result, out)
+        out[dst] = source[src]
+    return out
+
+
+@handles("load")
+def _load(it: Interpreter, op: Op):
+    it.put(op.result, _read_tile(it, op, it.tensors[op.attrs["tensor"]]))
 
 
 @handles("gather")
 def _gather(it: Interpreter, op: Op):
+    """The gathered axis picks rows by index; the other axes read like a load from those rows."""
     tensor = it.tensors[op.attrs["tensor"]]
     axis = op.attrs["axis"]
     idx = it.get(op.args[0]).reshape(-1).long()
     valid = (idx >= 0) & (idx < tensor.shape[axis])
     picked = tensor.index_select(axis, torch.where(valid, idx, torch.zeros_like(idx)))
-    lead = tensor.dim() - len(op.attrs["shape"])
-    view = _GatherView(it, op, picked, lead, axis)
-    out = view.read()
+    out = _read_tile(it, op, picked)
     mask_shape = [1] * out.dim()
-    mask_shape[axis - lead] = -1
-    other = torch.full_like(out, op.attrs["other"])
-    it.put(op.result, torch.where(valid.view(mask_shape), out, other))
-
-
-class _GatherView:
-    """The non-gathered dimensions of a gather behave like a load from the picked rows."""
-
-    def __init__(self, it, op, picked, lead, axis):
-        self.it, self.op, self.picked, self.lead, self.axis = it, op, picked, lead, axis
-
-    def read(self) -> torch.Tensor:
-        it, op = self.it, self.op
-        t = op.result.type
-        out = torch.full([int(d) for d in t.shape], op.attrs["other"], dtype=t.dtype.torch, device=it.device)
-        src, dst = _window(it, op, self.picked)
-        if src is not None:
-            out[dst] = self.picked[src]
-        return out
+    mask_shape[axis - (tensor.dim() - len(op.attrs["shape"]))] = -1
+    it.put(op.result, torch.where(valid.view(mask_shape), out, torch.full_like(out, op.attrs["other"])))
 
 
 @handles("store")

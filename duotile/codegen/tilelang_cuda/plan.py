@@ -27,7 +27,6 @@ class Plan:
     clear_by_gemm: dict[int, str] = field(default_factory=dict)  # gemm op id -> clear_accum expr
     skip_fill: dict[int, str] = field(default_factory=dict)  # alloc id -> 'same' | 'loop': a gemm clears it
     staged: set[int] = field(default_factory=set)  # fragment values copied to shared for a gemm
-    defs: dict[int, Op] = field(default_factory=dict)
 
 
 def make_plan(module: Module, arch: Arch) -> Plan:
@@ -36,7 +35,6 @@ def make_plan(module: Module, arch: Arch) -> Plan:
     sources: dict[int, set[int]] = {}  # value id -> the buffers it was computed from
     for op in ops:
         if op.result is not None:
-            plan.defs[op.result.id] = op
             sources[op.result.id] = {op.result.id}.union(*(sources.get(a.id, {a.id}) for a in op.values()))
         if op.name == "map" and op.attrs.get("into") is not None:
             plan.mutated.add(op.attrs["into"].id)

@@ -243,8 +243,7 @@ def waste_reasons(module: Module, exempt: set[str]) -> list[str]:
 
 
 def _dim_names(module: Module, tensor: str) -> list[str]:
-    names = module.__dict__.setdefault("_dim_names", {})
-    return names.get(tensor) or [str(d) for d in module.param(tensor).shape]
+    return [str(d) for d in module.param(tensor).dims]
 
 
 # -- user relations --------------------------------------------------------------------------
@@ -298,10 +297,7 @@ class Constraints:
         """The traced, bound and fused module of a config (what the estimator reads)."""
         kern = {k: v for k, v in config.items() if k in self.kernel.tunables}
         m = self.kernel.trace(self.sig.dtypes, self.sig.present, kern, self.constants)
-        names = {p.name: [str(d) for d in p.shape] for p in m.params}
-        m = fuse_elementwise(bind_shapes(m, self.sig.shapes))
-        m.__dict__["_dim_names"] = names
-        return m
+        return fuse_elementwise(bind_shapes(m, self.sig.shapes))
 
     def check(self, config: dict[str, Any]) -> Verdict:
         key = tuple(sorted((k, repr(v)) for k, v in config.items()))
