@@ -90,22 +90,17 @@ class KernelDef:
         return {k: s.default for k, s in self.tunables.items()}
 
     def resolve_config(self, config: dict[str, Any] | None) -> dict[str, Any]:
-        cfg = self.default_config()
-        for k, v in (config or {}).items():
-            if k not in self.tunables:
-                raise DslError(f"kernel {self.name!r} has no tunable {k!r}; it has "
-                               f"{', '.join(self.tunables) or 'none'}")
-            cfg[k] = v
-        return cfg
+        return self._override(self.default_config(), config, "tunable")
 
     def resolve_constants(self, constants: dict[str, Any] | None) -> dict[str, Any]:
-        out = dict(self.constants)
-        for k, v in (constants or {}).items():
-            if k not in self.constants:
-                raise DslError(f"kernel {self.name!r} has no constant {k!r}; it has "
-                               f"{', '.join(self.constants) or 'none'}")
-            out[k] = v
-        return out
+        return self._override(dict(self.constants), constants, "constant")
+
+    def _override(self, defaults: dict[str, Any], given: dict[str, Any] | None, kind: str) -> dict[str, Any]:
+        unknown = [k for k in (given or {}) if k not in defaults]
+        if unknown:
+            raise DslError(f"kernel {self.name!r} has no {kind} {unknown[0]!r}; it has "
+                           f"{', '.join(defaults) or 'none'}")
+        return {**defaults, **(given or {})}
 
     @property
     def source_hash(self) -> str:

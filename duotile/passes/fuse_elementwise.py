@@ -23,6 +23,7 @@ from __future__ import annotations
 
 from collections import Counter
 
+from ..dsl.dtypes import f32, i32
 from ..dsl.expr import Node
 from ..dsl.ir import Block, Module, Op, Value
 
@@ -101,8 +102,6 @@ class _Fuser:
         return Node(op.attrs["fn"], t.shape, t.dtype, children)
 
     def leaf(self, a, user_pos: int, inputs: list[Value]) -> Node:
-        from ..dsl.dtypes import f32, i32
-
         if not isinstance(a, Value):
             is_int = getattr(a, "is_Integer", False) or (hasattr(a, "free_symbols") and a.free_symbols)
             kind = "scalar" if hasattr(a, "free_symbols") and a.free_symbols else "const"
