@@ -28,6 +28,8 @@ def register(sub) -> None:
     p.add_argument("--target", default="sm90")
     p.add_argument("--stage", default="tilelang", help="ir | tilelang | cuda | ptx | sass | ascend")
     p.add_argument("--case", default=None, help="which build case (default: the first)")
+    p.add_argument("--config", action="append", default=[], metavar="NAME=VALUE",
+                   help="override a tunable or target knob, e.g. --config BN=64 --config overlap=true")
     p.set_defaults(func=cmd_show)
 
 
@@ -92,7 +94,12 @@ def cmd_show(args) -> int:
     if cname not in spec.build_cases:
         print(f"duotile: {args.kernel} has no case {cname!r}; cases: {', '.join(spec.build_cases)}", file=sys.stderr)
         return 2
-    r = build_case(spec, cname, spec.build_cases[cname], args.target)
+    try:
+        config = dict(_assignment(text) for text in args.config)
+    except ValueError as err:
+        print(f"duotile: {err}", file=sys.stderr)
+        return 2
+    r = build_case(spec, cname, spec.build_cases[cname], args.target, config=config or None)
     if not r.ok:
         print(f"duotile: build failed: {r.error}", file=sys.stderr)
         return 1
@@ -103,6 +110,19 @@ def cmd_show(args) -> int:
         return 2
     print(text, end="")
     return 0
+
+
+def _assignment(text: str) -> tuple[str, object]:
+    """``NAME=VALUE`` with VALUE read as an int, a float, a boolean or else text."""
+    if "=" not in text:
+        raise ValueError(f"--config expects NAME=VALUE, got {text!r}")
+    name, value = (part.strip() for part in text.split("=", 1))
+    for conv in (int, float):
+        try:
+            return name, conv(value)
+        except ValueError:
+            pass
+    return name, {"true": True, "false": False}.get(value.lower(), value)
 
 
 def _table(rows) -> None:

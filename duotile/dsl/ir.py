@@ -103,6 +103,21 @@ class Op:
     def values(self) -> list[Value]:
         return [a for a in self.args if isinstance(a, Value)]
 
+    def writes(self) -> list[Value]:
+        """The buffers this op itself writes (nested regions not included)."""
+        if self.name == "assign":
+            return [self.args[0]]
+        if self.name == "gemm":
+            return [self.args[2]]
+        into = self.attrs.get("into")
+        return [into] if isinstance(into, Value) else []
+
+    def walk(self):
+        """This op, then every op in its regions."""
+        yield self
+        for region in self.regions:
+            yield from region.walk()
+
 
 @dataclass(eq=False)
 class Block:

@@ -46,9 +46,10 @@ def flash_attention(q: dsl.Tensor["B", "H", "S", "D", dsl.bf16], k: dsl.Tensor["
             dsl.gemm(q_tile, k_tile, scores, transpose_b=True)
             cols = n * BN + dsl.arange(BN)[None, :]
             keep = (cols <= rows) & (cols < S) if CAUSAL else cols < S
-            s2 = dsl.where(keep, scores * (LOG2E * D ** -0.5), float("-inf"))
-            new_max = dsl.maximum(row_max, s2.max(axis=1))
-            p = dsl.exp2(s2 - new_max[:, None])
+            masked = dsl.where(keep, scores, float("-inf"))
+            scale = LOG2E * D ** -0.5  # positive, so max(s * scale) = max(s) * scale
+            new_max = dsl.maximum(row_max, masked.max(axis=1) * scale)
+            p = dsl.exp2(masked * scale - new_max[:, None])  # one fused multiply-add per score
             rescale = dsl.exp2(row_max - new_max)
             row_sum[:] = row_sum * rescale + p.sum(axis=1)
             acc[:] = acc * rescale[:, None]

@@ -112,15 +112,6 @@ def _provenance(module: Module) -> dict[int, list[set[str]]]:
     return prov
 
 
-def _writes(op: Op) -> list[Value]:
-    if op.name == "assign":
-        return [op.args[0]]
-    if op.name == "gemm":
-        return [op.args[2]]
-    into = op.attrs.get("into")
-    return [into] if isinstance(into, Value) else []
-
-
 def find_reductions(module: Module) -> list[Reduction]:
     prov = _provenance(module)
     out: list[Reduction] = []
@@ -147,7 +138,7 @@ def find_reductions(module: Module) -> list[Reduction]:
                 add(Reduction(op, "gemm", set(prov.get(a.id, [set(), set()])[k_axis]), a.type.shape[k_axis]))
             elif op.name == "for":
                 body = op.regions[0]
-                carried = {v.id for o in body.walk() for v in _writes(o) if v.id in defined_here}
+                carried = {v.id for o in body.walk() for v in o.writes() if v.id in defined_here}
                 if carried:
                     var = str(op.attrs["var"])
                     dims = set()

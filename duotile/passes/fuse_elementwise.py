@@ -53,15 +53,7 @@ def _reads(op: Op):
 
 
 def _writes(op: Op) -> set[int]:
-    out = set()
-    for o in [op, *(x for r in op.regions for x in r.walk())]:
-        if o.name == "assign":
-            out.add(o.args[0].id)
-        elif o.name == "gemm":
-            out.add(o.args[2].id)
-        elif o.name == "map" and o.attrs.get("into") is not None:
-            out.add(o.attrs["into"].id)
-    return out
+    return {v.id for o in op.walk() for v in o.writes()}
 
 
 class _Fuser:

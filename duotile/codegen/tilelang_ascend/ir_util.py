@@ -21,11 +21,7 @@ def reads(op: Op) -> list[Value]:
 
 
 def writes(op: Op) -> Value | None:
-    if op.name == "gemm":
-        return op.args[2]
-    if op.name == "map":
-        return op.attrs.get("into")
-    return None
+    return next(iter(op.writes()), None)
 
 
 def retyped(v: Value, role: Role) -> None:

@@ -8,6 +8,7 @@ from ...dsl.ir import Module
 from ...dsl.printer import format_module
 from ...dsl.tunables import choice
 from ...passes.assign_memory import assign_memory
+from ...passes.fold_bounds import fold_bounds
 from ...passes.fuse_elementwise import fuse_elementwise
 from ..target import Artifact, Target, register_target
 from .capacity import AscendMemoryModel
@@ -25,7 +26,7 @@ class AscendTarget(Target):
     knobs = {"cores": choice(32, 24, 16), "threads": choice(128, 256, 64)}
 
     def lower(self, module: Module, knobs) -> Module:
-        module = fuse_elementwise(module)
+        module = fold_bounds(fuse_elementwise(module))
         module = rematerialize_casts(module)
         module = nt_operands(module)
         module = vector_accumulators(module)

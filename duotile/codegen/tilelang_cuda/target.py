@@ -8,6 +8,8 @@ from typing import Any
 
 from ...dsl.ir import Module
 from ...dsl.tunables import choice
+from ...passes.fold_bounds import fold_bounds
+from ...passes.forward_copies import forward_copies
 from ...passes.fuse_elementwise import fuse_elementwise
 from ..target import Artifact, Target, register_target
 from . import toolchain
@@ -44,7 +46,8 @@ class TileLangCuda(Target):
         return {"tilelang": toolchain.tilelang_version(), "nvcc": toolchain.nvcc_version()}
 
     def lower(self, module: Module, knobs: dict[str, Any]) -> Module:
-        module = fuse_elementwise(module)
+        # accumulator and vector tiles are both register fragments here, so copies between them can go
+        module = forward_copies(fold_bounds(fuse_elementwise(module)))
         check_capacity(module, self.arch, knobs)
         return module
 
