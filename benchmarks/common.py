@@ -4,40 +4,21 @@ from __future__ import annotations
 
 import json
 import os
-import statistics
 from pathlib import Path
 
 import torch
 
+from duotile.passes.autotune.timing import median_ms
+
 # H200 SXM datasheet peaks (dense) and this project's measured ceilings (KINDS.md, the brief)
 PEAK = {"bf16_tflops": 989.0, "fp8_tflops": 1979.0, "hbm_tbs": 4.8}
 MEASURED = {"bf16_tflops": 785.0, "fp8_tflops": 1261.0, "copy_tbs": 4.2}
-_flush = None
-
-
-def flush_l2():
-    global _flush
-    if _flush is None:
-        _flush = torch.empty(256 * 1024 * 1024, dtype=torch.uint8, device="cuda")
-    _flush.zero_()
 
 
 def bench(fn, warmup: int = 5, reps: int = 20, flush: bool = True) -> float:
-    """Median milliseconds of ``fn()`` over ``reps`` runs, each after an L2 flush."""
-    for _ in range(warmup):
-        fn()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(reps):
-        if flush:
-            flush_l2()
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        fn()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end))
-    return statistics.median(times)
+    """Median milliseconds of ``fn()`` over ``reps`` runs, each after an L2 flush, after a warm-up
+    of at least 100 ms (the tuner's loop: ``duotile.passes.autotune.timing``)."""
+    return median_ms(fn, "cuda", warmup=warmup, reps=reps, flush=flush)
 
 
 def copy_bandwidth(nbytes: int) -> float:

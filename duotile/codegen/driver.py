@@ -43,14 +43,15 @@ def tuned_config(spec: Spec, sig, target: str, constants: dict) -> dict[str, Any
 
 def build_case(spec: Spec, case_name: str, case: Case, target: str, config: dict[str, Any] | None = None,
                use_cache: bool = True, use_tuned: bool = True) -> BuildResult:
-    """Build one case. Config precedence: ``config`` > the case's pinned config > a tuned config
-    from the tuning cache > the kernel's defaults."""
+    """Build one case. Config precedence: ``config`` > a tuned config from the tuning cache > the
+    case's own config > the kernel's defaults. A tuned config was verified and fits the target, so
+    it may replace a case's starting point (which exists to fit or to start well)."""
     t0 = time.perf_counter()
     try:
         tgt = get_target(target)
         sig = spec.kernel.bind(spec.meta_inputs(case))
         tuned = tuned_config(spec, sig, target, spec.constants_of(case)) if use_tuned else None
-        cfg = {**(tuned or {}), **spec.config_of(case, target), **(config or {})}
+        cfg = {**spec.config_of(case, target), **(tuned or {}), **(config or {})}
         module, knobs = specialize(spec.kernel, sig, tgt, cfg, spec.constants_of(case))
         artifact = build_module(spec.kernel, module, tgt, knobs, use_cache=use_cache)
         artifact.meta["config_source"] = "tuned" if tuned else "default"

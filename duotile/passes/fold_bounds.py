@@ -55,8 +55,9 @@ def _fold_block(block: Block, env: dict) -> None:
         if op.name == "map":
             op.attrs["expr"] = fold_node(op.attrs["expr"], env)
         elif op.name == "for":
+            # the loop runs from start up to (not including) its "extent", the end bound
             start = interval(op.attrs["start"], env) or (-math.inf, math.inf)
-            inner = {**env, op.attrs["var"]: (start[0], start[1] + _hi(op.attrs["extent"], env) - 1)}
+            inner = {**env, op.attrs["var"]: (start[0], _hi(op.attrs["extent"], env) - 1)}
             for region in op.regions:
                 _fold_block(region, inner)
         else:

@@ -78,13 +78,17 @@ def test_tmem_overflow_is_rejected_on_sm100():
         raise CapacityError("sm100", "TMEM", 1, 0)
 
 
-def test_fp8_promotion_every_two_steps_lowers_and_compiles_on_sm90():
+def test_fp8_promotion_interval_is_counted_in_k_elements_on_sm90():
     spec = load_all()["gemm"]
-    r = build_case(spec, "fp8_8192", spec.build_cases["fp8_8192"], "sm90", config={"fp8_promote": 2, "BN": 128})
+    case = spec.build_cases["fp8_8192"]
+    r = build_case(spec, "fp8_8192", case, "sm90", config={"fp8_promote_k": 256, "BN": 128, "BK": 128})
     assert r.ok, r.error
-    text = r.artifact.stages["tilelang"]
-    assert "clear_accum=(k) % 2 == 0" in text and "if T.Or((k) % 2 == 1, k == 127):" in text
+    text = r.artifact.stages["tilelang"]  # K tile 128: every second step
+    assert "clear_accum=(k) % 2 == 0" in text and "if T.Or((k) % 2 == 1, k == 63):" in text
     assert ptx_counts(r.artifact.stages["ptx"]).get("wgmma", 0) > 0
+    every_step = build_case(spec, "fp8_8192", case, "sm90", config={"fp8_promote_k": 128, "BN": 128, "BK": 128})
+    assert every_step.ok and "clear_accum=True" in every_step.artifact.stages["tilelang"]
+    assert "T.Or(" not in every_step.artifact.stages["tilelang"]
 
 
 def test_overlap_knob_pipelines_a_dependent_second_gemm_on_sm90():

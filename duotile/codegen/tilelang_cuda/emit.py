@@ -276,7 +276,7 @@ def _gemm(e: Emitter, op: Op):
     clear = e.plan.clear_by_gemm.get(id(op))
     scope = e.plan.scope[acc.id]
     if not e.arch.has_tmem:
-        if a.type.dtype.bits == 8 and e.knobs.get("fp8_promote") and e.loop_stack:
+        if a.type.dtype.bits == 8 and e.knobs.get("fp8_promote_k") and e.loop_stack:
             _promoted_gemm(e, op, a_buf, b_buf, policy)
             return
         clear_arg = f", clear_accum={clear}" if clear else ""
@@ -302,9 +302,12 @@ def _gemm(e: Emitter, op: Op):
 
 def _promoted_gemm(e: Emitter, op: Op, a_buf: str, b_buf: str, policy: str):
     """FP8 on sm90: the tensor cores accumulate with a narrowed mantissa, so the K loop runs into a
-    step fragment that is added into the fp32 accumulator every ``fp8_promote`` iterations (and on
-    the last one) -- DeepGEMM's promotion; 1 is exact per K step, larger values add less often."""
-    acc, every = op.args[2], int(e.knobs["fp8_promote"])
+    step fragment that is added into the fp32 accumulator every ``fp8_promote_k`` elements of K (and
+    on the last step) -- DeepGEMM's promotion. The interval is whole K steps, never longer than asked:
+    with a K tile of 128, 128 adds every step and 512 every fourth."""
+    acc = op.args[2]
+    k_tile = int(op.args[0].type.shape[0 if op.attrs["transpose_a"] else 1])
+    every = max(1, int(e.knobs["fp8_promote_k"]) // k_tile)
     loop = e.loop_stack[-1]
     k, start, stop = loop.attrs["var"], loop.attrs["start"], loop.attrs["extent"]
     part = f"{e.name(acc)}_step"

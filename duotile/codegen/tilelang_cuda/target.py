@@ -26,20 +26,21 @@ class TileLangCuda(Target):
         self.name = arch.name
         # threads per block (warp groups that split a wgmma tile evenly);
         # raster: rows of blocks swept together for L2 reuse (0 = off);
-        # fp8_promote (sm90): add the fp8 partial sums into the fp32 accumulator every N K steps (0: never)
+        # fp8_promote_k (sm90): add the fp8 partial sums into the fp32 accumulator every N elements of K
+        # (0: never); 128 is DeepGEMM's and CUTLASS's interval
         self.knobs = {"threads": choice(256, 128, 512), "raster": choice(0, 8, 16)}
         if not arch.has_tmem:
-            self.knobs["fp8_promote"] = choice(1, 2, 4, 0)
+            self.knobs["fp8_promote_k"] = choice(128, 256, 512, 0)
             # overlap: run a dependent second gemm one iteration behind (FA3's schedule), see overlap.py
             self.knobs["overlap"] = choice(False, True)
 
     def knobs_for(self, module: Module) -> dict:
-        """fp8_promote only matters with an fp8 gemm, overlap only with two gemms in a pipelined loop."""
+        """fp8_promote_k only matters with an fp8 gemm, overlap only with two gemms in a pipelined loop."""
         ops = list(module.walk())
         fp8 = any(op.name == "gemm" and op.args[0].type.dtype.bits == 8 for op in ops)
         two_gemm_loop = any(op.name == "for" and op.attrs.get("stages")
                             and sum(o.name == "gemm" for o in op.regions[0].ops) >= 2 for op in ops)
-        drop = ({"fp8_promote"} if not fp8 else set()) | ({"overlap"} if not two_gemm_loop else set())
+        drop = ({"fp8_promote_k"} if not fp8 else set()) | ({"overlap"} if not two_gemm_loop else set())
         return {k: s for k, s in self.knobs.items() if k not in drop}
 
     def toolchain(self) -> dict[str, str]:

@@ -11,9 +11,9 @@ For each batch:
 2. **verify**: outputs are first filled with NaN, the candidate runs once, and every output is
    compared with the spec's reference (computed once per runner) within the spec's tolerance,
    bit for bit for exact specs. A wrong candidate's time never counts.
-3. **time**: warm-up runs, then ``reps`` runs each preceded by an L2 flush (a 256 MB buffer is
-   written) and timed with CUDA events; the median is kept. On the CPU (``interpret``) the
-   same loop uses ``time.perf_counter``.
+3. **time**: ``timing.median_ms``: a warm-up of at least 100 ms of work, then ``reps`` runs
+   each preceded by an L2 flush and timed with CUDA events; the median is kept. On the CPU
+   (``interpret``) the same loop uses ``time.perf_counter``.
 
 A candidate that fails to compile, is wrong, raises, or runs past ``run_timeout`` is recorded
 with its reason and the sweep goes on. A timed-out kernel cannot be killed from a thread: its
@@ -25,7 +25,6 @@ from __future__ import annotations
 import concurrent.futures as cf
 import math
 import os
-import statistics
 import threading
 import time
 import traceback
@@ -39,9 +38,9 @@ from ...codegen.compile import specialize
 from ...codegen.target import get_target
 from ...kernels_spec.registry import Spec
 from .space import Config
+from .timing import median_ms
 
 STATUSES = ("ok", "compiled", "pruned", "compile_error", "wrong", "timeout", "run_error")
-L2_FLUSH_BYTES = 256 * 1024 * 1024
 
 
 @dataclass
@@ -100,7 +99,6 @@ class Runner:
         self.inputs = spec.make_inputs(case, self.device if measure else torch.device("cpu"), seed)
         self.sig = spec.kernel.bind(self.inputs)
         self._expected: dict[str, torch.Tensor] | None = None
-        self._flush_buf: torch.Tensor | None = None
 
     # -- reference -----------------------------------------------------------------------------
     @property
@@ -206,28 +204,8 @@ class Runner:
 
     def _time(self, fn) -> float:
         tensors = self.inputs
-        for _ in range(self.warmup):
-            fn(tensors)
-        self._sync()
-        times = []
-        if self.device.type == "cuda":
-            if self.flush_l2 and self._flush_buf is None:
-                self._flush_buf = torch.empty(L2_FLUSH_BYTES // 4, dtype=torch.int32, device=self.device)
-            for _ in range(self.reps):
-                if self.flush_l2:
-                    self._flush_buf.zero_()
-                start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-                start.record()
-                fn(tensors)
-                end.record()
-                end.synchronize()
-                times.append(start.elapsed_time(end))
-        else:
-            for _ in range(self.reps):
-                t0 = time.perf_counter()
-                fn(tensors)
-                times.append((time.perf_counter() - t0) * 1e3)
-        return statistics.median(times)
+        return median_ms(lambda: fn(tensors), self.device, warmup=self.warmup, reps=self.reps,
+                         flush=self.flush_l2)
 
     def measure_one(self, c: Compiled) -> Trial:
         trial = Trial(c.config, "ok", compile_s=c.compile_s)

@@ -101,7 +101,7 @@ def test_cuda_knobs_that_cannot_change_a_kernel_are_left_out():
         module = spec.kernel.trace(sig.dtypes, sig.present)
         return set(ConfigSpace.from_kernel(spec.kernel, tgt, module=module).params) - set(spec.kernel.tunables)
 
-    assert knobs(gemm, fp8) == {"threads", "raster", "fp8_promote"}
+    assert knobs(gemm, fp8) == {"threads", "raster", "fp8_promote_k"}
     assert knobs(gemm, bf16) == {"threads", "raster"}
     assert knobs(fa, fa_sig) == {"threads", "raster", "overlap"}
     assert torch.is_tensor(gemm.meta_inputs({"M": 1, "N": 1, "K": 1})["a"])
