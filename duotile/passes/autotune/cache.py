@@ -15,6 +15,11 @@ The key holds everything that can make a tuned config wrong:
 A file that cannot be parsed, has another schema, or whose checksum does not match is reported
 (``TuningCache.problems`` and a warning), moved aside as ``*.corrupt-<time>`` and rebuilt empty:
 its entries are never trusted.
+
+Lookups (``best_config``) read the user's cache first, then the table shipped with duotile
+(``duotile/tuned/tuning.json``: sweeps measured on our H200, same format, read-only). Its keys
+hold the device name and toolchain versions, so it answers only on that GPU with those tools,
+and only while the kernel is unchanged; a damaged shipped table is reported and ignored.
 """
 
 from __future__ import annotations
@@ -32,6 +37,7 @@ from ...dsl.kernel import KernelDef
 from ...dsl.printer import canonical_text
 
 SCHEMA = 1
+SHIPPED = Path(__file__).resolve().parents[2] / "tuned" / "tuning.json"
 
 
 def cache_path(cache_dir: str | os.PathLike | None = None) -> Path:
@@ -98,8 +104,9 @@ def _checksum(entries: dict) -> str:
 
 
 class TuningCache:
-    def __init__(self, path: str | os.PathLike | None = None):
+    def __init__(self, path: str | os.PathLike | None = None, read_only: bool = False):
         self.path = Path(path) if path is not None else cache_path()
+        self.read_only = read_only
         self.problems: list[str] = []
         self.entries: dict[str, dict] = self._load()
 
@@ -123,6 +130,11 @@ class TuningCache:
             return {}
 
     def _quarantine(self, why: str) -> None:
+        if self.read_only:
+            msg = f"tuning table {self.path} is not trusted ({why}); ignoring it"
+            self.problems.append(msg)
+            warnings.warn(msg, stacklevel=3)
+            return
         aside = self.path.with_name(f"{self.path.name}.corrupt-{int(time.time() * 1000)}")
         try:
             os.replace(self.path, aside)
@@ -148,6 +160,8 @@ class TuningCache:
         return entry
 
     def save(self) -> None:
+        if self.read_only:
+            raise PermissionError(f"{self.path} is a read-only tuning table")
         self.path.parent.mkdir(parents=True, exist_ok=True)
         data = {"schema": SCHEMA, "checksum": _checksum(self.entries), "entries": self.entries}
         fd, tmp = tempfile.mkstemp(prefix=".tuning.", dir=self.path.parent)
@@ -158,11 +172,19 @@ class TuningCache:
 
 def best_config(kernel: KernelDef, target: str, shapes: dict[str, int], device: str | None = None, *,
                 dtypes: dict | None = None, present: dict | None = None, constants: dict | None = None,
-                cache_dir: str | os.PathLike | None = None, toolchain: dict[str, str] | None = None
-                ) -> dict[str, Any] | None:
-    """The tuned config for this call if the cache has one (what ``duotile build`` and the runtime use)."""
-    cache = TuningCache(cache_path(cache_dir))
-    if not cache.entries:
+                cache_dir: str | os.PathLike | None = None, toolchain: dict[str, str] | None = None,
+                shipped: str | os.PathLike | None = SHIPPED) -> dict[str, Any] | None:
+    """The tuned config for this call from the user's cache, else from the shipped table (what
+    ``duotile build`` and the runtime use); None when neither has one."""
+    caches = [TuningCache(cache_path(cache_dir))]
+    if shipped is not None and Path(shipped).exists():
+        caches.append(TuningCache(shipped, read_only=True))
+    caches = [c for c in caches if c.entries]
+    if not caches:
         return None
-    entry = cache.get(make_key(kernel, target, shapes, device, toolchain, dtypes, present, constants))
-    return dict(entry["config"]) if entry else None
+    key = make_key(kernel, target, shapes, device, toolchain, dtypes, present, constants)
+    for cache in caches:
+        entry = cache.get(key)
+        if entry:
+            return dict(entry["config"])
+    return None

@@ -51,6 +51,7 @@ class ConfigSpace:
     params: dict[str, Space]
     owners: dict[str, str] = field(default_factory=dict)  # name -> "kernel" | "target"
     pinned: dict[str, Any] = field(default_factory=dict)
+    start: dict[str, Any] = field(default_factory=dict)  # replaces defaults: where a search begins
 
     @classmethod
     def from_kernel(cls, kernel: KernelDef, target=None, pinned: dict[str, Any] | None = None,
@@ -85,7 +86,13 @@ class ConfigSpace:
             if not space.contains(value):
                 raise DslError(f"cannot pin {name}={value!r}: not one of {space.values()}")
             pinned[name] = value
-        return ConfigSpace(dict(self.params), dict(self.owners), pinned)
+        return ConfigSpace(dict(self.params), dict(self.owners), pinned, dict(self.start))
+
+    def starting_at(self, config: Config) -> ConfigSpace:
+        """A copy whose default is ``config`` where it names a parameter of this space (a build
+        case's own config: what is built without tuning, so what tuning must beat)."""
+        start = {k: v for k, v in config.items() if k in self.params and self.params[k].contains(v)}
+        return ConfigSpace(dict(self.params), dict(self.owners), dict(self.pinned), start)
 
     @property
     def free(self) -> list[str]:
@@ -93,7 +100,7 @@ class ConfigSpace:
 
     # -- the interface strategies use ---------------------------------------------------------
     def default(self) -> Config:
-        return {k: self.pinned.get(k, s.default) for k, s in self.params.items()}
+        return {k: self.pinned.get(k, self.start.get(k, s.default)) for k, s in self.params.items()}
 
     def sample(self, rng: random.Random) -> Config:
         return {k: self.pinned[k] if k in self.pinned else s.sample(rng) for k, s in self.params.items()}

@@ -82,7 +82,7 @@ def tune(spec: Spec, case: dict, target: str, *, budget: str = "default", strate
     runner = Runner(spec, case, target, device=device, seed=seed, measure=not model, **(runner_options or {}))
     sig = runner.sig
     traced = kernel.trace(sig.dtypes, sig.present, None, runner.constants)
-    space = ConfigSpace.from_kernel(kernel, tgt, pins, module=traced)
+    space = ConfigSpace.from_kernel(kernel, tgt, pins, module=traced).starting_at(spec.config_of(case, target))
     if kernel.batch_dim:
         check_batch_invariance(kernel, sig.dtypes, sig.present, runner.constants)
         notes.append(f"batch-invariant in {kernel.batch_dim}: reductions checked; the cached config "

@@ -85,3 +85,29 @@ def test_corrupt_or_stale_file_is_reported_and_rebuilt(tmp_path, damage):
     assert lookup(tmp_path) is None  # the bad file was moved aside: nothing is trusted
     put(tmp_path, config={"BN": 2})  # rebuilt: usable again
     assert lookup(tmp_path) == {"BN": 2}
+
+
+def test_shipped_table_answers_after_the_user_cache(tmp_path):
+    shipped_dir = tmp_path / "shipped"
+    put(shipped_dir, config={"BN": 2})
+    user = tmp_path / "user"
+    shipped = shipped_dir / "tuning.json"
+    find = lambda: best_config(k1, "sm90", {"N": 100, "D": 64}, "H200", cache_dir=user, toolchain=TC,
+                               shipped=shipped)
+    assert find() == {"BN": 2}  # nothing of the user's: the shipped table answers
+    put(user, config={"BN": 4})
+    assert find() == {"BN": 4}  # the user's own sweep wins
+    assert best_config(k1_edited, "sm90", {"N": 100, "D": 64}, "H200", cache_dir=tmp_path / "none",
+                       toolchain=TC, shipped=shipped) is None  # an edited kernel is not served stale
+
+
+def test_damaged_shipped_table_is_ignored_and_left_in_place(tmp_path):
+    put(tmp_path / "shipped")
+    shipped = tmp_path / "shipped" / "tuning.json"
+    shipped.write_text(shipped.read_text()[:40])
+    with pytest.warns(UserWarning, match="ignoring it"):
+        got = best_config(k1, "sm90", {"N": 100, "D": 64}, "H200", cache_dir=tmp_path / "user", toolchain=TC,
+                          shipped=shipped)
+    assert got is None and shipped.exists() and not list(shipped.parent.glob("*.corrupt-*"))
+    with pytest.warns(UserWarning, match="ignoring it"), pytest.raises(PermissionError):
+        TuningCache(shipped, read_only=True).save()

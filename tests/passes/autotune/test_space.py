@@ -105,3 +105,15 @@ def test_cuda_knobs_that_cannot_change_a_kernel_are_left_out():
     assert knobs(gemm, bf16) == {"threads", "raster"}
     assert knobs(fa, fa_sig) == {"threads", "raster", "overlap"}
     assert torch.is_tensor(gemm.meta_inputs({"M": 1, "N": 1, "K": 1})["a"])
+
+
+def test_a_start_config_moves_the_default_but_not_the_pins():
+    from duotile.kernels_spec import registry
+
+    space = ConfigSpace.from_kernel(registry.get("gemm").kernel, "sm90").pin(STAGES=4)
+    started = space.starting_at({"BN": 128, "BK": 128, "STAGES": 2, "raster": 16, "unknown": 1, "BM": 7})
+    d = started.default()
+    assert (d["BN"], d["BK"], d["raster"]) == (128, 128, 16)
+    assert d["STAGES"] == 4  # a pin outranks the start
+    assert d["BM"] == space.default()["BM"]  # 7 is not in BM's space: ignored
+    assert "unknown" not in d
