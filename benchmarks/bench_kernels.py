@@ -23,6 +23,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from benchmarks.common import MEASURED, PEAK, bench, copy_bandwidth, write_results  # noqa: E402
 from duotile import codegen  # noqa: E402
 from duotile.kernels_spec import get  # noqa: E402
+from duotile.passes.autotune.cache import best_config  # noqa: E402
 
 FP8 = {"BM": 128, "BN": 128, "BK": 128, "STAGES": 4, "raster": 16}
 SWEEP = {
@@ -34,11 +35,19 @@ SWEEP = {
     "rmsnorm": [{}, {"ROWS": 2, "threads": 512}],
 }
 SWEEP["attention_causal"] = SWEEP["attention"][:2]
+for _name in ("gemm_bf16", "gemm_fp8", "attention"):
+    SWEEP[_name].insert(1, None)  # the tuned config, as codegen.compile picks it
+
+
+def _tuned(spec, case, inputs) -> dict | None:
+    sig = spec.kernel.bind(inputs)
+    return best_config(spec.kernel, "sm90", sig.shapes, dtypes=sig.dtypes, present=sig.present,
+                       constants=spec.constants_of(case))
 
 
 def precompile(spec, case, configs, inputs) -> list:
-    """Build every config at once (each build runs TileLang and nvcc in a subprocess), so the timing
-    loop only loads; returns (kernel, build seconds) or the exception, per config."""
+    """Build every config at once on a thread pool (nvcc runs in subprocesses), so the timing loop
+    only loads; returns (kernel, build seconds) or the exception, per config."""
     def one(cfg):
         t0 = time.perf_counter()
         try:
@@ -69,9 +78,15 @@ def verified(spec, case, inputs):
 def time_configs(label, spec, case, configs, work, unit, peer_ms, peak):
     inputs = spec.make_inputs(case, torch.device("cuda"), 0)
     rows = []
-    full = [{**spec.config_of(case, "sm90"), **cfg} for cfg in configs]  # "default": what duotile build uses
-    for cfg, built in zip(configs, precompile(spec, case, full, inputs)):
-        row = {"kernel": label, "config": cfg or "default"}
+    # {}: the case's own config (what duotile build uses untuned); None: the tuned config that
+    # codegen.compile finds in the tuning cache or the shipped table (duotile/tuned/tuning.json)
+    tuned = _tuned(spec, case, inputs) if None in configs else None
+    if None in configs and tuned is None:
+        print(f"{label}: no tuned config for this device and toolchain; skipping the tuned row", flush=True)
+        configs = [c for c in configs if c is not None]
+    full = [tuned if cfg is None else {**spec.config_of(case, "sm90"), **cfg} for cfg in configs]
+    for cfg, run_cfg, built in zip(configs, full, precompile(spec, case, full, inputs)):
+        row = {"kernel": label, "config": f"tuned {run_cfg}" if cfg is None else (cfg or "default")}
         try:
             if isinstance(built, Exception):
                 raise built

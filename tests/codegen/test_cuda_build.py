@@ -106,3 +106,17 @@ def test_overlap_leaves_single_gemm_loops_alone():
     spec = load_all()["gemm"]
     r = build_case(spec, "bf16_8192", spec.build_cases["bf16_8192"], "sm90", config={"overlap": True})
     assert r.ok and "order=" not in r.artifact.stages["tilelang"]
+
+
+def test_row_split_accumulator_needs_16_rows_a_warp_on_sm90():
+    """Regression: BM=64 with 256 threads reached TileLang and failed there ("Layout infer
+    conflict"); the sm90 lowering now rejects it up front, naming the gemm's line."""
+    from duotile.codegen.compile import specialize
+    from duotile.dsl.errors import UnsupportedError
+
+    spec = load_all()["flash_attention"]
+    case = spec.build_cases["d128"]
+    sig = spec.kernel.bind(spec.meta_inputs(case))
+    with pytest.raises(UnsupportedError, match=r"flash_attention\.py:\d+.*64-row accumulator.*8 warps"):
+        specialize(spec.kernel, sig, "sm90", {"BM": 64, "threads": 256})
+    specialize(spec.kernel, sig, "sm90", {"BM": 64, "threads": 128})  # 4 warps x 16 rows: fine

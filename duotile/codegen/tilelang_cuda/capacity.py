@@ -1,4 +1,5 @@
-"""Static resource check for CUDA targets: shared memory per block and TMEM columns.
+"""Static resource check for CUDA targets: shared memory per block, TMEM columns, and on sm90 the
+warp layout of row-split (FullRow) wgmma accumulators.
 
 TileLang does not check shared memory (a 384 KiB kernel builds and fails only at launch), so
 every config is checked here first. Shared bytes: each shared tile, times the pipeline depth
@@ -7,7 +8,7 @@ when it is loaded inside a pipelined loop. TMEM: fp32 accumulator columns, 512 p
 
 from __future__ import annotations
 
-from ...dsl.errors import CapacityError
+from ...dsl.errors import CapacityError, UnsupportedError
 from ...dsl.ir import Module
 from .arch import Arch
 from .plan import make_plan
@@ -55,3 +56,20 @@ def check_capacity(module: Module, arch: Arch, knobs: dict) -> dict[str, int]:
         raise CapacityError(arch.name, "TMEM", use["tmem_columns"] * 128 * 4, arch.tmem_columns * 128 * 4,
                             detail + f"; {use['tmem_columns']} of {arch.tmem_columns} columns")
     return use
+
+
+def check_warp_rows(module: Module, arch: Arch, knobs: dict) -> None:
+    """On sm90 an accumulator that vector code reads row-wise is split by rows over every warp
+    (TileLang's FullRow policy), 16 rows a warp; a tile with fewer rows than that cannot be laid
+    out (TileLang fails late with "Layout infer conflict")."""
+    if arch.has_tmem:
+        return
+    plan = make_plan(module, arch)
+    warps = int(knobs.get("threads", 128)) // 32
+    for op in module.walk():
+        if op.name == "gemm" and op.args[2].id in plan.full_row:
+            rows = int(op.args[2].type.shape[0])
+            if rows % (16 * warps):
+                raise UnsupportedError(f"{arch.name}: a {rows}-row accumulator read row-wise cannot be split over "
+                                       f"{warps} warps (16 rows each); use threads of at most {max(128, rows * 2)} or a taller tile "
+                                       f"(config {module.config})", op.loc)

@@ -14,7 +14,7 @@ from ...passes.fuse_elementwise import fuse_elementwise
 from ..target import Artifact, Target, register_target
 from . import toolchain
 from .arch import SM90, SM100, Arch
-from .capacity import check_capacity
+from .capacity import check_capacity, check_warp_rows
 from .emit import emit_module
 
 
@@ -50,6 +50,7 @@ class TileLangCuda(Target):
         # accumulator and vector tiles are both register fragments here, so copies between them can go
         module = forward_copies(fold_bounds(fuse_elementwise(module)))
         check_capacity(module, self.arch, knobs)
+        check_warp_rows(module, self.arch, knobs)
         return module
 
     def generate(self, module: Module, knobs: dict[str, Any]) -> Artifact:
