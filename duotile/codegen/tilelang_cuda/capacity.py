@@ -70,6 +70,6 @@ def check_warp_rows(module: Module, arch: Arch, knobs: dict) -> None:
         if op.name == "gemm" and op.args[2].id in plan.full_row:
             rows = int(op.args[2].type.shape[0])
             if rows % (16 * warps):
+                fix = f"use threads of at most {max(128, rows * 2)} or a taller tile"
                 raise UnsupportedError(f"{arch.name}: a {rows}-row accumulator read row-wise cannot be split over "
-                                       f"{warps} warps (16 rows each); use threads of at most {max(128, rows * 2)} or a taller tile "
-                                       f"(config {module.config})", op.loc)
+                                       f"{warps} warps (16 rows each); {fix} (config {module.config})", op.loc)
