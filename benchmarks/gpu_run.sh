@@ -16,7 +16,8 @@ log="$WORK/$phase.log"
 { nvidia-smi --query-gpu=name,clocks.sm,clocks.mem --format=csv
   python3 -c "import torch, tilelang; print('torch', torch.__version__, 'tilelang', tilelang.__version__)"; } >"$log"
 case "$phase" in
-  tests) timeout "$limit" python3 -m pytest -m gpu tests -q --timeout 300 -p no:cacheprovider >>"$log" 2>&1 ;;
+  tests) par=$(python3 -c "import xdist" 2>/dev/null && echo "-n 4")  # builds dominate: run four at once
+         timeout "$limit" python3 -m pytest -m gpu tests -q --timeout 300 -p no:cacheprovider $par >>"$log" 2>&1 ;;
   bench) timeout "$limit" python3 benchmarks/bench_kernels.py --sweep "$@" 2>&1 | grep -v "TileLang:" >>"$log"
          cp benchmarks/results/kernels_sm90.* "$WORK/" 2>/dev/null ;;
   tune)  timeout "$limit" python3 benchmarks/tune_sweep.py --budget quick --cache-dir "$WORK" --out "$WORK" \
