@@ -43,6 +43,7 @@ from ...dsl.ir import Module, Op, Role, Value
 from ...dsl.kernel import KernelDef, Signature
 from ..bind_shapes import bind_shapes
 from ..fuse_elementwise import fuse_elementwise
+from ..rewrite import Rewriter
 
 KiB = 1024
 
@@ -293,11 +294,11 @@ class Constraints:
         self.owners = owners or {}
         self._cache: dict[tuple, Verdict] = {}
 
-    def module(self, config: dict[str, Any]) -> Module:
-        """The traced, bound and fused module of a config (what the estimator reads)."""
+    def bound(self, config: dict[str, Any]) -> Module:
+        """The traced module of a config with its shapes bound: the one trace every check reads."""
         kern = {k: v for k, v in config.items() if k in self.kernel.tunables}
-        m = self.kernel.trace(self.sig.dtypes, self.sig.present, kern, self.constants)
-        return fuse_elementwise(bind_shapes(m, self.sig.shapes))
+        return bind_shapes(self.kernel.trace(self.sig.dtypes, self.sig.present, kern, self.constants),
+                           self.sig.shapes)
 
     def check(self, config: dict[str, Any]) -> Verdict:
         key = tuple(sorted((k, repr(v)) for k, v in config.items()))
@@ -309,9 +310,11 @@ class Constraints:
         values = {**self.sig.shapes, **config}
         reasons = [f"violates {r.text}" for r in self.relations if not r(values)]
         try:
-            module = self.module(config)
+            bound = self.bound(config)
         except DslError as err:
             return Verdict(False, reasons + [f"does not trace: {err}"])
+        # the estimator reads a fused copy; `bound` itself is left for the target's own pipeline
+        module = fuse_elementwise(Rewriter().module(bound))
         usage = estimate_usage(module)
         knobs = {k: v for k, v in config.items() if k not in self.kernel.tunables}
         limits = MEMORY_MODELS.get(self.target, lambda u, k: [])(usage, knobs)
@@ -320,19 +323,17 @@ class Constraints:
         exempt = {self.kernel.batch_dim} if self.kernel.batch_dim else set()
         reasons += waste_reasons(module, exempt)
         if not reasons:
-            reasons += self._target_capacity(config, knobs)
+            reasons += self._target_capacity(bound, knobs)
         return Verdict(not reasons, reasons, {lim.memory: int(lim.needed) for lim in limits}, module)
 
-    def _target_capacity(self, config: dict[str, Any], knobs: dict[str, Any]) -> list[str]:
+    def _target_capacity(self, bound: Module, knobs: dict[str, Any]) -> list[str]:
         """The target's own pipeline and capacity model (what its build would reject), still before
-        any compiler runs: the estimator above is a quick filter, the target's check is the law."""
+        any compiler runs: the estimator above is a quick filter, the target's check is the law.
+        ``tgt.lower`` may rewrite ``bound`` in place."""
         from ...codegen.target import get_target
         from ...dsl.errors import CapacityError, UnsupportedError
 
         tgt = get_target(self.target)
-        kern = {k: v for k, v in config.items() if k in self.kernel.tunables}
-        bound = bind_shapes(self.kernel.trace(self.sig.dtypes, self.sig.present, kern, self.constants),
-                            self.sig.shapes)
         try:
             tgt.lower(bound, {**tgt.default_knobs(), **knobs})
         except CapacityError as err:
