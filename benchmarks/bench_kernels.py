@@ -10,6 +10,7 @@ Every timed config is first checked against the reference on the same inputs.
 from __future__ import annotations
 
 import argparse
+import statistics
 import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -37,6 +38,19 @@ SWEEP = {
 SWEEP["attention_causal"] = SWEEP["attention"][:2]
 for _name in ("gemm_bf16", "gemm_fp8", "attention"):
     SWEEP[_name].insert(1, None)  # the tuned config, as codegen.compile picks it
+
+
+def paired(peer_fn, fn, rounds: int = 5) -> tuple[float, float, float, str]:
+    """Peer and candidate timed in alternation, ``rounds`` times (10 timed calls each, after the
+    warm-up): (median peer ms, median candidate ms, median of the per-round ratios, their range).
+    Clocks and temperature drift over a run; a ratio of neighbouring timings cancels most of it."""
+    peers, mine = [], []
+    for _ in range(rounds):
+        peers.append(bench(peer_fn, reps=10))
+        mine.append(bench(fn, reps=10))
+    ratios = sorted(p / m for p, m in zip(peers, mine))
+    return statistics.median(peers), statistics.median(mine), statistics.median(ratios), \
+        f"{ratios[0]:.3f}-{ratios[-1]:.3f}"
 
 
 def _tuned(spec, case, inputs) -> dict | None:
@@ -76,8 +90,8 @@ def verified(spec, case, inputs):
 
 
 def time_configs(label, spec, case, configs, work, unit, peer_fn, peak):
-    """Verify, then time each config; the peer is timed again right before every candidate, so
-    their ratio is taken under the same clocks and temperature (these drift between rows)."""
+    """Verify, then time each config in alternation with the peer (``paired``), so the ratio is
+    taken under the same clocks and temperature (these drift between rows)."""
     inputs = spec.make_inputs(case, torch.device("cuda"), 0)
     rows = []
     # {}: the case's own config (what duotile build uses untuned); None: the tuned config that
@@ -100,11 +114,11 @@ def time_configs(label, spec, case, configs, work, unit, peer_fn, peak):
                 row.update(status=f"WRONG ({why})")
                 rows.append(row)
                 continue
-            peer_ms = bench(peer_fn)
-            ms = bench(lambda k=k: k(**inputs))
+            peer_ms, ms, ratio, spread = paired(peer_fn, lambda k=k: k(**inputs))
             rate = work / (ms * 1e-3) / 1e12
             row.update(status="ok", ms=round(ms, 4), **{unit: round(rate, 1)}, roofline=f"{rate / peak:.0%}",
-                       peer_ms=round(peer_ms, 4), vs_peer=round(peer_ms / ms, 3), compile_s=round(compile_s, 1))
+                       peer_ms=round(peer_ms, 4), vs_peer=round(ratio, 3), spread=spread,
+                       compile_s=round(compile_s, 1))
         except Exception as err:  # keep sweeping
             row.update(status=f"FAIL {type(err).__name__}: {str(err)[:160]}")
         rows.append(row)
@@ -195,7 +209,7 @@ def main(argv=None):
         rows += fns[name](args.sweep)
     print(f"measured ceilings from the brief: {MEASURED}")
     write_results("kernels_sm90", rows, ["kernel", "config", "status", "ms", "TFLOP/s", "TB/s", "roofline",
-                                         "peer_ms", "vs_peer", "vs_copy", "compile_s", "error"])
+                                         "peer_ms", "vs_peer", "spread", "vs_copy", "compile_s", "error"])
 
 
 if __name__ == "__main__":
