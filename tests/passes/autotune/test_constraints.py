@@ -84,3 +84,24 @@ def test_the_targets_own_capacity_model_has_the_last_word(monkeypatch):
     verdict = Constraints(spec.kernel, sig, "interpret").check({"ROWS": 1})
     assert not verdict.ok
     assert any("L0C: needs 600.0 KiB > capacity 256.0 KiB" in r for r in verdict.reasons)
+
+
+def test_one_trace_per_config_serves_the_estimator_and_the_targets_check(monkeypatch):
+    from duotile.codegen.target import get_target
+
+    c = gemm_constraints("sm90")
+    calls = {"trace": 0, "lower": 0}
+
+    def counting(name, fn):
+        def wrapper(*args, **kwargs):
+            calls[name] += 1
+            return fn(*args, **kwargs)
+        return wrapper
+
+    monkeypatch.setattr(c.kernel, "trace", counting("trace", c.kernel.trace))
+    target = get_target("sm90")
+    monkeypatch.setattr(target, "lower", counting("lower", target.lower))
+    assert c.check({"BM": 128, "BN": 128, "BK": 64, "STAGES": 3}).ok  # estimator, then the target's check
+    assert calls == {"trace": 1, "lower": 1}
+    assert not c.check({"BM": 256, "BN": 256, "BK": 128, "STAGES": 5}).ok  # pruned by the estimator
+    assert calls == {"trace": 2, "lower": 1}
