@@ -81,10 +81,11 @@ def tune(spec: Spec, case: dict, target: str, *, budget: str = "default", strate
     model = target in MODEL_TARGETS
     runner = Runner(spec, case, target, device=device, seed=seed, measure=not model, **(runner_options or {}))
     sig = runner.sig
-    traced = kernel.trace(sig.dtypes, sig.present, None, runner.constants)
+    # traces the kernel; a batch-invariant one whose reduction order could change with the batch
+    # size fails here, once, before any candidate compiles (every build checks it again, in specialize)
+    traced = check_batch_invariance(kernel, sig.dtypes, sig.present, runner.constants)
     space = ConfigSpace.from_kernel(kernel, tgt, pins, module=traced).starting_at(spec.config_of(case, target))
     if kernel.batch_dim:
-        check_batch_invariance(kernel, sig.dtypes, sig.present, runner.constants)
         notes.append(f"batch-invariant in {kernel.batch_dim}: reductions checked; the cached config "
                      f"serves every {kernel.batch_dim}")
     cons = Constraints(kernel, sig, target, runner.constants, relations, space.owners)

@@ -9,7 +9,7 @@ from duotile.passes.autotune.cache import best_config
 from duotile.passes.autotune.runner import Runner
 from duotile.passes.autotune.tuner import tune
 
-from .kernels import SCALE_SPEC
+from .kernels import COL_SUM_SPEC, SCALE_SPEC
 
 CASE = {"N": 16, "D": 8}
 GOOD = {"BN": 4, "SKIP": False, "MODE": "plain"}
@@ -70,6 +70,29 @@ def test_tune_end_to_end_on_the_interpreter(tmp_path):
     assert json.loads(js.read_text())["counts"] == counts
     png = report.plot(result, tmp_path / "r.png")
     assert png.read_bytes()[:4] == b"\x89PNG"
+
+
+def test_tune_rejects_a_batch_dependent_reduction_before_compiling_anything(tmp_path, monkeypatch):
+    import pytest
+
+    from duotile.dsl.errors import DslError
+    from duotile.passes.autotune import runner
+
+    def no_build(*args, **kwargs):
+        raise AssertionError("a candidate was compiled")
+
+    monkeypatch.setattr(runner, "specialize", no_build)
+    with pytest.raises(DslError, match="batch-invariant in N, but tunable 'BN'"):
+        tune(COL_SUM_SPEC, {"N": 16, "D": 8}, "interpret", budget="quick", cache_dir=tmp_path, progress=False)
+
+
+def test_tune_notes_that_a_batch_invariant_kernel_was_checked(tmp_path):
+    from duotile.kernels_spec import registry
+
+    result = tune(registry.get("rmsnorm"), {"T": 3, "D": 64}, "interpret", budget="quick", pins={"ROWS": 2},
+                  cache_dir=tmp_path, progress=False, runner_options={"reps": 1, "warmup": 0})
+    assert result.best.config == {"ROWS": 2}
+    assert any(n.startswith("batch-invariant in T: reductions checked") for n in result.notes)
 
 
 def test_cli_tune_writes_report_plot_and_cache(tmp_path, capsys):
