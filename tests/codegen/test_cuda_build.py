@@ -120,3 +120,18 @@ def test_row_split_accumulator_needs_16_rows_a_warp_on_sm90():
     with pytest.raises(UnsupportedError, match=r"flash_attention\.py:\d+.*64-row accumulator.*8 warps"):
         specialize(spec.kernel, sig, "sm90", {"BM": 64, "threads": 256})
     specialize(spec.kernel, sig, "sm90", {"BM": 64, "threads": 128})  # 4 warps x 16 rows: fine
+
+
+def test_warp_specialize_knob_switches_tilelangs_producer_warp_group_on_sm90():
+    """The knob travels in the generated file (PASS_CONFIGS), so the build and the GPU launcher
+    lower the same kernel: with it off, every warp issues cp.async and no register split exists."""
+    spec = load_all()["gemm"]
+    case = spec.build_cases["bf16_8192"]
+    off = build_case(spec, "bf16_8192", case, "sm90", config={"warp_specialize": False})
+    assert off.ok, off.error
+    assert "PASS_CONFIGS = {'tl.disable_warp_specialized': True}" in off.artifact.stages["tilelang"]
+    assert "cp_async" in off.artifact.stages["cuda"] and "warpgroup_reg_alloc" not in off.artifact.stages["cuda"]
+    on = build_case(spec, "bf16_8192", case, "sm90", config={"warp_specialize": True})
+    assert on.ok, on.error
+    assert "PASS_CONFIGS" not in on.artifact.stages["tilelang"]
+    assert "warpgroup_reg_alloc" in on.artifact.stages["cuda"]

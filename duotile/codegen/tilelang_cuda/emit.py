@@ -93,7 +93,8 @@ def emit_module(module: Module, arch: Arch, knobs: dict) -> str:
     swizzle = int(knobs.get("raster", 0) or 0)
     targets = ", ".join(names) + ("," if len(names) == 1 else "")
     head = [f"with T.Kernel({', '.join(extents)}, threads={knobs['threads']}) as ({targets}):"]
-    return e.src.render(module, arch.name, params, head, swizzle)
+    configs = {} if knobs.get("warp_specialize", True) else {"tl.disable_warp_specialized": True}
+    return e.src.render(module, arch.name, params, head, swizzle, configs)
 
 
 def present_params(module: Module) -> set[str]:

@@ -24,9 +24,9 @@ def make_launcher(artifact: Artifact, module: Module, arch: Arch):
     from tilelang import tvm
 
     path = Path(artifact.meta["dir"]) / "kernel_tilelang.py"
-    prim = toolchain.load_prim_func(str(path), artifact.meta["entry"])
+    prim, configs = toolchain.load_generated(str(path), artifact.meta["entry"])
     target = tvm.target.Target({"kind": "cuda", "arch": arch.sm})
-    jit = tilelang.compile(prim, target=target, pass_configs=toolchain.PASS_CONFIGS)
+    jit = tilelang.compile(prim, target=target, pass_configs=configs)
     present = present_params(module)
     used = [p.name for p in module.params if p.name in present]  # the prim_func's argument order
 

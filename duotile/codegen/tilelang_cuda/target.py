@@ -33,14 +33,19 @@ class TileLangCuda(Target):
             self.knobs["fp8_promote_k"] = choice(128, 256, 512, 0)
             # overlap: run a dependent second gemm one iteration behind (FA3's schedule), see overlap.py
             self.knobs["overlap"] = choice(False, True)
+            # warp_specialize: TileLang's producer warp group issuing TMA for a pipelined loop (True), or
+            # every warp loading and computing (False: pass config tl.disable_warp_specialized)
+            self.knobs["warp_specialize"] = choice(True, False)
 
     def knobs_for(self, module: Module) -> dict:
-        """fp8_promote_k only matters with an fp8 gemm, overlap only with two gemms in a pipelined loop."""
+        """fp8_promote_k only matters with an fp8 gemm, overlap only with two gemms in a pipelined loop,
+        warp_specialize only with a pipelined loop."""
         ops = list(module.walk())
         fp8 = any(op.name == "gemm" and op.args[0].type.dtype.bits == 8 for op in ops)
-        two_gemm_loop = any(op.name == "for" and op.attrs.get("stages")
-                            and sum(o.name == "gemm" for o in op.regions[0].ops) >= 2 for op in ops)
-        drop = ({"fp8_promote_k"} if not fp8 else set()) | ({"overlap"} if not two_gemm_loop else set())
+        pipelined = [op for op in ops if op.name == "for" and op.attrs.get("stages")]
+        two_gemm_loop = any(sum(o.name == "gemm" for o in op.regions[0].ops) >= 2 for op in pipelined)
+        drop = ({"fp8_promote_k"} if not fp8 else set()) | ({"overlap"} if not two_gemm_loop else set()) \
+            | ({"warp_specialize"} if not pipelined else set())
         return {k: s for k, s in self.knobs.items() if k not in drop}
 
     def toolchain(self) -> dict[str, str]:
@@ -65,8 +70,8 @@ class TileLangCuda(Target):
         py = work / "kernel_tilelang.py"
         py.write_text(artifact.stages["tilelang"])
         t0 = time.perf_counter()
-        prim = toolchain.load_prim_func(str(py), artifact.meta["entry"])
-        cuda = toolchain.lower_to_cuda(prim, self.arch.sm)
+        prim, configs = toolchain.load_generated(str(py), artifact.meta["entry"])
+        cuda = toolchain.lower_to_cuda(prim, self.arch.sm, configs)
         artifact.timings["tilelang_lower"] = time.perf_counter() - t0
         artifact.stages["cuda"] = cuda
         cu = work / "kernel.cu"

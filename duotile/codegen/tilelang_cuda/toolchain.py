@@ -35,22 +35,23 @@ def nvcc_version() -> str:
     return m.group(2) if m else out.strip().splitlines()[-1]
 
 
-def load_prim_func(path: str, name: str):
-    """Import a generated file (TileLang parses real source files) and return its prim_func."""
+def load_generated(path: str, name: str) -> tuple[object, dict]:
+    """Import a generated file (TileLang parses real source files): its prim_func, and the TileLang
+    pass options it asks for (a module-level ``PASS_CONFIGS``) over ours."""
     digest = hashlib.sha1(path.encode()).hexdigest()[:10]
     spec = importlib.util.spec_from_file_location(f"duotile_gen_{digest}", path)
     module = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = module
     spec.loader.exec_module(module)
-    return getattr(module, name)
+    return getattr(module, name), {**PASS_CONFIGS, **getattr(module, "PASS_CONFIGS", {})}
 
 
-def lower_to_cuda(prim_func, sm: str) -> str:
+def lower_to_cuda(prim_func, sm: str, configs: dict | None = None) -> str:
     import tilelang
     from tilelang import tvm
 
     tgt = tvm.target.Target({"kind": "cuda", "arch": sm})
-    with tilelang.transform.PassContext(opt_level=3, config=PASS_CONFIGS), tgt:
+    with tilelang.transform.PassContext(opt_level=3, config=configs or PASS_CONFIGS), tgt:
         artifact = tilelang.lower(prim_func, target=tgt, enable_device_compile=False)
     return artifact.kernel_source
 

@@ -101,9 +101,12 @@ def test_cuda_knobs_that_cannot_change_a_kernel_are_left_out():
         module = spec.kernel.trace(sig.dtypes, sig.present)
         return set(ConfigSpace.from_kernel(spec.kernel, tgt, module=module).params) - set(spec.kernel.tunables)
 
-    assert knobs(gemm, fp8) == {"threads", "raster", "fp8_promote_k"}
-    assert knobs(gemm, bf16) == {"threads", "raster"}
-    assert knobs(fa, fa_sig) == {"threads", "raster", "overlap"}
+    assert knobs(gemm, fp8) == {"threads", "raster", "fp8_promote_k", "warp_specialize"}
+    assert knobs(gemm, bf16) == {"threads", "raster", "warp_specialize"}
+    assert knobs(fa, fa_sig) == {"threads", "raster", "overlap", "warp_specialize"}
+    norm = registry.get("rmsnorm")  # no pipelined loop: nothing to specialise warps for
+    norm_sig = norm.kernel.bind(norm.meta_inputs({"T": 4, "D": 64}))
+    assert knobs(norm, norm_sig) == {"threads", "raster"}
     assert torch.is_tensor(gemm.meta_inputs({"M": 1, "N": 1, "K": 1})["a"])
 
 
