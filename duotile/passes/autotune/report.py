@@ -21,9 +21,9 @@ def summary(r: TuneResult) -> str:
     if r.metric == "model":
         lines.append("  NOTE: times are an analytical cost model's ranking, not a measurement")
     rows = [("best config", _fmt_cfg(r.best.config) if r.best else "none (no candidate passed)"),
-            (f"best time ({unit})", f"{r.best.time_ms:.4g} ms" if r.best else "-"),
+            (f"best time ({unit})", f"{r.best.final_ms:.4g} ms" if r.best else "-"),
             ("default config", _fmt_cfg(r.default.config) if r.default else "-"),
-            (f"default time ({unit})", f"{r.default.time_ms:.4g} ms" if r.default and r.default.counts
+            (f"default time ({unit})", f"{r.default.final_ms:.4g} ms" if r.default and r.default.counts
              else (r.default.status if r.default else "-")),
             ("speed-up over default", f"{r.speedup:.3f}x" if r.speedup else "-"),
             ("candidates ok", str(c.get("ok", 0) + c.get("compiled", 0))),

@@ -55,15 +55,22 @@ class Trial:
     usage: dict[str, int] = field(default_factory=dict)
     index: int = -1
     is_default: bool = False
+    confirmed_ms: float | None = None  # median over the finalists' alternating re-timing rounds
 
     @property
     def counts(self) -> bool:
         return self.status in ("ok", "compiled") and self.time_ms is not None
 
+    @property
+    def final_ms(self) -> float | None:
+        """The time a ranking should use: the confirmed one when the trial was a finalist."""
+        return self.confirmed_ms if self.confirmed_ms is not None else self.time_ms
+
     def to_json(self) -> dict[str, Any]:
         return {"index": self.index, "config": self.config, "status": self.status, "reason": self.reason,
                 "time_ms": self.time_ms, "metric": self.metric, "compile_s": self.compile_s,
-                "max_error": self.max_error, "usage": self.usage, "is_default": self.is_default}
+                "max_error": self.max_error, "usage": self.usage, "is_default": self.is_default,
+                "confirmed_ms": self.confirmed_ms}
 
 
 def first_line(err: BaseException) -> str:
@@ -235,6 +242,20 @@ class Runner:
         except Exception as err:  # noqa: BLE001
             trial.status, trial.reason = "run_error", first_line(err)
         return trial
+
+    def retime(self, configs: list[Config], rounds: int = 3) -> list[list[float]]:
+        """Time already verified configs again, in alternation (A B C, A B C, ...), ``rounds`` times:
+        clocks and temperature drift during a sweep, so finalists are compared side by side."""
+        fns = []
+        for item in self.compile(configs):  # artifact cache hits
+            if isinstance(item, Trial):
+                raise RuntimeError(f"a finalist no longer builds: {item.reason}")
+            fns.append(self.target.load(item.artifact, item.module))
+        times: list[list[float]] = [[] for _ in configs]
+        for _ in range(rounds):
+            for i, fn in enumerate(fns):
+                times[i].append(self._with_timeout(lambda fn=fn: self._time(fn), self.run_timeout))
+        return times
 
     def evaluate(self, configs: list[Config]) -> list[Trial]:
         out = []

@@ -11,6 +11,7 @@ and compiled best-first; only those that compile are kept, and the result says
 from __future__ import annotations
 
 import random
+import statistics
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -54,8 +55,8 @@ class TuneResult:
 
     @property
     def speedup(self) -> float | None:
-        if self.best and self.default and self.default.counts and self.best.time_ms:
-            return self.default.time_ms / self.best.time_ms
+        if self.best and self.default and self.default.counts and self.best.final_ms:
+            return self.default.final_ms / self.best.final_ms
         return None
 
 
@@ -72,7 +73,9 @@ def tune(spec: Spec, case: dict, target: str, *, budget: str = "default", strate
          pins: dict[str, Any] | None = None, device: str | None = None, seed: int = 0,
          relations: list[str] = (), cache_dir: str | None = None, write_cache: bool = True,
          progress: bool = True, runner_options: dict | None = None,
-         on_trial: Callable[[Trial], None] | None = None) -> TuneResult:
+         on_trial: Callable[[Trial], None] | None = None, finalists: int = 3, rounds: int = 3) -> TuneResult:
+    """``finalists`` of the fastest measured candidates (and the default) are re-timed side by
+    side, ``rounds`` times, before the best is chosen (``confirm``); 0 skips that."""
     t_start = time.monotonic()
     kernel = spec.kernel
     bud = get_budget(budget)
@@ -136,8 +139,11 @@ def tune(spec: Spec, case: dict, target: str, *, budget: str = "default", strate
         bar.close()
 
     good = [t for t in trials if t.counts]
-    best = min(good, key=lambda t: t.time_ms) if good else None
     dflt = next((t for t in trials if t.is_default), None)
+    if not model and finalists and len(good) > 1:
+        notes.append(confirm(runner, good, dflt, finalists, rounds))
+        good = [t for t in good if t.confirmed_ms is not None]  # the best is a finalist
+    best = min(good, key=lambda t: t.final_ms) if good else None
     dev = tcache.device_name(target)
     result = TuneResult(kernel.name, target, dict(case), dict(sig.shapes), "model" if model else "measured",
                         trials, dflt, best, space.size, bud.name, strategy_used, time.monotonic() - t_start,
@@ -147,10 +153,24 @@ def tune(spec: Spec, case: dict, target: str, *, budget: str = "default", strate
                               runner.constants)
         cache = tcache.TuningCache(tcache.cache_path(cache_dir))
         notes.extend(cache.problems)
-        cache.put(key, best.config, time_ms=best.time_ms, metric=result.metric,
-                  default_time_ms=dflt.time_ms if dflt and dflt.counts else None, shapes=sig.shapes,
+        cache.put(key, best.config, time_ms=best.final_ms, metric=result.metric,
+                  default_time_ms=dflt.final_ms if dflt and dflt.counts else None, shapes=sig.shapes,
                   case={k: v for k, v in case.items()})
     return result
+
+
+def confirm(runner: Runner, good: list[Trial], default: Trial | None, finalists: int, rounds: int) -> str:
+    """Re-time the fastest ``finalists`` (and the default) in alternating rounds and record each
+    one's median as ``confirmed_ms``: single timings taken minutes apart drift with the GPU's
+    clocks and temperature, enough to reorder configs a few percent apart."""
+    chosen = sorted(good, key=lambda t: t.time_ms)[:finalists]
+    if default is not None and default.counts and default not in chosen:
+        chosen.append(default)
+    times = runner.retime([t.config for t in chosen], rounds)
+    for trial, ts in zip(chosen, times):
+        trial.confirmed_ms = statistics.median(ts)
+    return (f"best chosen after re-timing {len(chosen)} finalists side by side, {rounds} rounds "
+            f"(confirmed_ms in the report)")
 
 
 def _model_sweep(space, cons, runner, bud, seed, feasible, record):

@@ -128,3 +128,32 @@ def test_cuda_target_runner_builds_without_a_gpu():
         return
     runner = Runner(get("rmsnorm"), {"T": 4, "D": 64}, "sm100", measure=False)
     assert runner.device.type == "cuda" and runner.device.index is None
+
+
+def test_finalists_are_retimed_side_by_side_and_the_confirmed_best_wins(tmp_path, monkeypatch):
+    """A candidate that was lucky in its single sweep timing loses once the finalists are re-timed
+    together: the best is chosen by the confirmed (median of alternating rounds) time."""
+    calls = []
+
+    def retime(self, configs, rounds=3):
+        calls.append((len(configs), rounds))
+        # the search's fastest finalist turns out slowest when timed beside the others
+        return [[10.0 + i] * rounds if i == 0 else [1.0 + i] * rounds for i in range(len(configs))]
+
+    monkeypatch.setattr(Runner, "retime", retime)
+    result = tune(SCALE_SPEC, CASE, "interpret", budget="quick", strategy="exhaustive", cache_dir=tmp_path,
+                  progress=False, runner_options={"reps": 1, "warmup": 0, "workers": 2})
+    finalists = [t for t in result.trials if t.confirmed_ms is not None]
+    assert calls and calls[0][1] == 3 and len(finalists) == calls[0][0] >= 3
+    fastest_in_search = min((t for t in result.trials if t.counts), key=lambda t: t.time_ms)
+    assert fastest_in_search.confirmed_ms == 10.0 and result.best is not fastest_in_search
+    assert result.best.confirmed_ms == 2.0 and result.best.final_ms == 2.0
+    assert any("re-timing" in n for n in result.notes)
+
+
+def test_retime_runs_real_candidates_on_the_interpreter():
+    runner = Runner(SCALE_SPEC, CASE, "interpret", reps=1, warmup=0, workers=1)
+    ok = [GOOD, {**GOOD, "BN": 2}]
+    assert [t.status for t in runner.evaluate(ok)] == ["ok", "ok"]
+    times = runner.retime(ok, rounds=2)
+    assert len(times) == 2 and all(len(ts) == 2 and all(x > 0 for x in ts) for ts in times)
