@@ -68,6 +68,13 @@ class Target:
     def default_knobs(self) -> dict[str, Any]:
         return {k: s.default for k, s in self.knobs.items()}
 
+    # what the autotuner's quick filter asks of a target (passes/autotune/usage.py)
+    mma_atom: tuple[int, int, int] | None = None  # (M, N, K bytes) one MMA instruction covers
+
+    def tuning_limits(self, usage, knobs: dict[str, Any]) -> list:
+        """``Limit``s of a config's estimated ``TileUsage``: its memories and register budget."""
+        return []
+
 
 def register_target(target: Target) -> Target:
     unknown = set(target.knobs) - KNOB_NAMES

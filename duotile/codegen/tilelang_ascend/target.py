@@ -24,6 +24,12 @@ class AscendTarget(Target):
     name = "ascend950"
     stages = ("ir", "tilelang", "ascend")
     knobs = {"cores": choice(32, 24, 16), "threads": choice(128, 256, 64)}
+    mma_atom = (16, 16, 32)  # the cube's 16 x 16 fractals, 32 bytes of K
+
+    def tuning_limits(self, usage, knobs):
+        from .tuning import ascend_limits
+
+        return ascend_limits(usage, knobs)
 
     def lower(self, module: Module, knobs) -> Module:
         module = fold_bounds(fuse_elementwise(module))

@@ -48,6 +48,15 @@ class TileLangCuda(Target):
             | ({"warp_specialize"} if not pipelined else set())
         return {k: s for k, s in self.knobs.items() if k not in drop}
 
+    @property
+    def mma_atom(self) -> tuple[int, int, int]:
+        return self.arch.mma_atom
+
+    def tuning_limits(self, usage, knobs):
+        from .tuning import cuda_limits
+
+        return cuda_limits(self.arch, usage, knobs)
+
     def toolchain(self) -> dict[str, str]:
         return {"tilelang": toolchain.tilelang_version(), "nvcc": toolchain.nvcc_version()}
 

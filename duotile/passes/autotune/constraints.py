@@ -4,33 +4,25 @@ A config is traced, its shapes bound (``bind_shapes``) and its elementwise chain
 (``fuse_elementwise``, as the targets do), and then three kinds of rules are checked, each
 written over the Tile IR, never over a kernel's name or its tunables' names:
 
-- **capacity**: a generic estimator walks the IR, tracks which tiles are live at once and
-  sums their bytes by role (operands multiplied by the stages of the pipelined loop that loads
-  them); each target's memory model maps roles to its memories and compares with sympy:
-
-  ======== ===========================================================================
-  sm90     shared memory 227 KiB per CTA; registers 255 per thread, 64K x 32-bit per SM
-  sm100    as sm90, plus tensor memory 512 columns x 128 lanes x 32-bit (accumulators)
-  ascend950 UB 248 KiB (216 KiB with a SIMT vector region), L1 512 KiB, L0A / L0B 64 KiB,
-           L0C 256 KiB
-  ======== ===========================================================================
-
+- **capacity**: a generic estimator (``usage.py``) walks the IR, tracks which tiles are live
+  at once and sums their bytes by role (operands multiplied by the stages of the pipelined
+  loop that loads them); each target maps that to its own memories and register budget
+  (``Target.tuning_limits``: shared memory, registers and TMEM on sm90 / sm100; UB, L1,
+  L0A / L0B and L0C on ascend950) and compares with sympy. A config that passes is then put
+  through the target's own ``lower`` and build-time capacity check, which has the last word.
 - **instruction shapes**: every ``gemm`` tile is a multiple of the target's MMA atom
-  (wgmma m64 x n8 x 32 bytes of K on sm90, tcgen05 m64 x n16 on sm100, 16 x 16 fractals on
-  the Ascend cube).
+  (``Target.mma_atom``: wgmma m64 x n8 x 32 bytes of K on sm90, tcgen05 m64 x n16 on sm100,
+  16 x 16 fractals on the Ascend cube).
 - **divisibility / waste**: a tile extent larger than the next power of two of the tensor
   dimension it walks only computes masked elements, so it is pruned; the batch dimension of a
   batch-invariant kernel is exempt (its config must serve every batch size). Callers add their
   own relations as text, e.g. ``"Mod(K, BK) == 0"`` or ``"BM * BN <= 32768"``.
 
-A pruned config keeps every reason. ``passes/assign_memory.py`` (the Ascend memory planner)
-did not exist when this was written; the estimator here is deliberately small and should be
-replaced by that pass's memory model once it lands.
+A pruned config keeps every reason.
 """
 
 from __future__ import annotations
 
-import math
 import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -38,174 +30,18 @@ from typing import Any
 
 import sympy
 
+from ...codegen.target import get_target
 from ...dsl.errors import DslError
-from ...dsl.ir import Module, Op, Role, Value
+from ...dsl.ir import Module
 from ...dsl.kernel import KernelDef, Signature
 from ..bind_shapes import bind_shapes
 from ..fuse_elementwise import fuse_elementwise
 from ..rewrite import Rewriter
-
-KiB = 1024
-
-# -- the generic estimator -------------------------------------------------------------------
+from .usage import TileUsage, estimate_usage
 
 
-@dataclass
-class TileUsage:
-    """Peak live bytes per role, plus the tiles a memory model needs by kind."""
-
-    peak: dict[Role, int] = field(default_factory=dict)
-    accumulators: list[tuple[int, ...]] = field(default_factory=list)  # live-at-peak accumulator shapes
-    gemm_a: int = 0  # largest gemm A operand, bytes
-    gemm_b: int = 0
-    gemms: list[Op] = field(default_factory=list)
-    has_vector_work: bool = False
-
-
-def _bytes(v: Value) -> int:
-    return int(math.ceil(int(v.type.numel()) * v.type.dtype.bits / 8))
-
-
-def estimate_usage(module: Module) -> TileUsage:
-    """Peak bytes of tiles live at once, by role, over a bound module."""
-    order: list[tuple[Op, int]] = []  # (op, number of enclosing pipelined stages)
-    loops: list[tuple[int, int]] = []  # (first index, last index) of every loop body
-
-    def linear(block, stages):
-        for op in block.ops:
-            start = len(order)
-            order.append((op, stages))
-            for r in op.regions:
-                s = op.attrs.get("stages") or 1 if op.name == "for" else stages
-                linear(r, s)
-            if op.name == "for":
-                loops.append((start, len(order) - 1))
-
-    linear(module.body, 1)
-    defined: dict[int, tuple[int, Value, int]] = {}
-    last: dict[int, int] = {}
-    for i, (op, stages) in enumerate(order):
-        for v in op.values():
-            last[v.id] = i
-        into = op.attrs.get("into")
-        if isinstance(into, Value):
-            last[into.id] = i
-        if op.result is not None:
-            mult = stages if op.result.type.role is Role.OPERAND and op.name in ("load", "gather") else 1
-            defined[op.result.id] = (i, op.result, mult)
-            last.setdefault(op.result.id, i)
-    # a value read inside a loop but defined before it lives until the loop ends
-    for vid, (d, _, _) in defined.items():
-        for lo, hi in loops:
-            if d < lo <= last[vid] <= hi:
-                last[vid] = hi
-    usage = TileUsage()
-    events: dict[int, list[tuple[int, Value, int]]] = {}
-    for vid, (d, v, mult) in defined.items():
-        events.setdefault(d, []).append((+1, v, mult))
-        # a tile read for the last time by op i is dead before op i's result is written: the
-        # result may reuse its storage (elementwise work is done in place in registers / UB)
-        events.setdefault(last[vid] if last[vid] > d else d + 1, []).append((-1, v, mult))
-    live: dict[Role, int] = {r: 0 for r in Role}
-    live_acc: dict[int, Value] = {}
-    best_acc = 0
-    for i in range(len(order) + 1):
-        for sign, v, mult in sorted(events.get(i, ()), key=lambda e: e[0]):
-            live[v.type.role] += sign * _bytes(v) * mult
-            if v.type.role is Role.ACCUMULATOR:
-                if sign > 0:
-                    live_acc[v.id] = v
-                else:
-                    live_acc.pop(v.id, None)
-        for r in Role:
-            usage.peak[r] = max(usage.peak.get(r, 0), live[r])
-        if live[Role.ACCUMULATOR] > best_acc:
-            best_acc = live[Role.ACCUMULATOR]
-            usage.accumulators = [tuple(int(d) for d in a.type.shape) for a in live_acc.values()]
-    for op, _ in order:
-        if op.name == "gemm":
-            usage.gemms.append(op)
-            usage.gemm_a = max(usage.gemm_a, _bytes(op.args[0]))
-            usage.gemm_b = max(usage.gemm_b, _bytes(op.args[1]))
-        elif op.name in ("ew", "map", "reduce", "cast"):
-            usage.has_vector_work = True
-    return usage
-
-
-# -- per-target memory models ----------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class Limit:
-    memory: str
-    needed: sympy.Expr
-    capacity: sympy.Expr
-    unit: str = "bytes"
-
-    def ok(self) -> bool:
-        return bool(sympy.Le(self.needed, self.capacity))
-
-    def reason(self) -> str:
-        n, c = int(self.needed), int(self.capacity)
-        if self.unit == "bytes":
-            return f"{self.memory}: needs {n / KiB:.1f} KiB > capacity {c / KiB:.1f} KiB"
-        return f"{self.memory}: needs {n} {self.unit} > capacity {c} {self.unit}"
-
-
-def _threads(knobs: dict[str, Any]) -> int:
-    """Threads of a CUDA CTA: the ``threads`` knob, else ``num_warps`` x 32, else 256 (assumed)."""
-    if "threads" in knobs:
-        return int(knobs["threads"])
-    if "num_warps" in knobs:
-        return 32 * int(knobs["num_warps"])
-    return 256
-
-
-REG_OVERHEAD = 32  # registers per thread for addresses, loop counters and the like
-
-
-def _cuda_limits(u: TileUsage, knobs, tmem: bool) -> list[Limit]:
-    threads = _threads(knobs)
-    reg_bytes = u.peak[Role.VECTOR] + (0 if tmem else u.peak[Role.ACCUMULATOR])
-    per_thread = sympy.ceiling(sympy.Integer(reg_bytes) / 4 / threads) + REG_OVERHEAD
-    limits = [Limit("shared memory", sympy.Integer(u.peak[Role.OPERAND]), sympy.Integer(227 * KiB)),
-              Limit("registers per thread", per_thread, sympy.Integer(255), "registers"),
-              Limit("registers per SM", per_thread * threads, sympy.Integer(64 * 1024), "registers")]
-    if tmem:
-        # an fp32 accumulator of BM x BN takes BN columns per 128 lanes of rows
-        cols = sum(s[-1] * math.ceil((math.prod(s[:-1]) or 1) / 128) for s in u.accumulators)
-        limits.append(Limit("tensor memory", sympy.Integer(cols), sympy.Integer(512), "columns"))
-    return limits
-
-
-def sm90_limits(u: TileUsage, knobs) -> list[Limit]:
-    return _cuda_limits(u, knobs, tmem=False)
-
-
-def sm100_limits(u: TileUsage, knobs) -> list[Limit]:
-    return _cuda_limits(u, knobs, tmem=True)
-
-
-def ascend950_limits(u: TileUsage, knobs) -> list[Limit]:
-    # vector work runs in SIMT/SIMD regions; with a SimtVF, 32 KiB of UB is reserved.
-    ub = (216 if u.has_vector_work else 248) * KiB
-    split = int(knobs.get("vector_split", knobs.get("VECTOR_SPLIT", 1)))  # rows shared by the AIVs
-    return [Limit("UB", sympy.ceiling(sympy.Integer(u.peak[Role.VECTOR]) / split), sympy.Integer(ub)),
-            Limit("L1", sympy.Integer(u.peak[Role.OPERAND]), sympy.Integer(512 * KiB)),
-            Limit("L0A", sympy.Integer(u.gemm_a), sympy.Integer(64 * KiB)),
-            Limit("L0B", sympy.Integer(u.gemm_b), sympy.Integer(64 * KiB)),
-            Limit("L0C", sympy.Integer(u.peak[Role.ACCUMULATOR]), sympy.Integer(256 * KiB))]
-
-
-MEMORY_MODELS: dict[str, Callable[[TileUsage, dict], list[Limit]]] = {
-    "sm90": sm90_limits, "sm100": sm100_limits, "ascend950": ascend950_limits}
-
-# (M multiple, N multiple, K multiple in bytes) of one MMA instruction
-MMA_ATOMS: dict[str, tuple[int, int, int]] = {"sm90": (64, 8, 32), "sm100": (64, 16, 32), "ascend950": (16, 16, 32)}
-
-
-def mma_reasons(u: TileUsage, target: str) -> list[str]:
-    atom = MMA_ATOMS.get(target)
+def mma_reasons(u: TileUsage, target: str, atom: tuple[int, int, int] | None) -> list[str]:
+    """Gemm tiles that are not a multiple of the target's MMA atom (M, N, K bytes)."""
     if atom is None:
         return []
     out = []
@@ -220,6 +56,7 @@ def mma_reasons(u: TileUsage, target: str) -> list[str]:
                 where = f" ({op.loc})" if op.loc else ""
                 out.append(f"gemm {what}={int(size)} is not a multiple of the {target} MMA atom {mult}{where}")
     return out
+
 
 
 def waste_reasons(module: Module, exempt: set[str]) -> list[str]:
@@ -317,9 +154,10 @@ class Constraints:
         module = fuse_elementwise(Rewriter().module(bound))
         usage = estimate_usage(module)
         knobs = {k: v for k, v in config.items() if k not in self.kernel.tunables}
-        limits = MEMORY_MODELS.get(self.target, lambda u, k: [])(usage, knobs)
+        tgt = get_target(self.target)
+        limits = tgt.tuning_limits(usage, {**tgt.default_knobs(), **knobs})
         reasons += [lim.reason() for lim in limits if not lim.ok()]
-        reasons += mma_reasons(usage, self.target)
+        reasons += mma_reasons(usage, self.target, tgt.mma_atom)
         exempt = {self.kernel.batch_dim} if self.kernel.batch_dim else set()
         reasons += waste_reasons(module, exempt)
         if not reasons:
@@ -330,7 +168,6 @@ class Constraints:
         """The target's own pipeline and capacity model (what its build would reject), still before
         any compiler runs: the estimator above is a quick filter, the target's check is the law.
         ``tgt.lower`` may rewrite ``bound`` in place."""
-        from ...codegen.target import get_target
         from ...dsl.errors import CapacityError, UnsupportedError
 
         tgt = get_target(self.target)

@@ -34,7 +34,7 @@ from typing import Any
 import sympy
 
 from ...dsl.ir import Module, Op, Role
-from .constraints import TileUsage, _threads, estimate_usage
+from .usage import TileUsage, estimate_usage, threads_of
 
 
 @dataclass(frozen=True)
@@ -180,7 +180,7 @@ def _resident(m: Machine, usage: TileUsage, knobs: dict) -> int:
     if m.max_resident == 1:
         return 1
     by_smem = m.smem_per_unit // max(1, usage.peak[Role.OPERAND] + 1024) if usage.peak[Role.OPERAND] else m.max_resident
-    threads = _threads(knobs)
+    threads = threads_of(knobs)
     reg_bytes = usage.peak[Role.VECTOR] + (0 if m.name.startswith("B200") else usage.peak[Role.ACCUMULATOR])
     regs = (math.ceil(reg_bytes / 4 / threads) + 32) * threads
     by_regs = m.regs_per_unit // regs if m.regs_per_unit else m.max_resident

@@ -1,0 +1,24 @@
+"""The autotuner's quick estimate of what a config needs on the Ascend 950 (``Target.tuning_limits``).
+
+From the estimated live tile bytes: vector tiles in UB (32 KiB of it reserved once a SIMT
+vector region exists), operands in L1, the largest gemm operands in L0A / L0B, accumulators in
+L0C. The liveness-based ``assign_memory`` plan (``capacity.py``) is the law at build time.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import sympy
+
+from ...dsl.ir import Role
+from ...passes.autotune.usage import KiB, Limit, TileUsage
+
+
+def ascend_limits(u: TileUsage, knobs: dict[str, Any]) -> list[Limit]:
+    ub = (216 if u.has_vector_work else 248) * KiB
+    return [Limit("UB", sympy.Integer(u.peak[Role.VECTOR]), sympy.Integer(ub)),
+            Limit("L1", sympy.Integer(u.peak[Role.OPERAND]), sympy.Integer(512 * KiB)),
+            Limit("L0A", sympy.Integer(u.gemm_a), sympy.Integer(64 * KiB)),
+            Limit("L0B", sympy.Integer(u.gemm_b), sympy.Integer(64 * KiB)),
+            Limit("L0C", sympy.Integer(u.peak[Role.ACCUMULATOR]), sympy.Integer(256 * KiB))]
