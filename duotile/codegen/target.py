@@ -68,8 +68,10 @@ class Target:
     def default_knobs(self) -> dict[str, Any]:
         return {k: s.default for k, s in self.knobs.items()}
 
-    # what the autotuner's quick filter asks of a target (passes/autotune/usage.py)
+    # what the autotuner asks of a target (passes/autotune/)
     mma_atom: tuple[int, int, int] | None = None  # (M, N, K bytes) one MMA instruction covers
+    modelled: bool = False  # no hardware for it in this project: tuning ranks by the cost model
+    machine = None  # the cost model's roofline figures (a cost_model.Machine) where modelled
 
     def tuning_limits(self, usage, knobs: dict[str, Any]) -> list:
         """``Limit``s of a config's estimated ``TileUsage``: its memories and register budget."""

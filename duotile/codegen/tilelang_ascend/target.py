@@ -25,6 +25,13 @@ class AscendTarget(Target):
     stages = ("ir", "tilelang", "ascend")
     knobs = {"cores": choice(32, 24, 16), "threads": choice(128, 256, 64)}
     mma_atom = (16, 16, 32)  # the cube's 16 x 16 fractals, 32 bytes of K
+    modelled = True  # no Ascend hardware here: tuning ranks by the cost model
+
+    @property
+    def machine(self):
+        from .tuning import ASCEND950
+
+        return ASCEND950
 
     def tuning_limits(self, usage, knobs):
         from .tuning import ascend_limits

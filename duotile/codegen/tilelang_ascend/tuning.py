@@ -1,4 +1,5 @@
-"""The autotuner's quick estimate of what a config needs on the Ascend 950 (``Target.tuning_limits``).
+"""What the autotuner knows of the Ascend 950 before compiling: the quick estimate of what a
+config needs (``Target.tuning_limits``) and the cost model's machine (``Target.machine``).
 
 From the estimated live tile bytes: vector tiles in UB (32 KiB of it reserved once a SIMT
 vector region exists), operands in L1, the largest gemm operands in L0A / L0B, accumulators in
@@ -12,6 +13,7 @@ from typing import Any
 import sympy
 
 from ...dsl.ir import Role
+from ...passes.autotune.cost_model import Machine
 from ...passes.autotune.usage import KiB, Limit, TileUsage
 
 
@@ -22,3 +24,10 @@ def ascend_limits(u: TileUsage, knobs: dict[str, Any]) -> list[Limit]:
             Limit("L0A", sympy.Integer(u.gemm_a), sympy.Integer(64 * KiB)),
             Limit("L0B", sympy.Integer(u.gemm_b), sympy.Integer(64 * KiB)),
             Limit("L0C", sympy.Integer(u.peak[Role.ACCUMULATOR]), sympy.Integer(256 * KiB))]
+
+
+# every figure is an assumption (passes/autotune/cost_model.py's docstring says where they come from)
+ASCEND950 = Machine("Ascend 950 (assumed figures)", 32, {16: 500e12, 8: 1000e12, 32: 125e12}, 40e12, 4.0e12,
+                    256 * 1.8e9, 512 * 1024, 0, 1, 1.0e-6, 0.5e-6, 16,
+                    "all Ascend 950 figures are assumptions (see passes/autotune/cost_model.py)",
+                    acc_in_registers=False)

@@ -52,6 +52,16 @@ class TileLangCuda(Target):
     def mma_atom(self) -> tuple[int, int, int]:
         return self.arch.mma_atom
 
+    @property
+    def modelled(self) -> bool:
+        return self.arch.modelled
+
+    @property
+    def machine(self):
+        from .tuning import MACHINES
+
+        return MACHINES[self.arch.name]
+
     def tuning_limits(self, usage, knobs):
         from .tuning import cuda_limits
 

@@ -1,4 +1,5 @@
-"""The autotuner's quick estimate of what a config needs on sm90 / sm100 (``Target.tuning_limits``).
+"""What the autotuner knows of sm90 / sm100 before compiling: the quick estimate of what a config
+needs (``Target.tuning_limits``) and the roofline machine of the cost model (``Target.machine``).
 
 From the estimated live tile bytes: operands in shared memory; vector tiles, and on sm90 the
 accumulators too, in registers spread over the block's threads; on sm100 accumulators in TMEM.
@@ -14,6 +15,7 @@ from typing import Any
 import sympy
 
 from ...dsl.ir import Role
+from ...passes.autotune.cost_model import Machine
 from ...passes.autotune.usage import REG_OVERHEAD, Limit, TileUsage, threads_of
 from .arch import Arch
 
@@ -31,3 +33,14 @@ def cuda_limits(arch: Arch, u: TileUsage, knobs: dict[str, Any]) -> list[Limit]:
         limits.append(Limit("tensor memory", sympy.Integer(cols), sympy.Integer(arch.tmem_columns), "columns"))
     return limits
 
+
+
+# figures: reference/kernels.md section 1; the rest are stated assumptions
+MACHINES = {
+    "sm90": Machine("H200 SXM", 132, {16: 989e12, 8: 1979e12, 32: 67e12}, 67e12, 4.8e12,
+                    128 * 1.83e9, 228 * 1024, 65536, 32, 0.7e-6, 0.3e-6, 64,
+                    "wgmma m64 per warpgroup; smem 128 B/clk/SM at 1.83 GHz, 0.7 us latency, 15% L2 miss: assumptions"),
+    "sm100": Machine("B200", 148, {16: 2250e12, 8: 4500e12, 32: 80e12}, 80e12, 8.0e12,
+                     128 * 1.9e9, 228 * 1024, 65536, 32, 0.7e-6, 0.3e-6, 128,
+                     "tcgen05 m128; vector rate, smem bandwidth, latency: assumptions", acc_in_registers=False),
+}

@@ -16,13 +16,15 @@ check), never a kernel's name:
   ``max(t_mma, t_vector, t_smem, t_dram, latency / (S - 1))``, with one stage
   ``latency + t_mma + t_vector + t_dram`` (no overlap); plus one pipeline fill per program.
 
-Peak figures (``reference/kernels.md`` section 1 for NVIDIA): H200 989 / 1,979 TFLOP/s dense
-bf16 / fp8, 4.8 TB/s, 132 SMs; B200 2,250 / 4,500 TFLOP/s, 8 TB/s, 148 SMs. The reference
-notes give **no Ascend 950 figures**; the numbers below are assumptions from Huawei's public
-announcement of the Ascend 950 (Huawei Connect, September 2025: 1 PFLOP/s FP8, 2 PFLOP/s
-FP4; 950DT with 4 TB/s HiZQ 2.0 HBM), with bf16 taken as half the FP8 rate and 32 cube cores
-(each with two vector cores, the ``__mix__(1,2)`` split) assumed. Shared-memory bandwidth,
-vector rates, latency and the L2 miss share are round assumptions, stated per target.
+Each target holds its ``Machine`` (``Target.machine``: ``codegen/tilelang_cuda/tuning.py``,
+``codegen/tilelang_ascend/tuning.py``). Peak figures (``reference/kernels.md`` section 1 for
+NVIDIA): H200 989 / 1,979 TFLOP/s dense bf16 / fp8, 4.8 TB/s, 132 SMs; B200 2,250 / 4,500
+TFLOP/s, 8 TB/s, 148 SMs. The reference notes give **no Ascend 950 figures**; those are
+assumptions from Huawei's public announcement of the Ascend 950 (Huawei Connect, September
+2025: 1 PFLOP/s FP8, 2 PFLOP/s FP4; 950DT with 4 TB/s HiZQ 2.0 HBM), with bf16 taken as half
+the FP8 rate and 32 cube cores (each with two vector cores, the ``__mix__(1,2)`` split)
+assumed. Shared-memory bandwidth, vector rates, latency and the L2 miss share are round
+assumptions, stated per target.
 """
 
 from __future__ import annotations
@@ -52,21 +54,11 @@ class Machine:
     launch_s: float  # fixed cost per program
     mma_m: int = 64  # rows of one MMA issue group: B is re-read from operand memory per group
     assumed: str = ""
+    acc_in_registers: bool = True  # accumulators count against registers (not TMEM / L0C)
 
 
 L2_MISS = 0.15  # share of re-read tile traffic that misses L2 (assumption)
 
-MACHINES = {
-    "sm90": Machine("H200 SXM", 132, {16: 989e12, 8: 1979e12, 32: 67e12}, 67e12, 4.8e12,
-                    128 * 1.83e9, 228 * 1024, 65536, 32, 0.7e-6, 0.3e-6, 64,
-                    "wgmma m64 per warpgroup; smem 128 B/clk/SM at 1.83 GHz, 0.7 us latency, 15% L2 miss: assumptions"),
-    "sm100": Machine("B200", 148, {16: 2250e12, 8: 4500e12, 32: 80e12}, 80e12, 8.0e12,
-                     128 * 1.9e9, 228 * 1024, 65536, 32, 0.7e-6, 0.3e-6, 128,
-                     "tcgen05 m128; vector rate, smem bandwidth, latency: assumptions"),
-    "ascend950": Machine("Ascend 950 (assumed figures)", 32, {16: 500e12, 8: 1000e12, 32: 125e12}, 40e12, 4.0e12,
-                         256 * 1.8e9, 512 * 1024, 0, 1, 1.0e-6, 0.5e-6, 16,
-                         "all Ascend 950 figures are assumptions (see module docstring)"),
-}
 CORE_KNOBS = ("cores", "num_cores", "n_cores", "core_num", "CORES", "NUM_CORES")
 
 
@@ -126,10 +118,9 @@ def _count(op: Op, trips: float, acc: dict, mma_m: int):
         acc["gmem"] += float(v.type.numel()) * v.type.dtype.bits / 8 * trips
 
 
-def estimate(module: Module, target: str, knobs: dict[str, Any] | None = None,
+def estimate(module: Module, m: Machine, knobs: dict[str, Any] | None = None,
              usage: TileUsage | None = None) -> Estimate:
-    """The modelled time of one bound module on ``target``."""
-    m = MACHINES[target]
+    """The modelled time of one bound module on machine ``m`` (a target's ``machine``)."""
     knobs = knobs or {}
     usage = usage or estimate_usage(module)
     grid = module.grid
@@ -181,7 +172,7 @@ def _resident(m: Machine, usage: TileUsage, knobs: dict) -> int:
         return 1
     by_smem = m.smem_per_unit // max(1, usage.peak[Role.OPERAND] + 1024) if usage.peak[Role.OPERAND] else m.max_resident
     threads = threads_of(knobs)
-    reg_bytes = usage.peak[Role.VECTOR] + (0 if m.name.startswith("B200") else usage.peak[Role.ACCUMULATOR])
+    reg_bytes = usage.peak[Role.VECTOR] + (usage.peak[Role.ACCUMULATOR] if m.acc_in_registers else 0)
     regs = (math.ceil(reg_bytes / 4 / threads) + 32) * threads
     by_regs = m.regs_per_unit // regs if m.regs_per_unit else m.max_resident
     return max(1, min(m.max_resident, by_smem, by_regs, 2048 // threads))

@@ -22,12 +22,10 @@ from ...kernels_spec.registry import Spec
 from ..check_batch_invariance import check_batch_invariance
 from . import cache as tcache
 from .constraints import Constraints
-from .cost_model import MACHINES, estimate
+from .cost_model import estimate
 from .runner import Runner, Trial
 from .space import Config, ConfigSpace, config_key
 from .strategies import get_budget, search
-
-MODEL_TARGETS = ("sm100", "ascend950")
 
 
 @dataclass
@@ -81,7 +79,7 @@ def tune(spec: Spec, case: dict, target: str, *, budget: str = "default", strate
     bud = get_budget(budget)
     tgt = get_target(target)
     notes: list[str] = []
-    model = target in MODEL_TARGETS
+    model = tgt.modelled
     runner = Runner(spec, case, target, device=device, seed=seed, measure=not model, **(runner_options or {}))
     sig = runner.sig
     # traces the kernel; a batch-invariant one whose reduction order could change with the batch
@@ -114,8 +112,8 @@ def tune(spec: Spec, case: dict, target: str, *, budget: str = "default", strate
         return v.ok
 
     if model:
-        notes.append(f"ranking by the analytical cost model of {MACHINES[target].name}: a model, not a "
-                     f"measurement ({MACHINES[target].assumed})")
+        notes.append(f"ranking by the analytical cost model of {tgt.machine.name}: a model, not a "
+                     f"measurement ({tgt.machine.assumed})")
         _model_sweep(space, cons, runner, bud, seed, feasible, record)
         strategy_used = "model-ranked"
     else:
@@ -191,7 +189,7 @@ def _model_sweep(space, cons, runner, bud, seed, feasible, record):
         if feasible(c):
             v = cons.check(c)
             knobs = {k: x for k, x in c.items() if space.owners.get(k) == "target"}
-            ranked.append((estimate(v.module, runner.target.name, knobs).time_ms, c))
+            ranked.append((estimate(v.module, runner.target.machine, knobs).time_ms, c))
     ranked.sort(key=lambda x: (x[0], config_key(x[1]) != default_key))
     # the default is compiled too (speed-up is reported against it), then the best-ranked
     order = [x for x in ranked if config_key(x[1]) == default_key] + \
