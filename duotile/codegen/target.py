@@ -71,6 +71,7 @@ class Target:
     # what the autotuner asks of a target (passes/autotune/)
     mma_atom: tuple[int, int, int] | None = None  # (M, N, K bytes) one MMA instruction covers
     modelled: bool = False  # no hardware for it in this project: tuning ranks by the cost model
+    runs_on: str = "cpu"  # the torch device type its kernels take tensors on
     machine = None  # the cost model's roofline figures (a cost_model.Machine) where modelled
 
     def tuning_limits(self, usage, knobs: dict[str, Any]) -> list:

@@ -20,6 +20,7 @@ from .emit import emit_module
 
 class TileLangCuda(Target):
     stages = ("ir", "tilelang", "cuda", "ptx", "sass")
+    runs_on = "cuda"
 
     def __init__(self, arch: Arch):
         self.arch = arch

@@ -64,8 +64,13 @@ def shape_bucket(kernel: KernelDef, shapes: dict[str, int]) -> dict[str, int]:
 
 
 def device_name(target: str) -> str:
-    """The GPU's name where the target runs here, else ``model:<target>`` (cost-model rankings)."""
-    if target in ("sm90", "sm100"):
+    """The GPU's name where the target's kernels run and are measured here, else ``model:<target>``
+    (cost-model rankings, and the interpreter). A modelled target is never keyed by the local GPU:
+    an sm100 ranking made on an H200 machine is still a model of sm100."""
+    from ...codegen.target import get_target
+
+    tgt = get_target(target)
+    if tgt.runs_on == "cuda" and not tgt.modelled:
         try:
             import torch
 

@@ -92,7 +92,7 @@ class Runner:
                  run_timeout: float = 60.0, warmup: int = 3, reps: int = 20, flush_l2: bool | None = None,
                  measure: bool = True, workdir: str | None = None):
         self.spec, self.case, self.target = spec, case, get_target(target)
-        self.device = torch.device(device or ("cuda" if target in ("sm90", "sm100") else "cpu"))
+        self.device = torch.device(device or self.target.runs_on)
         if self.device.type == "cuda" and self.device.index is None and torch.cuda.is_available():
             # worker threads need an explicit index (torch.cuda.set_device rejects a bare "cuda")
             self.device = torch.device("cuda", torch.cuda.current_device())

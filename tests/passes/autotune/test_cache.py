@@ -111,3 +111,14 @@ def test_damaged_shipped_table_is_ignored_and_left_in_place(tmp_path):
     assert got is None and shipped.exists() and not list(shipped.parent.glob("*.corrupt-*"))
     with pytest.warns(UserWarning, match="ignoring it"), pytest.raises(PermissionError):
         TuningCache(shipped, read_only=True).save()
+
+
+def test_a_modelled_target_is_never_keyed_by_the_local_gpu(monkeypatch):
+    """Regression: on a CUDA machine, sm100 rankings (a cost model) were keyed by the local GPU's name."""
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda *a: "NVIDIA H200")
+    assert tc.device_name("sm90") == "NVIDIA H200"
+    assert tc.device_name("sm100") == "model:sm100"
+    assert tc.device_name("ascend950") == "model:ascend950"
