@@ -65,6 +65,21 @@ class Choice(Space):
     def default(self):
         return self.options[0] if self.default_value is None else self.default_value
 
+    def _ordered(self) -> list:
+        """Numbers in numeric order (options are often written default-first, e.g. 256, 128, 512),
+        anything else as written."""
+        numeric = all(isinstance(o, (int, float)) and not isinstance(o, bool) for o in self.options)
+        return sorted(self.options) if numeric else list(self.options)
+
+    def neighbours(self, value):
+        vals = self._ordered()
+        i = vals.index(value)
+        return [vals[j] for j in (i - 1, i + 1) if 0 <= j < len(vals)]
+
+    def encode(self, value):
+        vals = self._ordered()
+        return vals.index(value) / max(1, len(vals) - 1)
+
 
 @dataclass
 class Pow2(Space):

@@ -50,6 +50,17 @@ def test_neighbours_per_type(name, value, expected):
         assert sum(n[k] != config[k] for k in config) == 1
 
 
+def test_numeric_choices_step_in_numeric_order_whatever_the_declared_order():
+    """Regression: threads = choice(256, 128, 512) made 512's only neighbour 128, so a pattern
+    search at threads=512 could never step back to 256 (the H200 bf16 sweep stopped there)."""
+    threads = dsl.choice(256, 128, 512)
+    assert threads.default == 256
+    assert set(threads.neighbours(512)) == {256} and set(threads.neighbours(256)) == {128, 512}
+    assert threads.encode(128) == 0.0 and threads.encode(512) == 1.0
+    words = dsl.choice("b", "a")  # not numbers: as written
+    assert words.neighbours("b") == ["a"]
+
+
 def test_encode_is_in_unit_interval_and_ordered():
     lo = SPACE.encode({"C": 64, "P": 16, "B": False, "E": "none", "R": 1})
     hi = SPACE.encode({"C": 256, "P": 128, "B": True, "E": "pingpong", "R": 7})
