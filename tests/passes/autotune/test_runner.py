@@ -82,8 +82,8 @@ def test_tune_rejects_a_batch_dependent_reduction_before_compiling_anything(tmp_
         raise AssertionError("a candidate was compiled")
 
     monkeypatch.setattr(runner, "specialize", no_build)
-    with pytest.raises(DslError, match="batch-invariant in N, but tunable 'BN'"):
-        tune(COL_SUM_SPEC, {"N": 16, "D": 8}, "interpret", budget="quick", cache_dir=tmp_path, progress=False)
+    with pytest.raises(DslError, match="batch-invariant in T, but tunable 'BT'"):
+        tune(COL_SUM_SPEC, {"T": 16, "D": 8}, "interpret", budget="quick", cache_dir=tmp_path, progress=False)
 
 
 def test_tune_notes_that_a_batch_invariant_kernel_was_checked(tmp_path):
