@@ -117,20 +117,7 @@ def tune(spec: Spec, case: dict, target: str, *, budget: str = "default", strate
         _model_sweep(space, cons, runner, bud, seed, feasible, record)
         strategy_used = "model-ranked"
     else:
-        def evaluate(batch: list[Config]) -> list[float | None]:
-            out = []
-            for t in runner.evaluate(batch):
-                t.usage = cons.check(t.config).usage
-                record(t)
-                out.append(t.time_ms if t.counts else None)
-            return out
-
-        default = space.default()
-        if feasible(default):  # the default is always measured: the speed-up is against it
-            evaluate([default])
-        steps = search(space, evaluate, bud, strategy, seed, feasible=lambda c: config_key(c) != default_key
-                       and feasible(c))
-        del steps
+        _measured_sweep(space, cons, runner, bud, strategy, seed, feasible, record)
         strategy_used = strategy if strategy != "auto" else (
             "exhaustive" if space.size <= bud.max_candidates else "pattern")
     if bar is not None:
@@ -147,14 +134,39 @@ def tune(spec: Spec, case: dict, target: str, *, budget: str = "default", strate
                         trials, dflt, best, space.size, bud.name, strategy_used, time.monotonic() - t_start,
                         dev, notes)
     if best is not None and write_cache:
-        key = tcache.make_key(kernel, target, sig.shapes, dev, tgt.toolchain(), sig.dtypes, sig.present,
-                              runner.constants)
-        cache = tcache.TuningCache(tcache.cache_path(cache_dir))
-        notes.extend(cache.problems)
-        cache.put(key, best.config, time_ms=best.final_ms, metric=result.metric,
-                  default_time_ms=dflt.final_ms if dflt and dflt.counts else None, shapes=sig.shapes,
-                  case={k: v for k, v in case.items()})
+        _remember(result, runner, cache_dir)
     return result
+
+
+def _measured_sweep(space, cons, runner, bud, strategy, seed, feasible, record) -> None:
+    """Compile, verify and time the default, then what the search strategy asks for."""
+    default = space.default()
+    default_key = config_key(default)
+
+    def evaluate(batch: list[Config]) -> list[float | None]:
+        out = []
+        for t in runner.evaluate(batch):
+            t.usage = cons.check(t.config).usage
+            record(t)
+            out.append(t.time_ms if t.counts else None)
+        return out
+
+    if feasible(default):  # the default is always measured: the speed-up is against it
+        evaluate([default])
+    search(space, evaluate, bud, strategy, seed, feasible=lambda c: config_key(c) != default_key and feasible(c))
+
+
+def _remember(result: TuneResult, runner: Runner, cache_dir: str | None) -> None:
+    """Write the best config to the tuning cache under this call's key."""
+    sig, kernel, tgt = runner.sig, runner.spec.kernel, runner.target
+    key = tcache.make_key(kernel, result.target, sig.shapes, result.device, tgt.toolchain(), sig.dtypes,
+                          sig.present, runner.constants)
+    cache = tcache.TuningCache(tcache.cache_path(cache_dir))
+    result.notes.extend(cache.problems)
+    dflt = result.default
+    cache.put(key, result.best.config, time_ms=result.best.final_ms, metric=result.metric,
+              default_time_ms=dflt.final_ms if dflt and dflt.counts else None, shapes=sig.shapes,
+              case=dict(result.case))
 
 
 def confirm(runner: Runner, good: list[Trial], default: Trial | None, finalists: int, rounds: int) -> str:
