@@ -2,9 +2,10 @@
 
 A ``map`` whose expression is just ``$0`` (same shape, same dtype) makes a copy. Masks that
 ``fold_bounds`` removed leave such copies behind, e.g. attention's masked scores once the
-mask is known to hold everywhere. Where source and copy live in the same kind of memory (on
-CUDA, accumulator and vector tiles are both register fragments), the copy is dropped and its
-users read the source, provided nothing writes the source between the copy and its last use.
+mask is known to hold everywhere. Where vector code can read the source where it lives (sm90:
+accumulators are register fragments; sm100: the generator drains a TMEM accumulator into a
+fragment once after each write), the copy is dropped and its users read the source, provided
+nothing writes the source between the copy and its last use.
 
 Before::
 
@@ -17,8 +18,8 @@ After::
     gemm(%q, %k, %buf9)
     %v15 = reduce.max(%buf9) axis=1
 
-A target runs this pass only when its memory plan gives both roles the same storage; on
-Ascend an accumulator (L0C) must be moved to UB before vector code reads it, so it does not.
+A target runs this pass only when its generator reads accumulators that way; Ascend moves an
+accumulator (L0C) to UB with explicit ops before vector code reads it, so it does not.
 """
 
 from __future__ import annotations
