@@ -14,8 +14,8 @@ from .registry import Spec, register
 
 
 @dsl.kernel(batch_dim="T")
-def rmsnorm(x: dsl.Tensor["T", "D", dsl.bf16], weight: dsl.Tensor["D", dsl.bf16],
-            y: dsl.Tensor["T", "D", dsl.bf16], *,
+def rmsnorm(x: dsl.Tensor["T", "D", dsl.bf16 | dsl.f32], weight: dsl.Tensor["D", dsl.bf16 | dsl.f32],
+            y: dsl.Tensor["T", "D", dsl.bf16 | dsl.f32], *,
             EPS: dsl.Const = 1e-6,
             ROWS: dsl.Tunable = dsl.choice(1, 2, 4, 8)):
     width = dsl.next_pow2(x.D)  # one tile covers the row; the padding reads zeros
@@ -23,7 +23,7 @@ def rmsnorm(x: dsl.Tensor["T", "D", dsl.bf16], weight: dsl.Tensor["D", dsl.bf16]
         xt = dsl.load(x[t * ROWS, 0], (ROWS, width)).to(dsl.f32)
         mean_sq = (xt * xt).sum(axis=1) / x.D
         w = dsl.load(weight[0], (width,)).to(dsl.f32)
-        dsl.store(y[t * ROWS, 0], (xt * dsl.rsqrt(mean_sq + EPS)[:, None] * w[None, :]).to(dsl.bf16))
+        dsl.store(y[t * ROWS, 0], (xt * dsl.rsqrt(mean_sq + EPS)[:, None] * w[None, :]).to(y.dtype))
 
 
 def rmsnorm_reference(x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6) -> dict:
@@ -35,10 +35,16 @@ def rmsnorm_reference(x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6) 
 def _inputs(case, device, seed):
     g = torch.Generator().manual_seed(seed)
     t, d = case["T"], case["D"]
-    x = torch.randn(t, d, generator=g).to(torch.bfloat16)
-    w = (1 + 0.1 * torch.randn(d, generator=g)).to(torch.bfloat16)
-    return {"x": x.to(device), "weight": w.to(device),
-            "y": torch.empty(t, d, dtype=torch.bfloat16, device=device)}
+    dtype = torch.float32 if case.get("dtype") == "f32" else torch.bfloat16
+    x = torch.randn(t, d, generator=g).to(dtype)
+    w = (1 + 0.1 * torch.randn(d, generator=g)).to(dtype)
+    return {"x": x.to(device), "weight": w.to(device), "y": torch.empty(t, d, dtype=dtype, device=device)}
+
+
+def _tolerance(case, out):
+    if case.get("dtype") == "f32":  # fp32 throughout: only the summation order differs
+        return (1e-5, 1e-5)
+    return (1.6e-2, 1.6e-2)  # one bf16 ulp of the output
 
 
 SPEC = register(Spec(
@@ -47,8 +53,9 @@ SPEC = register(Spec(
     make_inputs=_inputs,
     outputs=("y",),
     cases={"t3_d4096": {"T": 3, "D": 4096}, "t17_d16384": {"T": 17, "D": 16384},
-           "t5_d1000": {"T": 5, "D": 1000}, "t64_d512": {"T": 64, "D": 512}},
+           "t5_d1000": {"T": 5, "D": 1000}, "t64_d512": {"T": 64, "D": 512},
+           "f32_t7_d96": {"T": 7, "D": 96, "dtype": "f32"}},  # the runtime's fp32 activations
     build_cases={"hidden": {"T": 4096, "D": 4096}, "mhc": {"T": 4096, "D": 16384}},
-    tolerance=lambda case, out: (1.6e-2, 1.6e-2),  # one bf16 ulp of the output
+    tolerance=_tolerance,
     bytes_moved=lambda c: 2 * 2 * c["T"] * c["D"] + 2 * c["D"],
 ))

@@ -30,6 +30,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--batch-invariant", action="store_true", help="row-wise, fixed-order kernels (bitwise "
                    "independent of batch and chunking)")
     p.add_argument("--dtype", choices=("bfloat16", "float32"), default="bfloat16")
+    p.add_argument("--kernels", choices=("reference", "generated"), default="reference",
+                   help="generated: run duotile's kernels where a spec covers the op (RMSNorm today); sm90 "
+                        "build on an H200, the interpreter elsewhere")
     p.add_argument("--device", default="cpu")
     p.add_argument("--threads", type=int, default=1, help="CPU threads (tiny models are fastest with 1)")
     p.add_argument("--no-progress", action="store_true")
@@ -44,7 +47,7 @@ def run(args: argparse.Namespace) -> int:
         params = SamplingParams(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
                                 max_tokens=args.max_tokens, seed=args.seed)
         llm = LLM(args.model, dtype=getattr(torch, args.dtype), batch_invariant=args.batch_invariant,
-                  device=args.device)
+                  device=args.device, kernels=args.kernels)
         show = not args.no_progress and args.max_tokens >= PROGRESS_MIN_TOKENS
         out = llm.generate(args.prompt_ids, params, use_tqdm=show)[0]
     except (ConfigError, CheckpointError, ValueError) as err:

@@ -55,11 +55,11 @@ class LLMEngine:
     def __init__(self, model: str | os.PathLike | None = None, *, dtype: torch.dtype = torch.bfloat16,
                  batch_invariant: bool = False, quant: bool = True, max_num_seqs: int = 16,
                  max_num_batched_tokens: int = 256, prefill_chunk_size: int | None = None,
-                 device: str = "cpu", seed: int = 0):
+                 device: str = "cpu", seed: int = 0, kernels: str = "reference"):
         self.checkpoint = open_model(model or DEFAULT_PRESET)
         self.config = self.checkpoint.config
         self.model = Model(self.checkpoint, dtype=dtype, quant=quant, batch_invariant=batch_invariant,
-                           device=device)
+                           device=device, kernels=kernels)
         self.scheduler = Scheduler(max_num_seqs, max_num_batched_tokens, prefill_chunk_size)
         self._rng = random.Random(seed)
         self.last_stats: GenerateStats | None = None

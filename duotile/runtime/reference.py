@@ -76,15 +76,31 @@ class Block:
         return expand(ctx, f, x, post, comb), pre_f
 
 
+KERNELS = ("reference", "generated")
+
+
+def make_ops(batch_invariant: bool, kernels: str = "reference"):
+    """The primitives a model runs on: PyTorch's (`reference`), or with duotile's generated kernels
+    swapped in where a spec covers the op (`generated`, see generated.py)."""
+    if kernels not in KERNELS:
+        raise ValueError(f"kernels: {kernels!r} is not one of {', '.join(KERNELS)}")
+    ops = InvariantOps() if batch_invariant else FastOps()
+    if kernels == "generated":
+        from .generated import GeneratedOps
+
+        ops = GeneratedOps(ops)
+    return ops
+
+
 class Model:
     """The reference model built from a validated checkpoint."""
 
     def __init__(self, checkpoint: Checkpoint, *, dtype: torch.dtype = torch.bfloat16, quant: bool = True,
-                 batch_invariant: bool = False, device: torch.device | str = "cpu"):
+                 batch_invariant: bool = False, device: torch.device | str = "cpu", kernels: str = "reference"):
         cfg = self.config = checkpoint.config
         ws = WeightSource(checkpoint, device)
         self.device, self.dtype = device, dtype
-        self.ctx = Ctx(InvariantOps() if batch_invariant else FastOps(), dtype, quant)
+        self.ctx = Ctx(make_ops(batch_invariant, kernels), dtype, quant)
         self.embed, self.norm, self.head = ws.t("embed.weight"), ws.t("norm.weight"), ws.t("head.weight")
         self.blocks = [Block(cfg, ws, layer) for layer in range(cfg.num_hidden_layers)]
         self.checkpoint = checkpoint

@@ -35,3 +35,13 @@ def test_prefill_then_decode_bitwise_on_cuda(ckpt_dir, name):
     got = [model.forward([StepSeq(cache, seq[:17])])[0]]
     got += [model.forward([StepSeq(cache, seq[p : p + 1])])[0] for p in range(17, 70)]
     assert torch.equal(torch.stack(got), full[16:])
+
+
+def test_generated_rmsnorm_keeps_batch_invariance_on_cuda(ckpt_dir):
+    """With kernels="generated" on the H200 the RMSNorms run as duotile's sm90 build (fp32 rows)."""
+    llm = LLM(ckpt_dir("v41-tiny"), batch_invariant=True, device="cuda", kernels="generated")
+    alone = te._alone(llm)
+    assert llm.model.ctx.ops.calls["rms_norm"] > 0
+    assert all(key[1] == "sm90" for key in llm.model.ctx.ops._kernels)
+    for k in (1, 3):
+        assert te._same(te._mixed(llm, k), alone), te.MIXES[k]
