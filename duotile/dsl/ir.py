@@ -112,6 +112,10 @@ class Op:
         into = self.attrs.get("into")
         return [into] if isinstance(into, Value) else []
 
+    def written_ids(self) -> set[int]:
+        """Ids of the buffers this op or any op in its regions writes."""
+        return {v.id for o in self.walk() for v in o.writes()}
+
     def walk(self):
         """This op, then every op in its regions."""
         yield self

@@ -50,7 +50,7 @@ def _forward_block(block: Block) -> None:
             src, dst = op.args[op.attrs["expr"].attr], op.result
             users = [j for j in range(i + 1, len(block.ops)) if _reads(block.ops[j], dst)]
             last = users[-1] if users else i
-            if not any(src.id in _writes(o) for o in block.ops[i + 1:last + 1]):
+            if not any(src.id in o.written_ids() for o in block.ops[i + 1:last + 1]):
                 for o in block.ops[i + 1:last + 1]:
                     _substitute(o, dst, src)
                 del block.ops[i]
@@ -71,10 +71,6 @@ def _values_in(x):
 
 def _reads(op: Op, v: Value) -> bool:
     return any(x is v for o in op.walk() for x in [*_values_in(o.args), *_values_in(o.attrs)])
-
-
-def _writes(op: Op) -> set[int]:
-    return {v.id for o in op.walk() for v in o.writes()}
 
 
 def _swap(x, old: Value, new: Value):

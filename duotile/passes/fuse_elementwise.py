@@ -52,10 +52,6 @@ def _reads(op: Op):
         yield op.attrs["into"]
 
 
-def _writes(op: Op) -> set[int]:
-    return {v.id for o in op.walk() for v in o.writes()}
-
-
 class _Fuser:
     def __init__(self, block: Block, uses: Counter, index_only: dict[int, Op]):
         self.ops = block.ops
@@ -69,7 +65,7 @@ class _Fuser:
         if i is None or self.ops[i].name not in FUSIBLE or self.uses[v.id] != 1:
             return False
         read = {leaf.id for leaf in self.leaf_values(self.ops[i])}
-        written = set().union(*(_writes(o) for o in self.ops[i + 1:user_pos])) if user_pos > i + 1 else set()
+        written = set().union(*(o.written_ids() for o in self.ops[i + 1:user_pos])) if user_pos > i + 1 else set()
         return not (read & written)
 
     def leaf_values(self, op: Op):

@@ -40,11 +40,11 @@ class GeneratedOps:
         from .. import codegen
         from ..kernels_spec import get
 
-        target = "sm90" if device.type == "cuda" and torch.cuda.get_device_capability(device) == (9, 0) \
-            else "interpret"
-        key = (spec_name, target, tuple(sorted(constants.items())))
+        key = (spec_name, str(device), tuple(sorted(constants.items())))
         if key not in self._kernels:
-            self._kernels[key] = codegen.compile(get(spec_name).kernel, target, constants=constants)
+            sm90 = device.type == "cuda" and torch.cuda.get_device_capability(device) == (9, 0)
+            self._kernels[key] = codegen.compile(get(spec_name).kernel, "sm90" if sm90 else "interpret",
+                                                 constants=constants)
         return self._kernels[key]
 
     def rms_norm(self, x: torch.Tensor, weight: torch.Tensor | None, eps: float) -> torch.Tensor:

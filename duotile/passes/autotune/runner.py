@@ -37,7 +37,7 @@ from ...codegen.build import build_module
 from ...codegen.compile import specialize
 from ...codegen.target import get_target
 from ...kernels_spec.registry import Spec
-from .space import Config
+from .space import Config, config_key
 from .timing import median_ms
 
 STATUSES = ("ok", "compiled", "pruned", "compile_error", "wrong", "timeout", "run_error")
@@ -97,6 +97,7 @@ class Runner:
             # worker threads need an explicit index (torch.cuda.set_device rejects a bare "cuda")
             self.device = torch.device("cuda", torch.cuda.current_device())
         self.seed, self.parallel = seed, parallel
+        self._loaded: dict[tuple, object] = {}  # config key -> loaded kernel (see _load)
         self.workers = workers or max(1, min(16, os.cpu_count() or 1))
         self.compile_timeout, self.run_timeout = compile_timeout, run_timeout
         self.warmup, self.reps, self.measure = warmup, reps, measure
@@ -214,10 +215,17 @@ class Runner:
         return median_ms(lambda: fn(tensors), self.device, warmup=self.warmup, reps=self.reps,
                          flush=self.flush_l2)
 
+    def _load(self, c: Compiled):
+        """The runnable kernel of a build, loaded once per config (loading JIT-compiles on a GPU)."""
+        key = config_key(c.config)
+        if key not in self._loaded:
+            self._loaded[key] = self.target.load(c.artifact, c.module)
+        return self._loaded[key]
+
     def measure_one(self, c: Compiled) -> Trial:
         trial = Trial(c.config, "ok", compile_s=c.compile_s)
         try:
-            fn = self.target.load(c.artifact, c.module)
+            fn = self._load(c)
         except Exception as err:  # noqa: BLE001
             trial.status, trial.reason = "compile_error", f"load failed: {first_line(err)}"
             return trial
@@ -247,10 +255,14 @@ class Runner:
         """Time already verified configs again, in alternation (A B C, A B C, ...), ``rounds`` times:
         clocks and temperature drift during a sweep, so finalists are compared side by side."""
         fns = []
-        for item in self.compile(configs):  # artifact cache hits
-            if isinstance(item, Trial):
-                raise RuntimeError(f"a finalist no longer builds: {item.reason}")
-            fns.append(self.target.load(item.artifact, item.module))
+        for config in configs:
+            key = config_key(config)
+            if key not in self._loaded:  # not measured by this runner: build (a cache hit) and load
+                (item,) = self.compile([config])
+                if isinstance(item, Trial):
+                    raise RuntimeError(f"a finalist no longer builds: {item.reason}")
+                self._load(item)
+            fns.append(self._loaded[key])
         times: list[list[float]] = [[] for _ in configs]
         for _ in range(rounds):
             for i, fn in enumerate(fns):

@@ -157,3 +157,18 @@ def test_retime_runs_real_candidates_on_the_interpreter():
     assert [t.status for t in runner.evaluate(ok)] == ["ok", "ok"]
     times = runner.retime(ok, rounds=2)
     assert len(times) == 2 and all(len(ts) == 2 and all(x > 0 for x in ts) for ts in times)
+
+
+def test_retime_reuses_the_kernels_the_sweep_loaded(monkeypatch):
+    """Loading JIT-compiles on a GPU: finalists measured by this runner are not loaded again."""
+    runner = Runner(SCALE_SPEC, CASE, "interpret", reps=1, warmup=0, workers=1)
+    loads = []
+    real = runner.target.load
+    monkeypatch.setattr(runner.target, "load", lambda a, m: loads.append(1) or real(a, m))
+    configs = [GOOD, {**GOOD, "BN": 2}]
+    runner.evaluate(configs)
+    assert len(loads) == 2
+    runner.retime(configs, rounds=2)
+    assert len(loads) == 2
+    runner.retime([{**GOOD, "BN": 8}], rounds=1)  # never measured here: built and loaded once
+    assert len(loads) == 3
