@@ -2,12 +2,13 @@
 
 An artifact lives in ``<cache>/artifacts/<kernel>/<target>/<key>/`` with one file per stage and
 ``meta.json``. The key hashes the lowered Tile IR text (which holds the shapes, dtypes, config
-and constants), the target's knobs and the toolchain versions, so a change to any of them
-builds anew. A directory whose ``meta.json`` is missing or unreadable is rebuilt, never trusted.
+and constants), the target's knobs, the toolchain versions and duotile's own compiler sources
+(the DSL, the passes and the generators), so a change to any of them builds anew. A directory whose ``meta.json`` is missing or unreadable is rebuilt, never trusted.
 """
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import os
@@ -29,10 +30,23 @@ def cache_root() -> Path:
     return Path(os.environ.get("DUOTILE_CACHE", Path.home() / ".cache" / "duotile"))
 
 
+@functools.lru_cache(maxsize=1)
+def compiler_digest() -> str:
+    """A hash of the sources that turn a kernel into code: an edited generator never reuses the
+    artifacts of the old one."""
+    root = Path(__file__).resolve().parents[1]
+    h = hashlib.sha256()
+    for sub in ("dsl", "passes", "codegen"):
+        for f in sorted((root / sub).rglob("*.py")):
+            h.update(str(f.relative_to(root)).encode())
+            h.update(f.read_bytes())
+    return h.hexdigest()[:16]
+
+
 def artifact_key(module: Module, target: Target, knobs: dict) -> str:
     text = canonical_text(module)
-    blob = json.dumps({"ir": text, "target": target.name, "knobs": knobs,
-                       "toolchain": target.toolchain(), "format": 1}, sort_keys=True, default=str)
+    blob = json.dumps({"ir": text, "target": target.name, "knobs": knobs, "toolchain": target.toolchain(),
+                       "compiler": compiler_digest(), "format": 1}, sort_keys=True, default=str)
     return hashlib.sha256(blob.encode()).hexdigest()[:20]
 
 

@@ -6,6 +6,7 @@ import json
 
 import torch
 
+from duotile.codegen import build
 from duotile.codegen.build import artifact_key, build_module
 from duotile.codegen.compile import specialize
 from duotile.codegen.target import get_target
@@ -26,6 +27,16 @@ def test_key_is_stable_across_traces_and_changes_with_config():
     _, (m3, k3) = _module({"ROWS": 2})
     assert artifact_key(m1, target, k1) == artifact_key(m2, target, k2)
     assert artifact_key(m1, target, k1) != artifact_key(m3, target, k3)
+
+
+def test_key_changes_with_the_compiler_sources(monkeypatch):
+    # regression: an edited generator used to reuse the artifacts the old one had cached
+    target = get_target("interpret")
+    _, (module, knobs) = _module()
+    before = artifact_key(module, target, knobs)
+    assert len(build.compiler_digest()) == 16
+    monkeypatch.setattr(build, "compiler_digest", lambda: "edited")
+    assert artifact_key(module, target, knobs) != before
 
 
 def test_hit_then_corrupt_entry_is_rebuilt(tmp_path, monkeypatch):
