@@ -13,7 +13,15 @@ from ..kernels_spec.test_interpret import check_outputs
 pytestmark = pytest.mark.gpu
 
 KNOBS = [
-    ("gemm", "bf16_ragged", {"warp_specialize": False}),  # every warp loads (cp.async), no producer group
+    ("gemm", "bf16_ragged", {"warp_specialize": "off"}),  # every warp loads (cp.async), no producer group
+    ("gemm", "bf16_ragged", {"warp_specialize": False}),  # the same, as older tuning tables spell it
+    # duotile's producer / consumer roles: TMA ring with mbarriers, wgmma kept in flight
+    ("gemm", "bf16_ragged", {"warp_specialize": "manual"}),
+    ("gemm", "fp8_scaled", {"warp_specialize": "manual", "fp8_promote_k": 128, "BK": 128, "BN": 128}),
+    ("flash_attention", "d128", {"warp_specialize": "manual", "overlap": True}),  # rotation + ping-pong
+    ("flash_attention", "d128_ragged", {"warp_specialize": "manual", "overlap": True}),
+    ("flash_attention", "d128_causal", {"warp_specialize": "manual", "overlap": False}),
+    ("flash_attention", "d128", {"warp_specialize": "manual", "overlap": True, "BM": 64, "threads": 128}),
     ("gemm", "fp8_scaled", {"fp8_promote_k": 256, "BK": 128, "BN": 128}),  # promotion every other step
     ("gemm", "fp8_scaled", {"fp8_promote_k": 0}),  # never promoted: still within the accumulation bound
     ("flash_attention", "d128_ragged", {"overlap": True}),  # FA3 schedule with a masked tail block

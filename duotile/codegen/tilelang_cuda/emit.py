@@ -15,6 +15,7 @@ from ..handlers import OpHandlers
 from . import overlap
 from .arch import Arch
 from .exprs import ElementPrinter, index, literal
+from .manual_ws import PRODUCER_THREADS, ManualWarpSpecialization
 from .plan import Plan, make_plan
 from .source import Source
 
@@ -31,6 +32,9 @@ class Emitter:
         self.dirty: set[int] = set()  # TMEM accumulators written since their last drain
         self.loop_stack: list[Op] = []
         self.barriers = 0
+        self.ws: ManualWarpSpecialization | None = None  # warp_specialize=manual: the role split
+        self.ring_slots: dict[int, int] = {}  # value id -> slots, for tiles loaded into a ring
+        self.async_gemm = False  # emit T.wgmma_gemm (no wait): the manual schedule places the waits
 
     # -- names and declarations -----------------------------------------------------------------
     def name(self, v: Value) -> str:
@@ -41,7 +45,10 @@ class Emitter:
         return self.names[v.id]
 
     def declare(self, v: Value, name: str, scope: str):
-        shape = "(" + ", ".join(str(int(d)) for d in v.type.shape) + ",)"
+        dims = [str(int(d)) for d in v.type.shape]
+        if v.id in self.ring_slots:
+            dims.insert(0, str(self.ring_slots[v.id]))
+        shape = "(" + ", ".join(dims) + ",)"
         dt = v.type.dtype.tilelang_name
         alloc = {"shared": "T.alloc_shared", "fragment": "T.alloc_fragment", "tmem": "T.alloc_tmem"}[scope]
         self.src.decl(f'{name} = {alloc}({shape}, "{dt}")')
@@ -57,6 +64,11 @@ class Emitter:
             self.src.line(f"T.copy({name}, {name}_frag)", op.loc)
             self.dirty.discard(v.id)
         return f"{name}_frag"
+
+    def global_region(self, op: Op) -> str:
+        """The global tile a ``load`` op reads, as a TileLang region."""
+        p = self.m.param(op.attrs["tensor"])
+        return region(p.name, op.attrs["offsets"], op.attrs["shape"], len(p.shape))
 
     def new_barrier(self) -> str:
         self.barriers += 1
@@ -87,14 +99,27 @@ def emit_module(module: Module, arch: Arch, knobs: dict) -> str:
     extents = [index(x) for x in grid.attrs["extents"]][::-1]
     if len(names) > 3:
         raise UnsupportedError(f"{arch.name}: grids have at most 3 axes, got {len(names)}", grid.loc)
-    e.block(grid.regions[0].ops)
+    mode = ws_mode(knobs)
+    threads = int(knobs["threads"])
+    if mode == "manual" and not arch.has_tmem:
+        ManualWarpSpecialization(e, grid.regions[0].ops).emit()
+        threads += PRODUCER_THREADS
+    else:
+        e.block(grid.regions[0].ops)
     params = ", ".join(f'{p.name}: T.Tensor(({", ".join(str(int(d)) for d in p.shape)},), "{p.dtype.tilelang_name}")'
                        for p in module.params if p.name in present_params(module))
     swizzle = int(knobs.get("raster", 0) or 0)
     targets = ", ".join(names) + ("," if len(names) == 1 else "")
-    head = [f"with T.Kernel({', '.join(extents)}, threads={knobs['threads']}) as ({targets}):"]
-    configs = {} if knobs.get("warp_specialize", True) else {"tl.disable_warp_specialized": True}
+    head = [f"with T.Kernel({', '.join(extents)}, threads={threads}) as ({targets}):"]
+    configs = {"tl.disable_warp_specialized": True} if mode == "off" else {}
     return e.src.render(module, arch.name, params, head, swizzle, configs)
+
+
+def ws_mode(knobs: dict) -> str:
+    """The ``warp_specialize`` knob: "auto" (TileLang's producer warp group), "manual"
+    (``manual_ws.py``) or "off"; the booleans of older tuning tables mean auto / off."""
+    mode = knobs.get("warp_specialize", "auto")
+    return {True: "auto", False: "off"}.get(mode, mode) if isinstance(mode, bool) else str(mode)
 
 
 def present_params(module: Module) -> set[str]:
@@ -184,9 +209,10 @@ def _load(e: Emitter, op: Op):
     v = op.result
     name = e.name(v)
     shape = op.attrs["shape"]
+    if e.ws is not None and e.ws.load_wait(op):
+        return
     if op.attrs["other"] == 0.0:
-        p = e.m.param(op.attrs["tensor"])
-        e.src.line(f"T.copy({region(p.name, op.attrs['offsets'], shape, len(p.shape))}, {name})", op.loc)
+        e.src.line(f"T.copy({e.global_region(op)}, {name})", op.loc)
         return
     lv = [f"i{d}" for d in range(len(shape))]
     cond, idx = _in_bounds(e, op, lv)
@@ -281,7 +307,8 @@ def _gemm(e: Emitter, op: Op):
             _promoted_gemm(e, op, a_buf, b_buf, policy)
             return
         clear_arg = f", clear_accum={clear}" if clear else ""
-        e.src.line(f"T.gemm({a_buf}, {b_buf}, {e.name(acc)}, transpose_A={ta}, transpose_B={tb}"
+        fn = "T.wgmma_gemm" if e.async_gemm else "T.gemm"
+        e.src.line(f"{fn}({a_buf}, {b_buf}, {e.name(acc)}, transpose_A={ta}, transpose_B={tb}"
                    f"{policy}{clear_arg})", op.loc)
         return
     if scope == "tmem":
@@ -338,6 +365,9 @@ def _tcgen05(e: Emitter, op: Op, a: str, b: str, acc: str, clear: str, ta: bool,
 
 def _operand(e: Emitter, v: Value, op: Op) -> str:
     """A gemm operand's buffer; fragments that must come from shared memory are copied there."""
+    ring = e.ws.operand(v.id) if e.ws is not None else None
+    if ring is not None:
+        return ring
     if v.id not in e.plan.staged:
         return e.readable(v, op) if e.plan.scope[v.id] == "tmem" else e.name(v)
     src = e.name(v)

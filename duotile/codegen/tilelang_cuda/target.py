@@ -34,9 +34,10 @@ class TileLangCuda(Target):
             self.knobs["fp8_promote_k"] = choice(128, 256, 512, 0)
             # overlap: run a dependent second gemm one iteration behind (FA3's schedule), see overlap.py
             self.knobs["overlap"] = choice(False, True)
-            # warp_specialize: TileLang's producer warp group issuing TMA for a pipelined loop (True), or
-            # every warp loading and computing (False: pass config tl.disable_warp_specialized)
-            self.knobs["warp_specialize"] = choice(True, False)
+            # warp_specialize: for a pipelined loop, TileLang's producer warp group issuing TMA ("auto"),
+            # duotile's hand-scheduled producer / consumer roles with wgmma kept in flight ("manual",
+            # manual_ws.py), or every warp loading and computing ("off": tl.disable_warp_specialized)
+            self.knobs["warp_specialize"] = choice("auto", "manual", "off")
 
     def knobs_for(self, module: Module) -> dict:
         """fp8_promote_k only matters with an fp8 gemm, overlap only with two gemms in a pipelined loop,

@@ -1,0 +1,105 @@
+"""sm90 ``warp_specialize="manual"``: duotile's own producer / consumer warp groups (manual_ws.py).
+
+Checked on the CPU: the schedule in the generated TileLang (where the loads, waits and releases
+go), that TileLang and nvcc accept it, and the errors for loops it cannot schedule. The GPU runs
+are in tests/gpu/test_sm90_knobs.py."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+import torch
+
+from duotile import dsl
+from duotile.codegen.build import build_module
+from duotile.codegen.compile import specialize
+from duotile.codegen.target import get_target
+from duotile.dsl.errors import UnsupportedError
+from duotile.kernels_spec import load_all
+
+MANUAL = {"warp_specialize": "manual"}
+
+
+def _build(name, case_name, knobs, compile_it=True):
+    spec = load_all()[name]
+    case = spec.cases[case_name]
+    sig = spec.kernel.bind(spec.make_inputs(case, torch.device("cpu"), 0))
+    module, kn = specialize(spec.kernel, sig, "sm90", {**spec.config_of(case), **knobs}, spec.constants_of(case))
+    target = get_target("sm90")
+    return build_module(spec.kernel, module, target, kn) if compile_it else target.generate(module, kn)
+
+
+def _lines(text: str, start: str, stop: str) -> list[str]:
+    body = text[text.index(start):text.index(stop, text.index(start) + len(start))]
+    return [ln.strip() for ln in body.splitlines() if ln.strip()]
+
+
+def test_attention_rotation_keeps_the_second_gemm_in_flight_over_the_softmax():
+    art = _build("flash_attention", "d128", {**MANUAL, "overlap": True})
+    tl = art.stages["tilelang"]
+    assert "T.Kernel(2, 2, 1, threads=384)" in tl  # 256 consumers + the producer warp group
+    producer = _lines(tl, "if tx >= 256:", "else:  # consumer")
+    assert producer[1] == "T.dec_max_nreg(24)"
+    assert sum("T.tma_copy(" in ln for ln in producer) == 3  # q once, k and v per iteration
+    # two key blocks: iteration 0 is peeled, the steady loop is 1..2, and so is the last P V after it
+    steady = _lines(tl, "for n in T.serial(1, 2):", "for n in T.serial(1, 2):")
+    issue1, issue2 = (i for i, ln in enumerate(steady) if ln.startswith("T.wgmma_gemm("))
+    assert "k1_smem[n % 2" in steady[issue1] and "v2_smem[(n - 1) % 2" in steady[issue2]  # P V one behind
+    wait1, wait0 = steady.index("T.wait_wgmma(1)"), steady.index("T.wait_wgmma(0)")
+    first_softmax = next(i for i, ln in enumerate(steady) if ln.startswith("T.reduce_max"))
+    acc_update = re.compile(r"buf\d+_frag\[i0, i1\] = \(buf\d+_frag\[i0, i1\] \*")
+    rescale = next(i for i, ln in enumerate(steady) if acc_update.match(ln))
+    assert issue2 < wait1 < first_softmax < wait0 < rescale  # softmax runs while P V is in flight
+    assert steady.index("T.barrier_arrive(k1_smem_empty[n % 2])") == wait1 + 1
+    assert steady.index("T.barrier_arrive(v2_smem_empty[(n - 1) % 2])") == wait0 + 1
+    # ping-pong: each warp group waits its turn before its gemms and hands it over after
+    assert steady[steady.index("T.sync_threads(8 + tx // 128, 256)") + 1].startswith("T.wgmma_gemm(")
+    assert steady[issue2 + 1] == "T.named_barrier_arrive(9 - tx // 128, 256)"
+    cuda = art.stages["cuda"]
+    assert "__launch_bounds__(384, 1)" in cuda and "warpgroup_reg_alloc<240>" in cuda
+    assert "wgmma_rs<" in cuda and "tl::wait_wgmma<1>()" in cuda
+
+
+def test_gemm_mainloop_frees_a_slot_once_the_next_gemm_is_issued():
+    art = _build("gemm", "bf16_ragged", MANUAL)
+    loop = _lines(art.stages["tilelang"], "else:  # consumer", "T.wait_wgmma(0)")
+    issue = next(i for i, ln in enumerate(loop) if ln.startswith("T.wgmma_gemm("))
+    assert loop[issue + 1] == "T.wait_wgmma(1)" and loop[issue + 2] == "if k > 0:"
+    assert loop[issue + 3].startswith("T.barrier_arrive(a0_smem_empty[(k - 1) %")
+    assert "cp_async" not in art.stages["cuda"] and "tma_load" in art.stages["cuda"]
+
+
+def test_without_overlap_each_gemm_is_waited_for_at_once():
+    tl = _build("flash_attention", "d128_causal", MANUAL, compile_it=False).stages["tilelang"]
+    consumer = tl[tl.index("else:  # consumer"):]
+    assert "T.wgmma_gemm(" not in consumer and consumer.count("T.gemm(") == 2
+    assert "named_barrier" not in consumer
+
+
+def test_fp8_promotion_stays_synchronous_under_manual():
+    tl = _build("gemm", "fp8_scaled", {**MANUAL, "fp8_promote_k": 128, "BK": 128, "BN": 128},
+                compile_it=False).stages["tilelang"]
+    consumer = tl[tl.index("else:  # consumer"):]
+    assert "T.gemm(" in consumer and "_step[i0, i1]" in consumer
+
+
+@dsl.kernel
+def _reads_ring_tile(x: dsl.Tensor["N", "D", dsl.bf16], w: dsl.Tensor["D", "D", dsl.bf16],
+                     y: dsl.Tensor["N", "D", dsl.f32], *, BN: dsl.Tunable = dsl.choice(64)):
+    for i in dsl.grid(dsl.cdiv(x.N, BN)):
+        acc = dsl.zeros((BN, x.D), dsl.f32, role="accumulator")
+        for _ in dsl.pipelined(dsl.cdiv(x.D, x.D), stages=2):
+            t = dsl.load(x[i * BN, 0], (BN, x.D), role="operand")
+            wt = dsl.load(w[0, 0], (x.D, x.D), role="operand")
+            dsl.gemm(t, wt, acc)
+            acc[:] = acc + t.to(dsl.f32)
+        dsl.store(y[i * BN, 0], acc)
+
+
+def test_a_ring_tile_read_by_vector_code_is_refused_with_its_line():
+    x, w = torch.zeros(128, 64, dtype=torch.bfloat16), torch.zeros(64, 64, dtype=torch.bfloat16)
+    sig = _reads_ring_tile.bind({"x": x, "w": w, "y": torch.zeros(128, 64)})
+    module, kn = specialize(_reads_ring_tile, sig, "sm90", {**MANUAL, "threads": 128})
+    with pytest.raises(UnsupportedError, match=r"test_manual_ws\.py:\d+.*only gemms may read a tile"):
+        get_target("sm90").generate(module, kn)
