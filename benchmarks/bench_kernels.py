@@ -27,15 +27,19 @@ from duotile.kernels_spec import get  # noqa: E402
 from duotile.passes.autotune.cache import best_config  # noqa: E402
 
 FP8 = {"BM": 128, "BN": 128, "BK": 128, "STAGES": 4, "raster": 16}
+MANUAL = {"warp_specialize": "manual"}  # duotile's producer / consumer roles (manual_ws.py)
 SWEEP = {
-    "gemm_bf16": [{}, {"BM": 128, "BN": 256, "BK": 64, "STAGES": 4, "raster": 16}],
+    "gemm_bf16": [{}, {"BM": 128, "BN": 256, "BK": 64, "STAGES": 4, "raster": 8}, MANUAL,
+                  {"BM": 128, "BN": 256, "BK": 64, "STAGES": 4, "raster": 8, **MANUAL}],
     # fp8_promote_k N: the fp8 partial sums join the fp32 accumulator every N elements of K (0: never)
-    "gemm_fp8": [{}, {**FP8, "fp8_promote_k": 128}, {**FP8, "fp8_promote_k": 256}, {**FP8, "fp8_promote_k": 512},
-                 {**FP8, "fp8_promote_k": 0}],
-    "attention": [{}, {"overlap": True}, {"overlap": True, "STAGES": 1}, {"overlap": True, "BN": 64}],
+    "gemm_fp8": [{}, {**FP8, "fp8_promote_k": 128}, {**FP8, "fp8_promote_k": 0}, {**FP8, **MANUAL},
+                 {**FP8, "fp8_promote_k": 128, **MANUAL}, {**FP8, "fp8_promote_k": 0, **MANUAL},
+                 {**FP8, "BN": 256, "fp8_promote_k": 0, **MANUAL}],
+    "attention": [{}, {"overlap": True}, {"overlap": True, **MANUAL}, {"overlap": True, "STAGES": 3, **MANUAL},
+                  {**MANUAL}],
     "rmsnorm": [{}, {"ROWS": 2, "threads": 512}],
 }
-SWEEP["attention_causal"] = SWEEP["attention"][:2]
+SWEEP["attention_causal"] = SWEEP["attention"][:3]
 for _name in ("gemm_bf16", "gemm_fp8", "attention"):
     SWEEP[_name].insert(1, None)  # the tuned config, as codegen.compile picks it
 

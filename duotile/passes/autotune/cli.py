@@ -33,6 +33,9 @@ def register(subparsers) -> None:
     p.add_argument("--budget", default="default", choices=("quick", "default", "full"))
     p.add_argument("--strategy", default="auto", choices=("auto", "exhaustive", "random", "pattern"))
     p.add_argument("--pin", type=_pair, action="append", default=[], metavar="NAME=VALUE")
+    p.add_argument("--also-try", action="append", default=[], metavar="NAME=VALUE,...",
+                   help="a start point measured after the default (over it), e.g. "
+                        "'BN=256,warp_specialize=manual'; the search continues from the best")
     p.add_argument("--require", action="append", default=[], metavar="RELATION",
                    help="an extra constraint, e.g. 'Mod(K, BK) == 0'")
     p.add_argument("--device", default=None)
@@ -61,7 +64,8 @@ def run(args) -> int:
         raise SystemExit("give --case or --shape NAME=VALUE for every size of the kernel")
     result = tune(spec, case, args.target, budget=args.budget, strategy=args.strategy, pins=dict(args.pin),
                   device=args.device, seed=args.seed, relations=args.require, cache_dir=args.cache_dir,
-                  write_cache=not args.no_cache, progress=not args.no_progress)
+                  write_cache=not args.no_cache, progress=not args.no_progress,
+                  also_try=[dict(_pair(kv) for kv in text.split(",")) for text in args.also_try])
     print(report.summary(result))
     stem = Path(args.out) / f"{result.kernel}_{result.target}"
     print(f"  report: {report.write_json(result, stem.with_suffix('.json'))}")

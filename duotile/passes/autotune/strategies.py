@@ -113,12 +113,14 @@ class PatternSearch(Strategy):
 
     def __init__(self, space, rng, initial_random: int = 3):
         super().__init__(space, rng)
-        self.initial_random = initial_random
+        self.initial_random, self.started = initial_random, False
 
     def ask(self, n):
         out: list[Config] = []
-        if not self.seen:
-            out.append(self.space.default())
+        if not self.started:  # the default (unless told already) and a few random points
+            self.started = True
+            if self._new(self.space.default(), out):
+                out.append(self.space.default())
             while len(out) < min(n, 1 + self.initial_random) and len(out) < self.space.size:
                 c = self.space.sample(self.rng)
                 if self._new(c, out):
@@ -165,10 +167,14 @@ class Step:
 
 def search(space: ConfigSpace, evaluate: Callable[[list[Config]], list[float | None]],
            budget: str | Budget = "default", strategy: str = "auto", seed: int = 0,
-           feasible: Callable[[Config], bool] | None = None, clock=time.monotonic) -> list[Step]:
-    """Run ``strategy`` until the budget (candidates or seconds) is spent or it has nothing new."""
+           feasible: Callable[[Config], bool] | None = None, clock=time.monotonic,
+           known: list[tuple[Config, float | None]] = ()) -> list[Step]:
+    """Run ``strategy`` until the budget (candidates or seconds) is spent or it has nothing new.
+    ``known``: configs already evaluated (the default, start points), told to the strategy first."""
     budget = get_budget(budget)
     strat = make_strategy(strategy, space, budget, seed)
+    for config, cost in known:
+        strat.tell(config, cost)
     steps: list[Step] = []
     evaluated, start = 0, clock()
     max_pruned = max(10_000, 50 * budget.max_candidates)

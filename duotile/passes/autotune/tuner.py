@@ -24,7 +24,7 @@ from . import cache as tcache
 from .constraints import Constraints
 from .cost_model import estimate
 from .runner import Runner, Trial
-from .space import Config, ConfigSpace, config_key
+from .space import Config, ConfigSpace, config_key, parse_value
 from .strategies import get_budget, search
 
 
@@ -71,9 +71,11 @@ def tune(spec: Spec, case: dict, target: str, *, budget: str = "default", strate
          pins: dict[str, Any] | None = None, device: str | None = None, seed: int = 0,
          relations: list[str] = (), cache_dir: str | None = None, write_cache: bool = True,
          progress: bool = True, runner_options: dict | None = None,
-         on_trial: Callable[[Trial], None] | None = None, finalists: int = 3, rounds: int = 3) -> TuneResult:
+         on_trial: Callable[[Trial], None] | None = None, finalists: int = 3, rounds: int = 3,
+         also_try: list[dict[str, Any]] = ()) -> TuneResult:
     """``finalists`` of the fastest measured candidates (and the default) are re-timed side by
-    side, ``rounds`` times, before the best is chosen (``confirm``); 0 skips that."""
+    side, ``rounds`` times, before the best is chosen (``confirm``); 0 skips that. ``also_try``:
+    partial configs (over the default) measured right after it; the search starts from the best."""
     t_start = time.monotonic()
     kernel = spec.kernel
     bud = get_budget(budget)
@@ -89,6 +91,7 @@ def tune(spec: Spec, case: dict, target: str, *, budget: str = "default", strate
     if kernel.batch_dim:
         notes.append(f"batch-invariant in {kernel.batch_dim}: reductions checked; the cached config "
                      f"serves every {kernel.batch_dim}")
+    starts = [start_point(space, partial) for partial in also_try]
     cons = Constraints(kernel, sig, target, runner.constants, relations, space.owners)
     trials: list[Trial] = []
     bar = _progress(bud.max_candidates, f"tune {kernel.name} {target}") if progress else None
@@ -117,7 +120,7 @@ def tune(spec: Spec, case: dict, target: str, *, budget: str = "default", strate
         _model_sweep(space, cons, runner, bud, seed, feasible, record)
         strategy_used = "model-ranked"
     else:
-        _measured_sweep(space, cons, runner, bud, strategy, seed, feasible, record)
+        _measured_sweep(space, cons, runner, bud, strategy, seed, feasible, record, starts)
         strategy_used = strategy if strategy != "auto" else (
             "exhaustive" if space.size <= bud.max_candidates else "pattern")
     if bar is not None:
@@ -138,22 +141,43 @@ def tune(spec: Spec, case: dict, target: str, *, budget: str = "default", strate
     return result
 
 
-def _measured_sweep(space, cons, runner, bud, strategy, seed, feasible, record) -> None:
-    """Compile, verify and time the default, then what the search strategy asks for."""
+def _measured_sweep(space, cons, runner, bud, strategy, seed, feasible, record, starts=()) -> None:
+    """Compile, verify and time the default and the start points, then what the search strategy
+    asks for, starting from the best of them."""
     default = space.default()
-    default_key = config_key(default)
+    done: dict[tuple, float | None] = {}
 
     def evaluate(batch: list[Config]) -> list[float | None]:
         out = []
         for t in runner.evaluate(batch):
             t.usage = cons.check(t.config).usage
             record(t)
-            out.append(t.time_ms if t.counts else None)
+            done[config_key(t.config)] = t.time_ms if t.counts else None
+            out.append(done[config_key(t.config)])
         return out
 
-    if feasible(default):  # the default is always measured: the speed-up is against it
-        evaluate([default])
-    search(space, evaluate, bud, strategy, seed, feasible=lambda c: config_key(c) != default_key and feasible(c))
+    first = []  # the default is always measured: the speed-up is against it
+    for c in [default, *starts]:
+        if config_key(c) not in {config_key(x) for x in first} and feasible(c):
+            first.append(c)
+    if first:
+        evaluate(first)
+    search(space, evaluate, bud, strategy, seed, feasible=lambda c: config_key(c) not in done and feasible(c),
+           known=[(c, done[config_key(c)]) for c in first])
+
+
+def start_point(space: ConfigSpace, partial: dict[str, Any]) -> Config:
+    """The default with ``partial``'s values: every name a parameter of the space and every value
+    one of its choices, or a ValueError that says which is not."""
+    out = space.default()
+    for name, value in partial.items():
+        if name not in space.params:
+            raise ValueError(f"also_try: {name!r} is not a tunable or knob here; known: {', '.join(space.params)}")
+        dom = space.params[name]
+        out[name] = parse_value(dom, value) if isinstance(value, str) and not dom.contains(value) else value
+        if not dom.contains(out[name]):
+            raise ValueError(f"also_try: {name}={value!r} is not one of {dom.values()}")
+    return out
 
 
 def _remember(result: TuneResult, runner: Runner, cache_dir: str | None) -> None:

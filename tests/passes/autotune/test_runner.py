@@ -172,3 +172,26 @@ def test_retime_reuses_the_kernels_the_sweep_loaded(monkeypatch):
     assert len(loads) == 2
     runner.retime([{**GOOD, "BN": 8}], rounds=1)  # never measured here: built and loaded once
     assert len(loads) == 3
+
+
+def test_also_try_start_points_are_measured_right_after_the_default(tmp_path):
+    result = tune(SCALE_SPEC, CASE, "interpret", budget="quick", strategy="pattern", cache_dir=tmp_path,
+                  progress=False, runner_options={"reps": 1, "warmup": 0, "workers": 1},
+                  also_try=[{"BN": "8"}, {"BN": 4}, {"BN": 2}], finalists=0)
+    measured = [t for t in result.trials if t.status != "pruned"]
+    assert measured[0].is_default
+    # "8" (command-line text) is parsed; {"BN": 2} is the default, measured once
+    assert [t.config["BN"] for t in measured[:3]] == [2, 8, 4]
+    keys = [tuple(sorted(t.config.items())) for t in result.trials]
+    assert len(keys) == len(set(keys))  # nothing measured twice
+
+
+def test_also_try_names_a_bad_start_point(tmp_path):
+    import pytest
+
+    with pytest.raises(ValueError, match="'NOPE' is not a tunable"):
+        tune(SCALE_SPEC, CASE, "interpret", budget="quick", cache_dir=tmp_path, progress=False,
+             also_try=[{"NOPE": 1}])
+    with pytest.raises(ValueError, match="BN=3 is not one of"):
+        tune(SCALE_SPEC, CASE, "interpret", budget="quick", cache_dir=tmp_path, progress=False,
+             also_try=[{"BN": 3}])

@@ -84,3 +84,18 @@ def test_time_budget_stops_the_search():
                    clock=lambda: next(ticks))
     assert 0 < len(steps) <= 3 * 4
     random.Random(0)
+
+
+def test_pattern_search_climbs_from_a_known_start_point_and_never_re_evaluates_it():
+    # a start point next to the optimum (what `duotile tune --also-try` gives): a handful of steps
+    near = {**OPT, "b": 12}
+    evaluated = []
+
+    def evaluate(batch):
+        evaluated.extend(batch)
+        return [cost(c) for c in batch]
+
+    steps = search(make_space(), evaluate, Budget("t", 12, 60, 4), "pattern", seed=3, known=[(near, cost(near))])
+    assert near not in evaluated
+    assert OPT in evaluated  # one step away from the start; a random start would need far more
+    assert min(s.cost for s in steps if s.cost is not None) == 0
