@@ -20,9 +20,9 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 SWEEPS = {  # sweep name -> (kernel, build case): the tuner starts from the case's own config
+    "flash_attention_d128": ("flash_attention", "d128"),
     "gemm_bf16": ("gemm", "bf16_8192"),
     "gemm_fp8": ("gemm", "fp8_8192"),
-    "flash_attention_d128": ("flash_attention", "d128"),
     "rmsnorm_16M": ("rmsnorm", "hidden"),
 }
 MANUAL = {"warp_specialize": "manual"}

@@ -3,7 +3,8 @@
 An artifact lives in ``<cache>/artifacts/<kernel>/<target>/<key>/`` with one file per stage and
 ``meta.json``. The key hashes the lowered Tile IR text (which holds the shapes, dtypes, config
 and constants), the target's knobs, the toolchain versions and duotile's own compiler sources
-(the DSL, the passes and the generators), so a change to any of them builds anew. A directory whose ``meta.json`` is missing or unreadable is rebuilt, never trusted.
+(the DSL, the passes and the generators), so a change to any of them builds anew. A directory
+whose ``meta.json`` is missing or unreadable is rebuilt, never trusted.
 """
 
 from __future__ import annotations

@@ -103,3 +103,16 @@ def test_a_ring_tile_read_by_vector_code_is_refused_with_its_line():
     module, kn = specialize(_reads_ring_tile, sig, "sm90", {**MANUAL, "threads": 128})
     with pytest.raises(UnsupportedError, match=r"test_manual_ws\.py:\d+.*only gemms may read a tile"):
         get_target("sm90").generate(module, kn)
+
+
+@pytest.mark.parametrize("threads", [128, 256, 384, 512])
+def test_consumer_registers_fit_the_pool_fixed_at_launch(threads):
+    # regression: 512 consumers asked for 120 registers each; with the producer's 24 that is more
+    # than the 96 x 640 ptxas gives the block at launch, and setmaxnreg.inc waited forever
+    from duotile.codegen.tilelang_cuda.manual_ws import PRODUCER_REGS, PRODUCER_THREADS, consumer_regs
+
+    total = threads + PRODUCER_THREADS
+    pool = min(255, 65536 // total) // 8 * 8 * total
+    regs = consumer_regs(threads)
+    assert regs % 8 == 0 and threads * regs + PRODUCER_THREADS * PRODUCER_REGS <= pool
+    assert regs == {128: 240, 256: 240, 384: 160, 512: 112}[threads]

@@ -17,6 +17,7 @@ KNOBS = [
     ("gemm", "bf16_ragged", {"warp_specialize": False}),  # the same, as older tuning tables spell it
     # duotile's producer / consumer roles: TMA ring with mbarriers, wgmma kept in flight
     ("gemm", "bf16_ragged", {"warp_specialize": "manual"}),
+    ("gemm", "bf16_ragged", {"warp_specialize": "manual", "threads": 512}),  # 4 consumer groups, 112 registers
     ("gemm", "fp8_scaled", {"warp_specialize": "manual", "fp8_promote_k": 128, "BK": 128, "BN": 128}),
     ("flash_attention", "d128", {"warp_specialize": "manual", "overlap": True}),  # rotation + ping-pong
     ("flash_attention", "d128_ragged", {"warp_specialize": "manual", "overlap": True}),

@@ -43,8 +43,14 @@ PINGPONG_BARRIERS = (8, 9)  # named barrier ids; TileLang's own syncs use the lo
 
 
 def consumer_regs(threads: int) -> int:
-    """The register count the consumers raise to: what the producer leaves, in steps of 8, at most 240."""
-    return min(240, (REGS_PER_SM - PRODUCER_THREADS * PRODUCER_REGS) // threads // 8 * 8)
+    """The register count the consumers raise to. The block's register pool is fixed at launch:
+    what ptxas gives every thread of the block (the most its launch bounds allow, in steps of 8,
+    at most 255). ``setmaxnreg.inc`` waits until the pool can serve it, so asking for more than
+    the producer's release leaves would hang the block; this is what is left, in steps of 8, at
+    most 240."""
+    total = threads + PRODUCER_THREADS
+    pool = min(255, REGS_PER_SM // total) // 8 * 8 * total
+    return min(240, (pool - PRODUCER_THREADS * PRODUCER_REGS) // threads // 8 * 8)
 
 
 @dataclass
