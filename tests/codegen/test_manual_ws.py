@@ -116,3 +116,14 @@ def test_consumer_registers_fit_the_pool_fixed_at_launch(threads):
     regs = consumer_regs(threads)
     assert regs % 8 == 0 and threads * regs + PRODUCER_THREADS * PRODUCER_REGS <= pool
     assert regs == {128: 240, 256: 240, 384: 160, 512: 112}[threads]
+
+
+def test_overlap_without_a_producer_group_is_refused_before_tilelang():
+    # regression: a tune sweep compiled overlap=True with warp_specialize=off four times, and
+    # TileLang failed each late ("Two statements in the same order"); now the lowering refuses it
+    spec = load_all()["flash_attention"]
+    case = spec.cases["d128"]
+    sig = spec.kernel.bind(spec.make_inputs(case, torch.device("cpu"), 0))
+    with pytest.raises(UnsupportedError, match=r"flash_attention\.py:\d+.*overlap=True needs warp_specialize"):
+        specialize(spec.kernel, sig, "sm90", {"overlap": True, "warp_specialize": "off"})
+    specialize(spec.kernel, sig, "sm90", {"overlap": True, "warp_specialize": "manual"})

@@ -14,7 +14,8 @@ it gets none. The statements are counted as the emitter wrote them.
 
 from __future__ import annotations
 
-from ...dsl.ir import Op
+from ...dsl.errors import UnsupportedError
+from ...dsl.ir import Module, Op
 
 
 def _sources(ops: list[Op]) -> dict[int, set[int]]:
@@ -71,3 +72,14 @@ def annotation(plan: dict[int, tuple[int, int]], statements: dict[int, int]) -> 
             orders.append(-1 if order < 0 else first_order[i] + k)
             stages.append(stage)
     return f"order={orders}, stage={stages}"
+
+
+def check_overlap(module: Module, arch_name: str, knobs: dict, ws_mode: str) -> None:
+    """``overlap`` reorders a pipelined loop for a producer warp group; with ``warp_specialize``
+    off TileLang 0.1.15 rejects the order late ("Two statements in the same order")."""
+    if not knobs.get("overlap") or ws_mode != "off":
+        return
+    for op in module.walk():
+        if op.name == "for" and op.attrs.get("stages") and schedule(op.regions[0].ops) is not None:
+            raise UnsupportedError(f"{arch_name}: overlap=True needs warp_specialize auto or manual, not off "
+                                   f"(config {module.config})", op.loc)

@@ -15,7 +15,8 @@ from ..target import Artifact, Target, register_target
 from . import toolchain
 from .arch import SM90, SM100, Arch
 from .capacity import check_capacity, check_warp_rows
-from .emit import emit_module
+from .emit import emit_module, ws_mode
+from .overlap import check_overlap
 
 
 class TileLangCuda(Target):
@@ -78,6 +79,7 @@ class TileLangCuda(Target):
         module = forward_copies(fold_bounds(fuse_elementwise(module)))
         check_capacity(module, self.arch, knobs)
         check_warp_rows(module, self.arch, knobs)
+        check_overlap(module, self.name, knobs, ws_mode(knobs))
         return module
 
     def generate(self, module: Module, knobs: dict[str, Any]) -> Artifact:
