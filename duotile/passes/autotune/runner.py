@@ -40,6 +40,11 @@ from ...kernels_spec.registry import Spec
 from .space import Config, config_key
 from .timing import median_ms
 
+
+class DeviceStuck(TimeoutError):
+    """The device still runs a kernel that timed out: nothing more can be measured on it."""
+
+
 STATUSES = ("ok", "compiled", "pruned", "compile_error", "wrong", "timeout", "run_error")
 
 
@@ -90,7 +95,9 @@ class Runner:
     def __init__(self, spec: Spec, case: dict, target: str, *, device: str | None = None, seed: int = 0,
                  workers: int | None = None, parallel: str = "threads", compile_timeout: float = 600.0,
                  run_timeout: float = 60.0, warmup: int = 3, reps: int = 20, flush_l2: bool | None = None,
-                 measure: bool = True, workdir: str | None = None):
+                 measure: bool = True, workdir: str | None = None, serial_device: bool | None = None):
+        """``serial_device``: runs queue behind each other on the device (a GPU stream: a kernel that
+        never ends blocks every later one); by default, true on CUDA."""
         self.spec, self.case, self.target = spec, case, get_target(target)
         self.device = torch.device(device or self.target.runs_on)
         if self.device.type == "cuda" and self.device.index is None and torch.cuda.is_available():
@@ -98,6 +105,9 @@ class Runner:
             self.device = torch.device("cuda", torch.cuda.current_device())
         self.seed, self.parallel = seed, parallel
         self._loaded: dict[tuple, object] = {}  # config key -> loaded kernel (see _load)
+        self._runaway: tuple[threading.Thread, str] | None = None  # a run that outlived its timeout
+        self.stuck: str | None = None  # why nothing more can run on the device, once that is so
+        self.serial_device = self.device.type == "cuda" if serial_device is None else serial_device
         self.workers = workers or max(1, min(16, os.cpu_count() or 1))
         self.compile_timeout, self.run_timeout = compile_timeout, run_timeout
         self.warmup, self.reps, self.measure = warmup, reps, measure
@@ -171,14 +181,31 @@ class Runner:
                 box["error"] = err
                 box["trace"] = traceback.format_exc()
 
+        self._wait_for_runaway()
         t = threading.Thread(target=work, name="duotile-run", daemon=True)
         t.start()
         t.join(timeout)
         if t.is_alive():
+            self._runaway = (t, f"ran past {timeout:.1f} s")
             raise TimeoutError(f"ran past {timeout:.1f} s")
         if "error" in box:
             raise box["error"]
         return box.get("value")
+
+    def _wait_for_runaway(self):
+        """A GPU kernel that outlived its timeout cannot be stopped, and everything queued after it
+        waits for it: give it one more ``run_timeout``, then refuse to run (a deadlocked kernel would
+        otherwise stall every later candidate, one timeout each). On the CPU runs do not queue."""
+        if self._runaway is None or not self.serial_device:
+            return
+        thread, what = self._runaway
+        if self.stuck is None:
+            thread.join(self.run_timeout)
+        if thread.is_alive():
+            self.stuck = (f"the device is still busy with a kernel that {what} (and "
+                          f"{self.run_timeout:.0f} s more); nothing else can run on it")
+            raise DeviceStuck(f"not run: {self.stuck}")
+        self._runaway = None
 
     def _check(self) -> tuple[bool, str, float]:
         worst, problems = 0.0, []
@@ -232,6 +259,9 @@ class Runner:
         try:
             self._poison_outputs()
             self._with_timeout(lambda: (fn(self.inputs), self._sync()), self.run_timeout)
+        except DeviceStuck as err:
+            trial.status, trial.reason = "timeout", str(err)
+            return trial
         except TimeoutError as err:
             trial.status, trial.reason = "timeout", f"first run {err}"
             return trial

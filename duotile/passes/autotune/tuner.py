@@ -23,7 +23,7 @@ from ..check_batch_invariance import check_batch_invariance
 from . import cache as tcache
 from .constraints import Constraints
 from .cost_model import estimate
-from .runner import Runner, Trial
+from .runner import DeviceStuck, Runner, Trial
 from .space import Config, ConfigSpace, config_key, parse_value
 from .strategies import get_budget, search
 
@@ -128,7 +128,9 @@ def tune(spec: Spec, case: dict, target: str, *, budget: str = "default", strate
 
     good = [t for t in trials if t.counts]
     dflt = next((t for t in trials if t.is_default), None)
-    if not model and finalists and len(good) > 1:
+    if runner.stuck:
+        notes.append(f"sweep stopped: {runner.stuck}; the results are those measured before")
+    elif not model and finalists and len(good) > 1:
         notes.append(confirm(runner, good, dflt, finalists, rounds))
         good = [t for t in good if t.confirmed_ms is not None]  # the best is a finalist
     best = min(good, key=lambda t: t.final_ms) if good else None
@@ -148,6 +150,8 @@ def _measured_sweep(space, cons, runner, bud, strategy, seed, feasible, record, 
     done: dict[tuple, float | None] = {}
 
     def evaluate(batch: list[Config]) -> list[float | None]:
+        if runner.stuck:
+            raise DeviceStuck(runner.stuck)
         out = []
         for t in runner.evaluate(batch):
             t.usage = cons.check(t.config).usage
@@ -162,8 +166,11 @@ def _measured_sweep(space, cons, runner, bud, strategy, seed, feasible, record, 
             first.append(c)
     if first:
         evaluate(first)
-    search(space, evaluate, bud, strategy, seed, feasible=lambda c: config_key(c) not in done and feasible(c),
-           known=[(c, done[config_key(c)]) for c in first])
+    try:
+        search(space, evaluate, bud, strategy, seed, feasible=lambda c: config_key(c) not in done and feasible(c),
+               known=[(c, done[config_key(c)]) for c in first])
+    except DeviceStuck:  # a candidate hung the GPU: report what was measured (tune() notes why)
+        pass
 
 
 def start_point(space: ConfigSpace, partial: dict[str, Any]) -> Config:

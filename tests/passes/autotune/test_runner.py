@@ -195,3 +195,51 @@ def test_also_try_names_a_bad_start_point(tmp_path):
     with pytest.raises(ValueError, match="BN=3 is not one of"):
         tune(SCALE_SPEC, CASE, "interpret", budget="quick", cache_dir=tmp_path, progress=False,
              also_try=[{"BN": 3}])
+
+
+def _hanging_load(monkeypatch, seconds: float):
+    """Configs with BN=8 sleep ``seconds`` in their run: a kernel that outlives its timeout."""
+    target = get_target("interpret")
+    real_load = target.load
+
+    def load(artifact, module):
+        fn = real_load(artifact, module)
+        if module.config.get("BN") == 8:
+            return lambda tensors: (time.sleep(seconds), fn(tensors))
+        return fn
+
+    monkeypatch.setattr(target, "load", load)
+
+
+def test_a_device_still_running_a_timed_out_kernel_refuses_further_runs(monkeypatch):
+    # regression: on the H200 a deadlocked candidate stalled a sweep; every later candidate then
+    # waited its full timeout behind it on the GPU stream
+    _hanging_load(monkeypatch, 3.0)
+    runner = Runner(SCALE_SPEC, CASE, "interpret", reps=1, warmup=0, run_timeout=0.3, serial_device=True)
+    t0 = time.monotonic()
+    trials = runner.evaluate([{**GOOD, "BN": 8}, GOOD, {**GOOD, "BN": 2}])
+    assert [t.status for t in trials] == ["timeout", "timeout", "timeout"]
+    assert "first run ran past 0.3 s" in trials[0].reason
+    assert trials[1].reason.startswith("not run: the device is still busy") and runner.stuck
+    assert time.monotonic() - t0 < 2.0  # one grace period, not one timeout a candidate
+
+
+def test_a_runaway_that_ends_in_its_grace_period_frees_the_device(monkeypatch):
+    _hanging_load(monkeypatch, 0.5)
+    runner = Runner(SCALE_SPEC, CASE, "interpret", reps=1, warmup=0, run_timeout=0.3, serial_device=True)
+    trials = runner.evaluate([{**GOOD, "BN": 8}, GOOD])
+    assert [t.status for t in trials] == ["timeout", "ok"] and runner.stuck is None
+
+
+def test_tune_stops_and_reports_when_a_candidate_hangs_the_device(tmp_path, monkeypatch):
+    _hanging_load(monkeypatch, 5.0)
+    result = tune(SCALE_SPEC, CASE, "interpret", budget="quick", strategy="pattern", cache_dir=tmp_path,
+                  progress=False, also_try=[{"BN": 8}],
+                  runner_options={"reps": 1, "warmup": 0, "workers": 1, "run_timeout": 0.3, "serial_device": True})
+    assert any(n.startswith("sweep stopped: the device is still busy") for n in result.notes)
+    measured = [t for t in result.trials if t.status != "pruned"]
+    assert [t.status for t in measured[:2]] == ["ok", "timeout"]  # the default, then the hang
+    assert result.best is not None and result.best.is_default  # what was measured before still counts
+    # the batch already compiled is refused at once; then the search stops (no more batches)
+    assert all(t.reason.startswith("not run: the device") for t in measured[2:])
+    assert len(measured) <= 2 + 8
