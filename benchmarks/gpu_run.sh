@@ -17,11 +17,13 @@ log="$WORK/$phase.log"
   python3 -c "import torch, tilelang; print('torch', torch.__version__, 'tilelang', tilelang.__version__)"; } >"$log"
 case "$phase" in
   tests) par=$(python3 -c "import xdist" 2>/dev/null && echo "-n 4")  # builds dominate: run four at once
-         timeout "$limit" python3 -m pytest -m gpu tests -q --timeout 300 -p no:cacheprovider $par >>"$log" 2>&1 ;;
+         # -v: one line a test, so a phase cut short still says which tests finished
+         timeout "$limit" python3 -m pytest -m gpu tests -v --timeout 300 -p no:cacheprovider $par 2>&1 \
+           | grep -v "PytestBenchmarkWarning\|warner(" >>"$log" ;;
   bench) timeout "$limit" python3 benchmarks/bench_kernels.py --sweep "$@" 2>&1 | grep -v "TileLang:" >>"$log"
          cp benchmarks/results/kernels_sm90.* "$WORK/" 2>/dev/null ;;
   tune)  timeout "$limit" python3 benchmarks/tune_sweep.py --budget quick --cache-dir "$WORK" --out "$WORK" \
-           --only "${1:-gemm_fp8}" 2>&1 | grep -v "TileLang:" >>"$log" ;;
+           --only "${1:-gemm_fp8}" 2>&1 | tr '\r' '\n' | grep --line-buffered -v "TileLang:\|cfg \[" >>"$log" ;;
   *) echo "unknown phase $phase (tests | bench | tune NAMES)"; exit 2 ;;
 esac
 status=$?
