@@ -23,7 +23,7 @@ case "$phase" in
   bench) timeout "$limit" python3 benchmarks/bench_kernels.py --sweep "$@" 2>&1 | grep -v "TileLang:" >>"$log"
          cp benchmarks/results/kernels_sm90.* "$WORK/" 2>/dev/null ;;
   tune)  timeout "$limit" python3 benchmarks/tune_sweep.py --budget quick --cache-dir "$WORK" --out "$WORK" \
-           --only "${1:-gemm_fp8}" 2>&1 | tr '\r' '\n' | grep --line-buffered -v "TileLang:\|cfg \[" >>"$log" ;;
+           --only "${1:-gemm_fp8}" 2>&1 | tr '\r' '\n' | grep -v "TileLang:" >>"$log" ;;  # progress kept: a stall shows where
   *) echo "unknown phase $phase (tests | bench | tune NAMES)"; exit 2 ;;
 esac
 status=$?
