@@ -127,3 +127,27 @@ def test_overlap_without_a_producer_group_is_refused_before_tilelang():
     with pytest.raises(UnsupportedError, match=r"flash_attention\.py:\d+.*overlap=True needs warp_specialize"):
         specialize(spec.kernel, sig, "sm90", {"overlap": True, "warp_specialize": "off"})
     specialize(spec.kernel, sig, "sm90", {"overlap": True, "warp_specialize": "manual"})
+
+
+@dsl.kernel
+def _work_after_second_gemm(q: dsl.Tensor["S", "D", dsl.bf16], k: dsl.Tensor["S", "D", dsl.bf16],
+                            o: dsl.Tensor["S", "D", dsl.f32], *, BM: dsl.Tunable = dsl.choice(64)):
+    for m in dsl.grid(dsl.cdiv(q.S, BM)):
+        qt = dsl.load(q[m * BM, 0], (BM, q.D), role="operand")
+        acc = dsl.full((BM, q.D), 1.0, dsl.f32, role="accumulator")  # not cleared by its first gemm
+        for n in dsl.pipelined(dsl.cdiv(q.S, BM), stages=2):
+            kt = dsl.load(k[n * BM, 0], (BM, q.D), role="operand")
+            s = dsl.zeros((BM, BM), dsl.f32, role="accumulator")
+            dsl.gemm(qt, kt, s, transpose_b=True)
+            dsl.gemm(dsl.exp2(s).to(dsl.bf16), kt, acc)
+            acc[:] = acc * 0.5  # reads gemm2's result in the same iteration: no rotation
+        dsl.store(o[m * BM, 0], acc)
+
+
+def test_a_second_gemm_whose_result_is_read_in_its_iteration_is_not_rotated():
+    q = torch.zeros(128, 64, dtype=torch.bfloat16)
+    sig = _work_after_second_gemm.bind({"q": q, "k": q.clone(), "o": torch.zeros(128, 64)})
+    module, kn = specialize(_work_after_second_gemm, sig, "sm90", {**MANUAL, "overlap": True, "threads": 128})
+    tl = get_target("sm90").generate(module, kn).stages["tilelang"]
+    consumer = tl[tl.index("else:  # consumer"):]
+    assert "T.wgmma_gemm(" not in consumer and consumer.count("T.gemm(") == 2  # every gemm waited for

@@ -206,7 +206,7 @@ class ManualWarpSpecialization:
         elif all(op.name in ("gemm", "load") or self._untouched(op, gemms) for op in self.body):
             self._in_flight(var)
         else:
-            self._synchronous(var)
+            self._synchronous()
 
     def _untouched(self, op: Op, gemms: list[Op]) -> bool:
         """``op`` neither reads nor writes a gemm accumulator or operand of this loop."""
@@ -225,7 +225,7 @@ class ManualWarpSpecialization:
         finally:
             self.e.loop_stack.pop()
 
-    def _synchronous(self, var: str):
+    def _synchronous(self):
         with self._loop(self.start, self.stop):
             for op in self.body:
                 if op.name == "gemm":
@@ -253,8 +253,10 @@ class ManualWarpSpecialization:
 
     # -- the two-gemm rotation ----------------------------------------------------------------------
     def _rotatable(self, g1: Op, g2: Op) -> bool:
+        """gemm2 can move one iteration later: it is the body's last op (nothing in the iteration
+        reads its result) and it does not clear its accumulator on a condition of the loop index."""
         clear = self.e.plan.clear_by_gemm.get(id(g2))
-        return clear in (None, "True") and g1 is not g2
+        return clear in (None, "True") and g1 is not g2 and self.body[-1] is g2
 
     def _rotated(self, g1: Op, g2: Op):
         src, var = self.e.src, self.it
