@@ -80,6 +80,11 @@ class Emitter:
         for op in self.m.walk():
             if op.result is not None:
                 self.alloc(op, 2)
+            if self.staged(op) and self.stage_name(op) not in self.taken:
+                self.taken.add(self.stage_name(op))
+                self.stmt(f"{self.stage_name(op)} = " + S.ALLOC["ub"].format(shape=_dims(self.stage_shape(op)),
+                                                                           dtype=self.stage_value(op).type.dtype
+                                                                           .tilelang_name), op, 2)
         extents = [int(e) for e in grid.attrs["extents"]]
         self.stmt(S.PERSISTENT.format(tiles=math.prod(extents)), grid, 2)
         stride = math.prod(extents)
@@ -154,21 +159,56 @@ class Emitter:
 
     def op_load(self, op: Op, depth: int) -> None:
         src = self.region(op, op.attrs["shape"])
-        tmpl = S.COPY_T if op.attrs.get("transpose") else S.COPY
+        tmpl = S.COPY_T if op.attrs.get("transpose") else _copy(op)
+        if self.staged(op):
+            self.stmt(tmpl.format(src=src, dst=self.stage_name(op)), op, depth)
+            self.restage(op, depth, into_stage=False)
+            return
         self.stmt(tmpl.format(src=src, dst=self.name(op.result)), op, depth)
 
     def op_store(self, op: Op, depth: int) -> None:
         v = op.args[0]
         if v.type.role.value == "operand":
             raise unsupported(f"storing {v!r}, an operand (L1) tile, to global memory", op)
-        self.stmt(S.COPY.format(src=self.name(v), dst=self.region(op, op.attrs["shape"])), op, depth)
+        src = self.name(v)
+        if self.staged(op):
+            self.restage(op, depth, into_stage=True)
+            src = self.stage_name(op)
+        self.stmt(_copy(op).format(src=src, dst=self.region(op, op.attrs["shape"])), op, depth)
+
+    # a dual copy needs regions of one rank: a 1-d split tile meets a global region of higher rank
+    # (lse[b, h, rows]) through a UB stage of that rank, e.g. (1, 1, rows / 2)
+    def staged(self, op: Op) -> bool:
+        if not op.attrs.get("dual") or op.name not in ("load", "store"):
+            return False
+        return len(self.stage_value(op).type.shape) == 1 and len(self.params[op.attrs["tensor"]].shape) > 1
+
+    @staticmethod
+    def stage_value(op: Op) -> Value:
+        return op.result if op.name == "load" else op.args[0]
+
+    def stage_name(self, op: Op) -> str:
+        return f"{self.name(self.stage_value(op))}_gm"
+
+    def stage_shape(self, op: Op) -> tuple:
+        lead = len(self.params[op.attrs["tensor"]].shape) - 1
+        return (1,) * lead + tuple(int(d) for d in self.stage_value(op).type.shape)
+
+    def restage(self, op: Op, depth: int, into_stage: bool) -> None:
+        v, stage = self.name(self.stage_value(op)), self.stage_name(op)
+        zeros = ", ".join(["0"] * (len(self.stage_shape(op)) - 1))
+        n = int(self.stage_value(op).type.shape[0])
+        self.stmt(S.SIMT, op, depth)
+        self.stmt(S.PARALLEL.format(vars="r0", extents=n), op, depth + 1)
+        dst, src = (f"{stage}[{zeros}, r0]", f"{v}[r0]") if into_stage else (f"{v}[r0]", f"{stage}[{zeros}, r0]")
+        self.stmt(f"{dst} = {src}", op, depth + 2)
 
     def op_move(self, op: Op, depth: int) -> None:
         src, dst = op.args[0], op.result
         path = (src.type.role.value, dst.type.role.value)
         if path not in (("accumulator", "vector"), ("vector", "operand")):
             raise unsupported(f"no Ascend transfer from {path[0]} to {path[1]}", op)
-        self.stmt(S.COPY.format(src=self.name(src), dst=self.name(dst)), op, depth)
+        self.stmt(_copy(op).format(src=self.name(src), dst=self.name(dst)), op, depth)
 
     def op_alloc(self, op: Op, depth: int) -> None:
         fill, scope = op.attrs.get("fill"), op.attrs["scope"]
@@ -282,6 +322,11 @@ class Emitter:
             elif any(v is acc for v in op.values()) or op.attrs.get("into") is acc:
                 return op, None
         return None
+
+
+def _copy(op: Op) -> str:
+    """A copy, or with ``vector_split`` (split_vector_rows.py) a dual copy: each AIV its half."""
+    return S.DUAL_COPY if op.attrs.get("dual") else S.COPY
 
 
 def _dims(shape) -> str:

@@ -27,6 +27,7 @@ SIMD = "with T.SimdVF():"
 PARALLEL = "for {vars} in T.Parallel({extents}):"
 COPY = "T.copy({src}, {dst})"
 COPY_T = "T.copy({src}, {dst}, transpose=True)"
+DUAL_COPY = "T.dual_copy({src}, {dst})"  # each of the two AIVs copies its half of the rows
 GEMM = "T.gemm({a}, {b}, {acc}, transpose_B=True, clear_accum={clear})"
 REDUCE = "T.reduce_{fn}({src}, {dst}, dim={dim})"
 GATHER_ROW = "T.max(T.min({idx}, {last}), 0)"

@@ -17,13 +17,16 @@ from .insert_moves import insert_moves
 from .lower_tilelang import lower_file, tilelang_version
 from .nt_operands import nt_operands
 from .rematerialize_casts import rematerialize_casts
+from .split_vector_rows import split_vector_rows
 from .vector_accumulators import vector_accumulators
 
 
 class AscendTarget(Target):
     name = "ascend950"
     stages = ("ir", "tilelang", "ascend")
-    knobs = {"cores": choice(32, 24, 16), "threads": choice(128, 256, 64)}
+    # vector_split: each of a cube core's two vector cores takes half the rows of the vector tiles
+    # (T.dual_copy; split_vector_rows.py) instead of both running the whole tile
+    knobs = {"cores": choice(32, 24, 16), "threads": choice(128, 256, 64), "vector_split": choice(False, True)}
     mma_atom = (16, 16, 32)  # the cube's 16 x 16 fractals, 32 bytes of K
     modelled = True  # no Ascend hardware here: tuning ranks by the cost model
 
@@ -38,12 +41,19 @@ class AscendTarget(Target):
 
         return ascend_limits(usage, knobs)
 
+    def knobs_for(self, module: Module) -> dict:
+        """vector_split only with cube work in the kernel (dual_copy splits a cube result)."""
+        has_gemm = any(op.name == "gemm" for op in module.walk())
+        return {k: s for k, s in self.knobs.items() if k != "vector_split" or has_gemm}
+
     def lower(self, module: Module, knobs) -> Module:
         module = fold_bounds(fuse_elementwise(module))
         module = rematerialize_casts(module)
         module = nt_operands(module)
         module = vector_accumulators(module)
         module = insert_moves(module)
+        if (knobs or {}).get("vector_split"):
+            module = split_vector_rows(module)
         return assign_memory(module, AscendMemoryModel())
 
     def generate(self, module: Module, knobs) -> Artifact:
@@ -59,7 +69,7 @@ class AscendTarget(Target):
         return artifact
 
     def toolchain(self) -> dict[str, str]:
-        return {"tilelang": tilelang_version(), "generator": "ascend950-1"}
+        return {"tilelang": tilelang_version(), "generator": "ascend950-2"}
 
 
 register_target(AscendTarget())

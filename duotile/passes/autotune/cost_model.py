@@ -55,6 +55,9 @@ class Machine:
     mma_m: int = 64  # rows of one MMA issue group: B is re-read from operand memory per group
     assumed: str = ""
     acc_in_registers: bool = True  # accumulators count against registers (not TMEM / L0C)
+    # vector units that each run a program's vector tiles (Ascend: the two AIVs of a cube core run
+    # the same code; each holds the whole tile, or half with the vector_split knob)
+    vector_copies: int = 1
 
 
 L2_MISS = 0.15  # share of re-read tile traffic that misses L2 (assumption)
@@ -148,7 +151,7 @@ def estimate(module: Module, m: Machine, knobs: dict[str, Any] | None = None,
     # per-program rates while `concurrent` programs run together
     mma = sum(v / (m.mma_flops.get(key[1], m.mma_flops[16]) / concurrent)
               for key, v in acc.items() if isinstance(key, tuple))
-    vec = acc["vector"] / (m.vector_flops / concurrent)
+    vec = acc["vector"] * m.vector_copies / (m.vector_flops / concurrent)
     smem = acc["smem"] / (m.smem_bw_unit / resident)
     mem = dram_per_program / (m.dram_bw / concurrent)
     trips, stages = (main[0][1], main[0][0].attrs["stages"] or 1) if main else (1.0, 1)
