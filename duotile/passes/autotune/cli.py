@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import sys
 from pathlib import Path
 
 
@@ -62,10 +63,14 @@ def run(args) -> int:
     case.update({k: _value(v) for k, v in args.shape})
     if not case:
         raise SystemExit("give --case or --shape NAME=VALUE for every size of the kernel")
-    result = tune(spec, case, args.target, budget=args.budget, strategy=args.strategy, pins=dict(args.pin),
-                  device=args.device, seed=args.seed, relations=args.require, cache_dir=args.cache_dir,
-                  write_cache=not args.no_cache, progress=not args.no_progress,
-                  also_try=[dict(_pair(kv) for kv in text.split(",")) for text in args.also_try])
+    try:
+        result = tune(spec, case, args.target, budget=args.budget, strategy=args.strategy, pins=dict(args.pin),
+                      device=args.device, seed=args.seed, relations=args.require, cache_dir=args.cache_dir,
+                      write_cache=not args.no_cache, progress=not args.no_progress,
+                      also_try=[dict(_pair(kv) for kv in text.split(",")) for text in args.also_try])
+    except ValueError as err:  # a start point outside the space: say which, no traceback
+        print(f"duotile tune: {err}", file=sys.stderr)
+        return 2
     print(report.summary(result))
     stem = Path(args.out) / f"{result.kernel}_{result.target}"
     print(f"  report: {report.write_json(result, stem.with_suffix('.json'))}")

@@ -121,11 +121,15 @@ class PatternSearch(Strategy):
             self.started = True
             if self._new(self.space.default(), out):
                 out.append(self.space.default())
-            while len(out) < min(n, 1 + self.initial_random) and len(out) < self.space.size:
+            tries = 0  # configs told before (start points) may leave fewer unseen than asked for
+            while (len(out) < min(n, 1 + self.initial_random) and len(self.seen) + len(out) < self.space.size
+                   and tries < 50 * n):
                 c = self.space.sample(self.rng)
+                tries += 1
                 if self._new(c, out):
                     out.append(c)
-            return out
+            if out:
+                return out
         centres = [self.best[1]] if self.best else []
         for centre in centres:
             for c in self.space.neighbours(centre):

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ...codegen.target import get_target
+from ...dsl.errors import DslError
 from ...kernels_spec.registry import Spec
 from ..check_batch_invariance import check_batch_invariance
 from . import cache as tcache
@@ -181,7 +182,10 @@ def start_point(space: ConfigSpace, partial: dict[str, Any]) -> Config:
         if name not in space.params:
             raise ValueError(f"also_try: {name!r} is not a tunable or knob here; known: {', '.join(space.params)}")
         dom = space.params[name]
-        out[name] = parse_value(dom, value) if isinstance(value, str) and not dom.contains(value) else value
+        try:
+            out[name] = parse_value(dom, value) if isinstance(value, str) and not dom.contains(value) else value
+        except DslError:
+            out[name] = value
         if not dom.contains(out[name]):
             raise ValueError(f"also_try: {name}={value!r} is not one of {dom.values()}")
     return out

@@ -1,6 +1,7 @@
 import json
 import time
 
+import pytest
 import torch
 
 from duotile.codegen.target import get_target
@@ -73,7 +74,6 @@ def test_tune_end_to_end_on_the_interpreter(tmp_path):
 
 
 def test_tune_rejects_a_batch_dependent_reduction_before_compiling_anything(tmp_path, monkeypatch):
-    import pytest
 
     from duotile.dsl.errors import DslError
     from duotile.passes.autotune import runner
@@ -187,7 +187,6 @@ def test_also_try_start_points_are_measured_right_after_the_default(tmp_path):
 
 
 def test_also_try_names_a_bad_start_point(tmp_path):
-    import pytest
 
     with pytest.raises(ValueError, match="'NOPE' is not a tunable"):
         tune(SCALE_SPEC, CASE, "interpret", budget="quick", cache_dir=tmp_path, progress=False,
@@ -243,3 +242,18 @@ def test_tune_stops_and_reports_when_a_candidate_hangs_the_device(tmp_path, monk
     # the batch already compiled is refused at once; then the search stops (no more batches)
     assert all(t.reason.startswith("not run: the device") for t in measured[2:])
     assert len(measured) <= 2 + 8
+
+
+def test_cli_also_try_parses_start_points_from_text(tmp_path, capsys):
+    from duotile.cli import main
+
+    rc = main(["tune", "rmsnorm", "--target", "interpret", "--shape", "T=3", "--shape", "D=64", "--budget", "quick",
+               "--strategy", "pattern", "--also-try", "ROWS=4", "--out", str(tmp_path / "out"),
+               "--cache-dir", str(tmp_path / "cache"), "--no-progress"])
+    assert rc == 0
+    report = json.loads((tmp_path / "out" / "rmsnorm_interpret.json").read_text())
+    measured = [t for t in report["trials"] if t["status"] != "pruned"]
+    assert measured[1]["config"]["ROWS"] == 4  # right after the default, as an int
+    rc = main(["tune", "rmsnorm", "--target", "interpret", "--shape", "T=3", "--shape", "D=64", "--budget", "quick",
+               "--also-try", "ROWS=3", "--out", str(tmp_path / "o2"), "--no-cache", "--no-progress"])
+    assert rc == 2 and "also_try: ROWS='3' is not one of [1, 2, 4, 8]" in capsys.readouterr().err

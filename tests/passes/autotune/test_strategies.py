@@ -99,3 +99,12 @@ def test_pattern_search_climbs_from_a_known_start_point_and_never_re_evaluates_i
     assert near not in evaluated
     assert OPT in evaluated  # one step away from the start; a random start would need far more
     assert min(s.cost for s in steps if s.cost is not None) == 0
+
+
+def test_pattern_search_ends_when_known_configs_leave_fewer_unseen_than_its_first_batch():
+    # regression: told 3 of a 4-config space before its first ask, the random start looped forever
+    space = ConfigSpace({"a": dsl.choice(1, 2, 3, 4)})
+    known = [({"a": v}, float(v)) for v in (1, 2, 3)]
+    steps = search(space, lambda batch: [float(c["a"]) for c in batch], Budget("t", 10, 60, 8), "pattern",
+                   known=known)
+    assert [s.config for s in steps] == [{"a": 4}]
