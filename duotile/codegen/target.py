@@ -66,6 +66,11 @@ class Target:
         """The knobs that can change this kernel's code (the autotuner searches only these)."""
         return self.knobs
 
+    def start_points(self, module: Module) -> list[dict[str, Any]]:
+        """Partial configs the autotuner measures right after the default (with the user's
+        ``also_try``): schedules several knob steps away that a short search would not reach."""
+        return []
+
     def default_knobs(self) -> dict[str, Any]:
         return {k: s.default for k, s in self.knobs.items()}
 

@@ -151,3 +151,19 @@ def test_a_second_gemm_whose_result_is_read_in_its_iteration_is_not_rotated():
     tl = get_target("sm90").generate(module, kn).stages["tilelang"]
     consumer = tl[tl.index("else:  # consumer"):]
     assert "T.wgmma_gemm(" not in consumer and consumer.count("T.gemm(") == 2  # every gemm waited for
+
+
+def test_sm90_suggests_its_manual_schedule_as_a_tuning_start_point():
+    from duotile.passes.check_batch_invariance import check_batch_invariance
+
+    target, specs = get_target("sm90"), load_all()
+
+    def points(name, case):
+        spec = specs[name]
+        sig = spec.kernel.bind(spec.meta_inputs(spec.build_cases[case]))
+        traced = check_batch_invariance(spec.kernel, sig.dtypes, sig.present, spec.constants_of(spec.build_cases[case]))
+        return target.start_points(traced)
+
+    assert points("flash_attention", "d128") == [{"warp_specialize": "manual", "overlap": True}]
+    assert points("gemm", "bf16_8192") == [{"warp_specialize": "manual"}]
+    assert points("rmsnorm", "hidden") == []  # no pipelined loop: nothing to specialise

@@ -76,7 +76,8 @@ def tune(spec: Spec, case: dict, target: str, *, budget: str = "default", strate
          also_try: list[dict[str, Any]] = ()) -> TuneResult:
     """``finalists`` of the fastest measured candidates (and the default) are re-timed side by
     side, ``rounds`` times, before the best is chosen (``confirm``); 0 skips that. ``also_try``:
-    partial configs (over the default) measured right after it; the search starts from the best."""
+    partial configs (over the default) measured right after it, after the target's own
+    ``start_points``; the search starts from the best."""
     t_start = time.monotonic()
     kernel = spec.kernel
     bud = get_budget(budget)
@@ -92,7 +93,7 @@ def tune(spec: Spec, case: dict, target: str, *, budget: str = "default", strate
     if kernel.batch_dim:
         notes.append(f"batch-invariant in {kernel.batch_dim}: reductions checked; the cached config "
                      f"serves every {kernel.batch_dim}")
-    starts = [start_point(space, partial) for partial in also_try]
+    starts = [start_point(space, partial) for partial in [*tgt.start_points(traced), *also_try]]
     cons = Constraints(kernel, sig, target, runner.constants, relations, space.owners)
     trials: list[Trial] = []
     bar = _progress(bud.max_candidates, f"tune {kernel.name} {target}") if progress else None

@@ -257,3 +257,13 @@ def test_cli_also_try_parses_start_points_from_text(tmp_path, capsys):
     rc = main(["tune", "rmsnorm", "--target", "interpret", "--shape", "T=3", "--shape", "D=64", "--budget", "quick",
                "--also-try", "ROWS=3", "--out", str(tmp_path / "o2"), "--no-cache", "--no-progress"])
     assert rc == 2 and "also_try: ROWS='3' is not one of [1, 2, 4, 8]" in capsys.readouterr().err
+
+
+def test_the_targets_start_points_are_measured_before_the_users(tmp_path, monkeypatch):
+    target = get_target("interpret")
+    monkeypatch.setattr(target, "start_points", lambda module: [{"BN": 8}], raising=False)
+    result = tune(SCALE_SPEC, CASE, "interpret", budget="quick", strategy="pattern", cache_dir=tmp_path,
+                  progress=False, runner_options={"reps": 1, "warmup": 0, "workers": 1},
+                  also_try=[{"BN": 4}], finalists=0)
+    measured = [t for t in result.trials if t.status != "pruned"]
+    assert [t.config["BN"] for t in measured[:3]] == [2, 8, 4]
