@@ -133,8 +133,11 @@ def tune(spec: Spec, case: dict, target: str, *, budget: str = "default", strate
     if runner.stuck:
         notes.append(f"sweep stopped: {runner.stuck}; the results are those measured before")
     elif not model and finalists and len(good) > 1:
-        notes.append(confirm(runner, good, dflt, finalists, rounds))
-        good = [t for t in good if t.confirmed_ms is not None]  # the best is a finalist
+        try:
+            notes.append(confirm(runner, good, dflt, finalists, rounds))
+            good = [t for t in good if t.confirmed_ms is not None]  # the best is a finalist
+        except TimeoutError as err:  # a finalist hung on its re-timing: keep the sweep's own times
+            notes.append(f"confirm phase stopped ({err}); the best is chosen by the sweep's times")
     best = min(good, key=lambda t: t.final_ms) if good else None
     dev = tcache.device_name(target)
     result = TuneResult(kernel.name, target, dict(case), dict(sig.shapes), "model" if model else "measured",

@@ -267,3 +267,15 @@ def test_the_targets_start_points_are_measured_before_the_users(tmp_path, monkey
                   also_try=[{"BN": 4}], finalists=0)
     measured = [t for t in result.trials if t.status != "pruned"]
     assert [t.config["BN"] for t in measured[:3]] == [2, 8, 4]
+
+
+def test_a_hang_in_the_confirm_phase_keeps_the_sweeps_results(tmp_path, monkeypatch):
+    def stuck_retime(self, configs, rounds=3):
+        raise TimeoutError("ran past 0.3 s")
+
+    monkeypatch.setattr(Runner, "retime", stuck_retime)
+    result = tune(SCALE_SPEC, CASE, "interpret", budget="quick", strategy="exhaustive", cache_dir=tmp_path,
+                  progress=False, runner_options={"reps": 1, "warmup": 0, "workers": 1})
+    assert result.best is not None and result.best.confirmed_ms is None
+    assert any(n.startswith("confirm phase stopped (ran past 0.3 s)") for n in result.notes)
+    assert (tmp_path / "tuning.json").exists()  # the best of the sweep is still remembered
