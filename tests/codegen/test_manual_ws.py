@@ -167,3 +167,9 @@ def test_sm90_suggests_its_manual_schedule_as_a_tuning_start_point():
     assert points("flash_attention", "d128") == [{"warp_specialize": "manual", "overlap": True}]
     assert points("gemm", "bf16_8192") == [{"warp_specialize": "manual"}]
     assert points("rmsnorm", "hidden") == []  # no pipelined loop: nothing to specialise
+
+
+def test_four_consumer_groups_lower_with_the_register_split_that_fits():
+    cuda = _build("gemm", "bf16_ragged", {**MANUAL, "threads": 512}).stages["cuda"]
+    assert "__launch_bounds__(640, 1)" in cuda
+    assert "warpgroup_reg_dealloc<24>" in cuda and "warpgroup_reg_alloc<112>" in cuda
