@@ -48,16 +48,17 @@ def split_vector_rows(module: Module) -> Module:
                           "result between the two vector cores", module.grid)
     split = {op.result.id: op.result for op in ops
              if op.name == "move" and op.args[0].type.role is Role.ACCUMULATOR}
+    rows = {id(op): _arg_rows(op) for op in ops if op.name == "map"}  # per argument, once
     changed = True
     while changed:
         changed = False
         for op in ops:
-            for v in _spreads(op, split):
+            for v in _spreads(op, split, rows):
                 if v.id not in split:
                     split[v.id] = v
                     changed = True
     for op in ops:
-        _check(op, split)
+        _check(op, split, rows)
     for v in split.values():
         rows = int(v.type.shape[0])
         if rows % 2 or rows < 4:
@@ -79,11 +80,11 @@ def _def(ops: list[Op], v: Value) -> Op:
     return next((op for op in ops if op.result is v), ops[0])
 
 
-def _spreads(op: Op, split: dict[int, Value]) -> list[Value]:
+def _spreads(op: Op, split: dict[int, Value], rows: dict) -> list[Value]:
     """Values that must be split because ``op`` ties their rows to a split value's rows."""
     if op.name == "map":
         out = op.attrs.get("into") or op.result
-        row_args = [a for a, seen in zip(op.args, _arg_rows(op)) if seen == "rows"]
+        row_args = [a for a, seen in zip(op.args, rows[id(op)]) if seen == "rows"]
         tied = [out, *row_args] + ([op.result] if op.result is not None and op.result is not out else [])
         return tied if any(v.id in split for v in tied) else []
     if op.name == "reduce" and op.attrs["axis"] != 0:
@@ -92,10 +93,10 @@ def _spreads(op: Op, split: dict[int, Value]) -> list[Value]:
     return []
 
 
-def _check(op: Op, split: dict[int, Value]) -> None:
+def _check(op: Op, split: dict[int, Value], rows: dict) -> None:
     if op.name == "map":
         out = op.attrs.get("into") or op.result
-        for a, seen in zip(op.args, _arg_rows(op)):
+        for a, seen in zip(op.args, rows[id(op)]):
             if a.id in split and seen not in ("rows",):
                 raise unsupported(f"vector_split: {a!r} is split by rows but read here {seen}", op)
         if out.id in split and _row_iota(op):

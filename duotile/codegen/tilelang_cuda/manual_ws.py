@@ -42,6 +42,11 @@ REGS_PER_SM = 64 * 1024
 PINGPONG_BARRIERS = (8, 9)  # named barrier ids; TileLang's own syncs use the low ids
 
 
+def _touched(op: Op) -> set[int]:
+    """Ids of the values ``op`` reads or writes."""
+    return op.written_ids() | {a.id for a in op.values()}
+
+
 def consumer_regs(threads: int) -> int:
     """The register count the consumers raise to. The block's register pool is fixed at launch:
     what ptxas gives every thread of the block (the most its launch bounds allow, in steps of 8,
@@ -90,11 +95,11 @@ class ManualWarpSpecialization:
         self.once = {op.result.id: f"{e.name(op.result)}_full" for op in self.pre if self._shared_load(op)}
         self.rings = {op.result.id: Ring(op, e.name(op.result), stages) for op in self.body if self._shared_load(op)}
         self._check()
-        for op in self.body:
-            if op.name == "gemm":
-                for v in op.args[:2]:
-                    if v.id in self.rings:
-                        self.rings[v.id].readers.append(op)
+        self.gemms = [op for op in self.body if op.name == "gemm"]
+        for op in self.gemms:
+            for v in op.args[:2]:
+                if v.id in self.rings:
+                    self.rings[v.id].readers.append(op)
 
     # -- checks -------------------------------------------------------------------------------------
     def _shared_load(self, op: Op) -> bool:
@@ -197,21 +202,15 @@ class ManualWarpSpecialization:
         self.e.async_gemm = False
 
     def _consumer_loop(self):
-        var = str(self.loop.attrs["var"])
-        self.it, self.waited = var, set()
-        plan = overlap.schedule(self.body) if self.e.knobs.get("overlap") else None
-        gemms = [op for op in self.body if op.name == "gemm"]
-        if plan is not None and self._rotatable(gemms[0], gemms[-1]):
-            self._rotated(gemms[0], gemms[-1])
-        elif all(op.name in ("gemm", "load") or self._untouched(op, gemms) for op in self.body):
-            self._in_flight(var)
+        self.it, self.waited = str(self.loop.attrs["var"]), set()
+        two_gemm = self.e.knobs.get("overlap") and overlap.schedule(self.body) is not None
+        gemm_ids = {v.id for g in self.gemms for v in g.args}  # what vector work must not touch
+        if two_gemm and self._rotatable(self.gemms[0], self.gemms[-1]):
+            self._rotated(self.gemms[0], self.gemms[-1])
+        elif all(op.name in ("gemm", "load") or not _touched(op) & gemm_ids for op in self.body):
+            self._in_flight()
         else:
             self._synchronous()
-
-    def _untouched(self, op: Op, gemms: list[Op]) -> bool:
-        """``op`` neither reads nor writes a gemm accumulator or operand of this loop."""
-        ids = {v.id for g in gemms for v in g.args}
-        return not (op.written_ids() | {a.id for a in op.values()}) & ids
 
     @contextlib.contextmanager
     def _loop(self, lo: str, hi: str):
@@ -235,9 +234,8 @@ class ManualWarpSpecialization:
                 else:
                     self.e.block([op])
 
-    def _in_flight(self, var: str):
-        src = self.e.src
-        gemms = [op for op in self.body if op.name == "gemm"]
+    def _in_flight(self):
+        src, var = self.e.src, self.it
         with self._loop(self.start, self.stop):
             for op in self.body:
                 if op.name != "gemm":
@@ -247,7 +245,7 @@ class ManualWarpSpecialization:
             src.line("T.wait_wgmma(1)")  # every gemm of the previous iteration is complete
             src.line(f"if {var} > {self.start}:")
             with src.indent():
-                for g in gemms:
+                for g in self.gemms:
                     self._release(g, f"({var} - 1)")
         src.line("T.wait_wgmma(0)")  # the last slots are not released: nothing loads into them again
 
@@ -264,8 +262,9 @@ class ManualWarpSpecialization:
         late_ids = {g2.args[2].id} | {v.id for v in g2.args[:2]}
         i1 = self.body.index(g1)
         rest = [op for op in self.body[i1 + 1:] if op is not g2]
+        # the first op that rewrites gemm2's operands or accumulator, or reads the accumulator
         hazard = next((k for k, op in enumerate(rest)
-                       if (op.written_ids() & late_ids) or g2.args[2].id in {a.id for a in op.values()}), len(rest))
+                       if op.written_ids() & late_ids or g2.args[2].id in _touched(op)), len(rest))
         if pingpong:
             a, b = PINGPONG_BARRIERS
             src.line("if tx // 128 == 1:  # warp group 0 issues first")
