@@ -6,6 +6,7 @@ are in tests/gpu/test_sm90_knobs.py."""
 
 from __future__ import annotations
 
+import itertools
 import re
 
 import pytest
@@ -41,7 +42,12 @@ def test_attention_rotation_keeps_the_second_gemm_in_flight_over_the_softmax():
     assert "T.Kernel(2, 2, 1, threads=384)" in tl  # 256 consumers + the producer warp group
     producer = _lines(tl, "if tx >= 256:", "else:  # consumer")
     assert producer[1] == "T.dec_max_nreg(24)"
-    assert sum("T.tma_copy(" in ln for ln in producer) == 3  # q once, k and v per iteration
+    # q once; k for iteration n, then v (read only by the late gemm) for n - 1, FA3's order; v of the
+    # last iteration after the loop
+    copies = [ln for ln in producer if ln.startswith("T.tma_copy(")]
+    assert [c.split("[")[0] for c in copies] == ["T.tma_copy(q", "T.tma_copy(k", "T.tma_copy(v", "T.tma_copy(v"]
+    assert "k[b, h, 128 * n:" in copies[1] and "v[b, h, (128 * n - 128):" in copies[2] and "v[b, h, 128:" in copies[3]
+    assert producer[producer.index(copies[2]) - 2] == "if n > 0:"
     # two key blocks: iteration 0 is peeled, the steady loop is 1..2, and so is the last P V after it
     steady = _lines(tl, "for n in T.serial(1, 2):", "for n in T.serial(1, 2):")
     issue1, issue2 = (i for i, ln in enumerate(steady) if ln.startswith("T.wgmma_gemm("))
@@ -164,8 +170,9 @@ def test_sm90_suggests_its_manual_schedule_as_a_tuning_start_point():
         traced = check_batch_invariance(spec.kernel, sig.dtypes, sig.present, spec.constants_of(spec.build_cases[case]))
         return target.start_points(traced)
 
-    assert points("flash_attention", "d128") == [{"warp_specialize": "manual", "overlap": True}]
-    assert points("gemm", "bf16_8192") == [{"warp_specialize": "manual"}]
+    fa = {"warp_specialize": "manual", "overlap": True}
+    assert points("flash_attention", "d128") == [fa, {**fa, "persistent": True}]
+    assert points("gemm", "bf16_8192") == [MANUAL, {**MANUAL, "persistent": True}]
     assert points("rmsnorm", "hidden") == []  # no pipelined loop: nothing to specialise
 
 
@@ -173,3 +180,114 @@ def test_four_consumer_groups_lower_with_the_register_split_that_fits():
     cuda = _build("gemm", "bf16_ragged", {**MANUAL, "threads": 512}).stages["cuda"]
     assert "__launch_bounds__(640, 1)" in cuda
     assert "warpgroup_reg_dealloc<24>" in cuda and "warpgroup_reg_alloc<112>" in cuda
+
+
+PERSISTENT = {**MANUAL, "overlap": True, "persistent": 1}
+
+
+def test_a_persistent_grid_walks_the_tiles_with_ring_phases_carried_across_them():
+    art = _build("flash_attention", "d128", PERSISTENT)  # B 1, H 2, S 256: four tiles, one block
+    tl = art.stages["tilelang"]
+    assert "T.Kernel(1, threads=384) as (cta,)" in tl and "T.use_swizzle" not in tl
+    consumer = _lines(tl, "else:  # consumer", "ring_base[0] = ring_base[0] + 2")
+    # the ping-pong's first hand-over happens once, before the tiles: each tile keeps the turn order
+    assert tl.count("T.named_barrier_arrive(8, 256)") == 1
+    assert consumer.index("if tx // 128 == 1:  # warp group 0 issues first") < consumer.index(
+        "for tile_round in T.serial(4):")
+    head = consumer.index("for tile_round in T.serial(4):")
+    assert consumer[head + 1:head + 6] == [
+        "tile_id = cta + tile_round * 1", "if tile_id < 4:", "m = tile_id % 2", "h = tile_id // 2 % 2",
+        "b = tile_id // 4"]
+    assert consumer[head + 6].startswith("T.barrier_wait(q0_smem_full, tile_round % 2)  # flash_attention.py:")
+    assert "T.barrier_wait(k1_smem_full[(ring_base[0] + n) % 2], ((ring_base[0] + n) // 2) % 2)" in consumer
+    # q is freed for the next tile's producer after the last gemm, before the epilogue's stores
+    free = consumer.index("T.barrier_arrive(q0_smem_empty)")
+    assert consumer[free - 2] == "T.wait_wgmma(0)" and consumer[free + 1].startswith("for i0, i1 in T.Parallel")
+    producer = _lines(tl, "if tx >= 256:", "else:  # consumer")
+    assert "T.barrier_wait(q0_smem_empty, tile_round % 2 ^ 1)" in producer
+    assert producer[-1] == "ring_base[0] = ring_base[0] + 2"
+    assert "__launch_bounds__(384, 1)" in art.stages["cuda"]
+
+
+def _decode(tl: str, grid_vars: list[str]) -> list[tuple[int, ...]]:
+    """Run the generated tile decode for every tile id (TileLang's // and % on ints are Python's)."""
+    body = [ln.strip() for ln in tl[tl.index("if tile_id <"):].splitlines()[1:]]
+    lines = list(itertools.takewhile(lambda ln: re.match(r"\w+ = ", ln), body))
+    total = int(re.search(r"if tile_id < (\d+):", tl).group(1))
+    out = []
+    for tile in range(total):
+        env = {"tile_id": tile, "T": type("T", (), {"min": staticmethod(min)})}
+        for ln in lines:
+            name, expr = ln.split(" = ", 1)
+            env[name] = eval(expr, {}, env)
+        out.append(tuple(env[v] for v in grid_vars))
+    return out
+
+
+@pytest.mark.parametrize("raster", [0, 8, 3])
+def test_the_persistent_decode_visits_every_tile_once(raster):
+    # attention d128_causal: B 2, H 1, S 192 with 64-row tiles, a 2 x 1 x 3 grid
+    tl = _build("flash_attention", "d128_causal", {**PERSISTENT, "BM": 64, "BN": 64, "threads": 128,
+                                                    "raster": raster}, compile_it=False).stages["tilelang"]
+    tiles = _decode(tl, ["b", "h", "m"])
+    assert sorted(tiles) == [(b, 0, m) for b in range(2) for m in range(3)]
+
+
+def test_raster_panels_sweep_rows_of_blocks_together():
+    spec = load_all()["gemm"]
+    sig = spec.kernel.bind(spec.meta_inputs({"M": 1024, "N": 1024, "K": 128}))
+    module, kn = specialize(spec.kernel, sig, "sm90", {**MANUAL, "persistent": True, "raster": 3,
+                                                        "BM": 128, "BN": 128, "BK": 64})
+    tl = get_target("sm90").generate(module, kn).stages["tilelang"]
+    tiles = _decode(tl, ["m", "n"])
+    assert sorted(tiles) == [(m, n) for m in range(8) for n in range(8)]  # a permutation of the grid
+    assert tiles[:4] == [(0, 0), (1, 0), (2, 0), (0, 1)]  # down a panel of 3 rows, then along it
+    assert tiles[-2:] == [(6, 7), (7, 7)]  # the last panel has 2 rows
+
+
+def test_persistent_gemm_frees_the_last_slots_for_the_next_tile():
+    tl = _build("gemm", "bf16_ragged", {**MANUAL, "persistent": 1}, compile_it=False).stages["tilelang"]
+    consumer = _lines(tl, "else:  # consumer", "ring_base[0] = ring_base[0] + 4")
+    after = consumer[consumer.index("T.wait_wgmma(0)") + 1:]
+    assert after[:2] == ["T.barrier_arrive(a0_smem_empty[(ring_base[0] + 3) % 3])",
+                         "T.barrier_arrive(b1_smem_empty[(ring_base[0] + 3) % 3])"]
+
+
+def test_persistent_needs_the_manual_schedule():
+    spec = load_all()["gemm"]
+    sig = spec.kernel.bind(spec.make_inputs(spec.cases["bf16_ragged"], torch.device("cpu"), 0))
+    with pytest.raises(UnsupportedError, match=r"gemm\.py:\d+.*persistent needs warp_specialize=manual"):
+        specialize(spec.kernel, sig, "sm90", {"persistent": True})
+    norm = load_all()["rmsnorm"]
+    sig = norm.kernel.bind(norm.make_inputs(norm.cases["t3_d4096"], torch.device("cpu"), 0))
+    assert "persistent" not in get_target("sm90").knobs_for(specialize(norm.kernel, sig, "sm90", {})[0])
+
+
+def test_a_ragged_tail_masks_only_the_last_iteration():
+    tl = _build("flash_attention", "d128_tail", {**PERSISTENT, "BN": 64}, compile_it=False).stages["tilelang"]
+    consumer = tl[tl.index("else:  # consumer"):]
+    first = consumer[:consumer.index("for n in T.serial(1, 3):")]
+    steady = consumer[consumer.index("for n in T.serial(1, 3):"):consumer.index("for n in T.serial(3, 4):")]
+    last = consumer[consumer.index("for n in T.serial(3, 4):"):]
+    assert "T.if_then_else" not in first and "T.if_then_else" not in steady
+    assert "(64 * n + i1) < 200" in last
+    causal = _build("flash_attention", "d128_ragged", {**PERSISTENT, "BN": 64}, compile_it=False).stages["tilelang"]
+    assert causal.count("T.if_then_else") == 2  # the diagonal: masked in the peeled and the steady loop
+
+
+def test_masks_are_folded_only_over_every_tile_s_range_of_the_loop():
+    # the range of the loop variable is the union over tiles: a start that varies with the grid
+    # counts at its least value, so a mask that some tile still needs is kept
+    from duotile.codegen.tilelang_cuda.emit import Emitter
+    from duotile.codegen.tilelang_cuda.manual_ws import ManualWarpSpecialization
+
+    spec = load_all()["flash_attention"]
+    case = spec.cases["d128_tail"]
+    sig = spec.kernel.bind(spec.make_inputs(case, torch.device("cpu"), 0))
+    module, kn = specialize(spec.kernel, sig, "sm90", {**PERSISTENT, "BN": 64}, spec.constants_of(case))
+    target = get_target("sm90")
+    ws = ManualWarpSpecialization(Emitter(module, target.arch, kn), module.grid.regions[0].ops)
+    m = module.grid.attrs["vars"][-1]  # query blocks: 0..1 (S 200, BM 128)
+    assert ws._folded(ws.body, 0, 2)  # key blocks 0..2 end at 192 < 200: the tail mask goes
+    assert not ws._folded(ws.body, m, 3)  # from block m (0 or 1) to 3: block 3 is the ragged one
+    assert ws._folded(ws.body, m, 2)

@@ -27,10 +27,28 @@ KNOBS = [
     ("gemm", "fp8_scaled", {"fp8_promote_k": 0}),  # never promoted: still within the accumulation bound
     ("flash_attention", "d128_ragged", {"overlap": True}),  # FA3 schedule with a masked tail block
     ("flash_attention", "d128_causal", {"overlap": True, "STAGES": 1}),
+    # persistent grids: a few blocks walk every tile, so ring phases run on across tiles
+    ("flash_attention", "d128", {"warp_specialize": "manual", "overlap": True, "persistent": 1}),
+    ("flash_attention", "d128_causal", {"warp_specialize": "manual", "overlap": True, "persistent": 1}),
+    ("flash_attention", "d128_ragged", {"warp_specialize": "manual", "overlap": True, "persistent": 3}),
+    ("flash_attention", "d128", {"warp_specialize": "manual", "overlap": True, "BM": 64, "threads": 128,
+                                 "persistent": 3}),
+    ("gemm", "bf16_ragged", {"warp_specialize": "manual", "persistent": 1, "raster": 8}),
+    ("gemm", "fp8_scaled", {"warp_specialize": "manual", "persistent": 1, "fp8_promote_k": 128, "BK": 128,
+                            "BN": 128}),
+    ("gemm", "bf16_scaled", {"warp_specialize": "manual", "persistent": True, "BM": 64, "BN": 64}),
+    # a ragged tail: the steady loop runs unmasked, the last key block masked
+    ("flash_attention", "d128_tail", {"warp_specialize": "manual", "overlap": True, "BN": 64, "persistent": 1}),
+    ("flash_attention", "d128", {"warp_specialize": "manual", "overlap": True, "BN": 176}),
 ]
 
 
-@pytest.mark.parametrize("name,case_name,knobs", KNOBS)
+def _id(entry) -> str:
+    name, case, knobs = entry
+    return f"{name}-{case}-" + ",".join(f"{k}={v}" for k, v in knobs.items())
+
+
+@pytest.mark.parametrize("name,case_name,knobs", KNOBS, ids=[_id(k) for k in KNOBS])
 def test_sm90_knob_matches_reference(name, case_name, knobs):
     spec = load_all()[name]
     case = spec.cases[case_name]

@@ -65,10 +65,12 @@ class Emitter:
             self.dirty.discard(v.id)
         return f"{name}_frag"
 
-    def global_region(self, op: Op) -> str:
-        """The global tile a ``load`` op reads, as a TileLang region."""
+    def global_region(self, op: Op, subs: dict | None = None) -> str:
+        """The global tile a ``load`` op reads, as a TileLang region (``subs``: index variables
+        replaced, e.g. a loop variable by the iteration the load is issued for)."""
         p = self.m.param(op.attrs["tensor"])
-        return region(p.name, op.attrs["offsets"], op.attrs["shape"], len(p.shape))
+        offsets = [sympy.sympify(o).subs(subs) for o in op.attrs["offsets"]] if subs else op.attrs["offsets"]
+        return region(p.name, offsets, op.attrs["shape"], len(p.shape))
 
     def new_barrier(self) -> str:
         self.barriers += 1
@@ -101,8 +103,9 @@ def emit_module(module: Module, arch: Arch, knobs: dict) -> str:
         raise UnsupportedError(f"{arch.name}: grids have at most 3 axes, got {len(names)}", grid.loc)
     mode = ws_mode(knobs)
     threads = int(knobs["threads"])
+    persistent_head = None
     if mode == "manual" and not arch.has_tmem:
-        ManualWarpSpecialization(e, grid.regions[0].ops).emit()
+        persistent_head = ManualWarpSpecialization(e, grid.regions[0].ops).emit()
         threads += PRODUCER_THREADS
     else:
         e.block(grid.regions[0].ops)
@@ -111,6 +114,8 @@ def emit_module(module: Module, arch: Arch, knobs: dict) -> str:
     swizzle = int(knobs.get("raster", 0) or 0)
     targets = ", ".join(names) + ("," if len(names) == 1 else "")
     head = [f"with T.Kernel({', '.join(extents)}, threads={threads}) as ({targets}):"]
+    if persistent_head is not None:  # the tile loop decodes (and rasterises) the grid itself
+        head, swizzle = [persistent_head], 0
     configs = {"tl.disable_warp_specialized": True} if mode == "off" else {}
     return e.src.render(module, arch.name, params, head, swizzle, configs)
 

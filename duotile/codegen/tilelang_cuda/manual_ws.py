@@ -22,19 +22,28 @@ The consumer loop takes one of three forms, chosen from the loop body's ops:
 * gemms only (a GEMM mainloop): each gemm stays in flight until the next one is issued
   (``wait_wgmma(1)``), and then frees the previous iteration's slots;
 * anything else: each gemm is waited for at once (the fp8 promotion add reads it).
+
+Under the rotation the producer loads the tiles only gemm2 reads (attention's V) one iteration
+behind the others, FA3's order, and a mask that only the last iteration needs (a ragged tail) is
+folded out of the iterations before it. With the ``persistent`` knob both roles walk the output
+tiles in a loop (``persistent.py``): ring phases continue across tiles, and the producer loads
+the next tile while the consumers run the previous one's epilogue.
 """
 
 from __future__ import annotations
 
 import contextlib
+import math
 from dataclasses import dataclass, field
 
 import sympy
 
 from ...dsl.errors import UnsupportedError
 from ...dsl.ir import Op
-from . import overlap
+from ...passes.fold_bounds import fold_node, interval
+from . import overlap, persistent
 from .exprs import index
+from .persistent import BASE, TileLoop
 
 PRODUCER_THREADS = 128
 PRODUCER_REGS = 24
@@ -66,12 +75,17 @@ class Ring:
     slots: int
     readers: list[Op] = field(default_factory=list)  # the gemms reading it
 
+    base: str = ""  # persistent grids: the iterations of the tiles finished before (persistent.BASE)
+
+    def _rel(self, it: str, start: str) -> str:
+        rel = it if start == "0" else f"{it} - {start}"
+        return f"({self.base} + {rel})" if self.base else (rel if start == "0" else f"({rel})")
+
     def slot(self, it: str, start: str) -> str:
-        return f"({it} - {start}) % {self.slots}" if start != "0" else f"{it} % {self.slots}"
+        return f"{self._rel(it, start)} % {self.slots}"
 
     def phase(self, it: str, start: str) -> str:
-        rel = f"({it} - {start})" if start != "0" else it
-        return f"({rel} // {self.slots}) % 2"
+        return f"({self._rel(it, start)} // {self.slots}) % 2"
 
 
 class ManualWarpSpecialization:
@@ -92,7 +106,7 @@ class ManualWarpSpecialization:
         self.start, self.stop = index(self.lo), index(self.hi)
         stages = int(self.loop.attrs["stages"])
         e.ring_slots.update({op.result.id: stages for op in self.body if self._shared_load(op)})
-        self.once = {op.result.id: f"{e.name(op.result)}_full" for op in self.pre if self._shared_load(op)}
+        self.once = {op.result.id: e.name(op.result) for op in self.pre if self._shared_load(op)}
         self.rings = {op.result.id: Ring(op, e.name(op.result), stages) for op in self.body if self._shared_load(op)}
         self._check()
         self.gemms = [op for op in self.body if op.name == "gemm"]
@@ -100,6 +114,10 @@ class ManualWarpSpecialization:
             for v in op.args[:2]:
                 if v.id in self.rings:
                     self.rings[v.id].readers.append(op)
+        self.form = self._form()
+        self.pingpong = self.threads == 256
+        ctas = persistent.blocks(e.knobs, e.arch.sms, math.prod(int(x) for x in e.m.grid.attrs["extents"]))
+        self.tiles = persistent.TileLoop(e.m.grid, ctas, int(e.knobs.get("raster", 0) or 0)) if ctas else None
 
     # -- checks -------------------------------------------------------------------------------------
     def _shared_load(self, op: Op) -> bool:
@@ -129,50 +147,113 @@ class ManualWarpSpecialization:
                                    f"got threads={self.threads}", self.loop.loc)
 
     # -- emission ---------------------------------------------------------------------------------
-    def emit(self):
+    def emit(self) -> str | None:
+        """Write both roles; returns the kernel's launch head when the grid is persistent."""
         e, src = self.e, self.e.src
-        for bar in self.once.values():
-            src.decl(f"{bar} = T.alloc_barrier({PRODUCER_THREADS})")
+        for name in self.once.values():
+            src.decl(f"{name}_full = T.alloc_barrier({PRODUCER_THREADS})")
+            if self.tiles:
+                src.decl(f"{name}_empty = T.alloc_barrier({self.threads})")
         for r in self.rings.values():
             src.decl(f"{r.name}_full = T.alloc_barrier([{PRODUCER_THREADS}] * {r.slots})")
             src.decl(f"{r.name}_empty = T.alloc_barrier([{self.threads}] * {r.slots})")
+            r.base = BASE if self.tiles else ""
+        if self.tiles:
+            src.decl(f'{BASE.split("[")[0]} = T.alloc_local((1,), "int32")')
         e.ws = self
         src.line("tx = T.get_thread_binding()")
         src.line(f"if tx >= {self.threads}:  # producer warp group: TMA loads")
         with src.indent():
-            self._producer()
+            src.line(f"T.dec_max_nreg({PRODUCER_REGS})")
+            with self._each_tile():
+                self._producer()
         src.line("else:  # consumer warp groups")
         with src.indent():
             src.line(f"T.inc_max_nreg({consumer_regs(self.threads)})")
-            e.block(self.pre)
-            self._consumer_loop()
-            e.block(self.post)
+            if self.form == "rotated" and self.pingpong:
+                src.line("if tx // 128 == 1:  # warp group 0 issues first")
+                src.line(f"    T.named_barrier_arrive({PINGPONG_BARRIERS[0]}, 256)")
+            with self._each_tile():
+                e.block(self.pre)
+                self._consumer_loop()
+                self._free_once(before_post=True)
+                e.block(self.post)
+                self._free_once(before_post=False)
         e.ws = None
+        return self.tiles.head(self.threads + PRODUCER_THREADS) if self.tiles else None
+
+    @contextlib.contextmanager
+    def _each_tile(self):
+        """The role's body, once (one block a tile) or in the persistent loop over tiles."""
+        src = self.e.src
+        if not self.tiles:
+            yield
+            return
+        src.line(f"{BASE} = 0")
+        self.tiles.open(src)
+        with src.indent(), src.indent():
+            self.tiles.decode(src)
+            yield
+            TileLoop.advance(src, self.loop)
+
+    def _once_phase(self) -> str:
+        return "tile_round % 2" if self.tiles else "0"
+
+    def _free_once(self, before_post: bool):
+        """Persistent grids: free the tiles loaded before the loop for the next tile's producer,
+        once nothing of this tile reads them (after the post-loop ops if those read them)."""
+        if not self.tiles or not self.once:
+            return
+        read_after = any(_touched(op) & set(self.once) for op in self.post)
+        if before_post != read_after:
+            for name in self.once.values():
+                self.e.src.line(f"T.barrier_arrive({name}_empty)")
 
     def _producer(self):
         e, src = self.e, self.e.src
-        src.line(f"T.dec_max_nreg({PRODUCER_REGS})")
         for op in self.pre:
             if op.result is not None and op.result.id in self.once:
-                bar = self.once[op.result.id]
-                src.line(f"T.tma_copy({e.global_region(op)}, {e.name(op.result)}, barrier={bar})", op.loc)
-                src.line(f"T.barrier_arrive({bar})")
+                name = self.once[op.result.id]
+                if self.tiles:
+                    src.line(f"T.barrier_wait({name}_empty, {self._once_phase()} ^ 1)")
+                src.line(f"T.tma_copy({e.global_region(op)}, {name}, barrier={name}_full)", op.loc)
+                src.line(f"T.barrier_arrive({name}_full)")
+        # under the rotation the rings only gemm2 reads are loaded one iteration behind the others
+        # (FA3's order): their slots free up an iteration later, and waiting on them must not hold
+        # back the next iteration's gemm1 tiles
+        late = [r for r in self.rings.values() if self.form == "rotated" and r.readers == [self.gemms[-1]]]
+        early = [r for r in self.rings.values() if r not in late]
         var = self.loop.attrs["var"]
         src.line(f"for {var} in T.serial({self.start}, {self.stop}):", self.loop.loc)
         with src.indent():
-            for r in self.rings.values():
-                slot, phase = r.slot(str(var), self.start), r.phase(str(var), self.start)
-                src.line(f"T.barrier_wait({r.name}_empty[{slot}], {phase} ^ 1)")
-                src.line(f"T.tma_copy({e.global_region(r.op)}, {r.name}[{slot}, :, :], "
-                         f"barrier={r.name}_full[{slot}])", r.op.loc)
-                src.line(f"T.barrier_arrive({r.name}_full[{slot}])")
+            for r in early:
+                self._load(r, var)
+            if late:
+                src.line(f"if {var} > {self.start}:")
+                with src.indent():
+                    for r in late:
+                        self._load(r, var - 1)
+        if late:
+            with self._guard_nonempty():
+                for r in late:
+                    self._load(r, self.hi - 1)
+
+    def _load(self, r: Ring, it):
+        """The producer's TMA load of ring ``r`` for iteration ``it`` (a sympy index)."""
+        e, src, var = self.e, self.e.src, self.loop.attrs["var"]
+        at = index(it)
+        slot, phase = r.slot(at, self.start), r.phase(at, self.start)
+        src.line(f"T.barrier_wait({r.name}_empty[{slot}], {phase} ^ 1)")
+        src.line(f"T.tma_copy({e.global_region(r.op, {var: it})}, {r.name}[{slot}, :, :], "
+                 f"barrier={r.name}_full[{slot}])", r.op.loc)
+        src.line(f"T.barrier_arrive({r.name}_full[{slot}])")
 
     # consumer side: loads become waits, gemm operands ring slots (the emitter asks these)
     def load_wait(self, op: Op) -> bool:
         """Emit the consumer's side of load ``op``; False when the producer does not load it."""
         vid = op.result.id
         if vid in self.once:
-            self.e.src.line(f"T.barrier_wait({self.once[vid]}, 0)", op.loc)
+            self.e.src.line(f"T.barrier_wait({self.once[vid]}_full, {self._once_phase()})", op.loc)
             return True
         return vid in self.rings  # waited for at the gemm that reads it
 
@@ -201,13 +282,21 @@ class ManualWarpSpecialization:
         self.e.block([gemm])
         self.e.async_gemm = False
 
-    def _consumer_loop(self):
-        self.it, self.waited = str(self.loop.attrs["var"]), set()
+    def _form(self) -> str:
+        """The consumer loop's form: "rotated", "in_flight" or "synchronous" (module docstring)."""
         two_gemm = self.e.knobs.get("overlap") and overlap.schedule(self.body) is not None
         gemm_ids = {v.id for g in self.gemms for v in g.args}  # what vector work must not touch
         if two_gemm and self._rotatable(self.gemms[0], self.gemms[-1]):
+            return "rotated"
+        if all(op.name in ("gemm", "load") or not _touched(op) & gemm_ids for op in self.body):
+            return "in_flight"
+        return "synchronous"
+
+    def _consumer_loop(self):
+        self.it, self.waited = str(self.loop.attrs["var"]), set()
+        if self.form == "rotated":
             self._rotated(self.gemms[0], self.gemms[-1])
-        elif all(op.name in ("gemm", "load") or not _touched(op) & gemm_ids for op in self.body):
+        elif self.form == "in_flight":
             self._in_flight()
         else:
             self._synchronous()
@@ -247,7 +336,21 @@ class ManualWarpSpecialization:
             with src.indent():
                 for g in self.gemms:
                     self._release(g, f"({var} - 1)")
-        src.line("T.wait_wgmma(0)")  # the last slots are not released: nothing loads into them again
+        src.line("T.wait_wgmma(0)")
+        if self.tiles:  # the next tile's loads go into the last slots too
+            with self._guard_nonempty():
+                for g in self.gemms:
+                    self._release(g, index(self.hi - 1))
+
+    @contextlib.contextmanager
+    def _guard_nonempty(self):
+        """Emit the body only when the pipelined loop ran at least once."""
+        if (self.hi - self.lo).is_positive:
+            yield
+            return
+        self.e.src.line(f"if {self.stop} > {self.start}:")
+        with self.e.src.indent():
+            yield
 
     # -- the two-gemm rotation ----------------------------------------------------------------------
     def _rotatable(self, g1: Op, g2: Op) -> bool:
@@ -257,51 +360,81 @@ class ManualWarpSpecialization:
         return clear in (None, "True") and g1 is not g2 and self.body[-1] is g2
 
     def _rotated(self, g1: Op, g2: Op):
-        src, var = self.e.src, self.it
-        pingpong = self.threads == 256
+        src = self.e.src
+        pingpong = self.pingpong
         late_ids = {g2.args[2].id} | {v.id for v in g2.args[:2]}
         i1 = self.body.index(g1)
         rest = [op for op in self.body[i1 + 1:] if op is not g2]
         # the first op that rewrites gemm2's operands or accumulator, or reads the accumulator
         hazard = next((k for k, op in enumerate(rest)
                        if op.written_ids() & late_ids or g2.args[2].id in _touched(op)), len(rest))
-        if pingpong:
-            a, b = PINGPONG_BARRIERS
-            src.line("if tx // 128 == 1:  # warp group 0 issues first")
-            src.line(f"    T.named_barrier_arrive({a}, 256)")
+        a, b = PINGPONG_BARRIERS  # warp group 1's first arrive is before the loop over tiles (emit)
         turn = (f"T.sync_threads({a} + tx // 128, 256)", f"T.named_barrier_arrive({b} - tx // 128, 256)") \
             if pingpong else None
         before = [op for op in self.body[:i1] if op.name != "load"]
         # iteration start: gemm1 alone
         with self._loop(self.start, index(sympy.Min(self.lo + 1, self.hi))):
-            self.e.block(before)
+            first = self._folded(before + rest, self.lo, self.lo)
+            self.e.block([first.get(id(op), op) for op in before])
             self._wait_full(g1)
             self._turn(turn, 0)
             self._issue(g1)
             self._turn(turn, 1)
             src.line("T.wait_wgmma(0)")
             self._release(g1)
-            self.e.block(rest)
-        with self._loop(index(self.lo + 1), self.stop):
-            self.e.block(before)
-            self._wait_full(g1)
-            self._turn(turn, 0)
-            self._issue(g1)
-            self.it = f"({var} - 1)"
-            self._issue(g2)
-            self.it = var
-            self._turn(turn, 1)
-            src.line("T.wait_wgmma(1)")
-            self._release(g1)
-            self.e.block(rest[:hazard])
-            src.line("T.wait_wgmma(0)")
-            self._release(g2, f"({var} - 1)")
-            self.e.block(rest[hazard:])
+            self.e.block([first.get(id(op), op) for op in rest])
+        # the steady state; where the masks only bite in the last iteration (a ragged tail), the
+        # iterations before it run without them
+        last = self.hi - 1
+        inner = self._folded(before + rest, self.lo + 1, last - 1) if self.hi.is_Integer else {}
+        split = [(self.lo + 1, last, inner), (last, self.hi, {})] if inner else [(self.lo + 1, self.hi, {})]
+        for lo, hi, ops in split:
+            with self._loop(index(lo), index(hi)):
+                self._steady(g1, g2, [ops.get(id(op), op) for op in before],
+                             [ops.get(id(op), op) for op in rest], hazard, turn)
         # gemm2 of the last iteration
         with self._loop(index(sympy.Max(self.hi - 1, self.lo)), self.stop):
             self._issue(g2)
             src.line("T.wait_wgmma(0)")
             self._release(g2)
+
+    def _steady(self, g1: Op, g2: Op, before: list[Op], rest: list[Op], hazard: int, turn):
+        """One steady-state iteration: gemm1(n) and gemm2(n-1) in flight, the vector work of n under
+        gemm2, and the wait for gemm2 right before the first op that needs it complete."""
+        src, var = self.e.src, self.it
+        self.e.block(before)
+        self._wait_full(g1)
+        self._turn(turn, 0)
+        self._issue(g1)
+        self.it = f"({var} - 1)"
+        self._issue(g2)
+        self.it = var
+        self._turn(turn, 1)
+        src.line("T.wait_wgmma(1)")
+        self._release(g1)
+        self.e.block(rest[:hazard])
+        src.line("T.wait_wgmma(0)")
+        self._release(g2, f"({var} - 1)")
+        self.e.block(rest[hazard:])
+
+    def _folded(self, ops: list[Op], lo, hi) -> dict[int, Op]:
+        """Copies of the ``map`` ops whose masks ``fold_bounds`` can decide when the loop variable
+        stays in [lo, hi] (id of the op -> copy); empty when none changes or the range is unknown.
+        Bounds that vary over the grid count at their extremes: the variable's range is taken from
+        the least ``lo`` to the greatest ``hi`` of any tile."""
+        grid = self.e.m.grid
+        env = {v: (0, int(x) - 1) for v, x in zip(grid.attrs["vars"], grid.attrs["extents"])}
+        span = interval(sympy.sympify(lo), env), interval(sympy.sympify(hi), env)
+        if None in span or span[0][0] > span[1][1]:
+            return {}
+        env[self.loop.attrs["var"]] = (span[0][0], span[1][1])
+        out = {}
+        for op in ops:
+            if op.name == "map":
+                expr = fold_node(op.attrs["expr"], env)
+                if expr is not op.attrs["expr"]:
+                    out[id(op)] = Op(op.name, op.args, {**op.attrs, "expr": expr}, op.result, op.regions, op.loc)
+        return out
 
     def _turn(self, turn, which: int):
         if turn is not None:

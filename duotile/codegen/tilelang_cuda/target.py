@@ -17,6 +17,7 @@ from .arch import SM90, SM100, Arch
 from .capacity import check_capacity, check_warp_rows
 from .emit import emit_module, ws_mode
 from .overlap import check_overlap
+from .persistent import check_persistent
 
 
 class TileLangCuda(Target):
@@ -39,6 +40,9 @@ class TileLangCuda(Target):
             # duotile's hand-scheduled producer / consumer roles with wgmma kept in flight ("manual",
             # manual_ws.py), or every warp loading and computing ("off": tl.disable_warp_specialized)
             self.knobs["warp_specialize"] = choice("auto", "manual", "off")
+            # persistent: one block per SM walks the output tiles (persistent.py; manual only);
+            # an integer is a block count
+            self.knobs["persistent"] = choice(False, True)
 
     def knobs_for(self, module: Module) -> dict:
         """fp8_promote_k only matters with an fp8 gemm, overlap only with two gemms in a pipelined loop,
@@ -48,16 +52,18 @@ class TileLangCuda(Target):
         pipelined = [op for op in ops if op.name == "for" and op.attrs.get("stages")]
         two_gemm_loop = any(sum(o.name == "gemm" for o in op.regions[0].ops) >= 2 for op in pipelined)
         drop = ({"fp8_promote_k"} if not fp8 else set()) | ({"overlap"} if not two_gemm_loop else set()) \
-            | ({"warp_specialize"} if not pipelined else set())
+            | ({"warp_specialize", "persistent"} if not pipelined else set())
         return {k: s for k, s in self.knobs.items() if k not in drop}
 
     def start_points(self, module: Module) -> list[dict]:
         """sm90: duotile's warp specialisation for a pipelined loop, with the two-gemm rotation
-        where the loop has that shape (two knob steps from the default, worth 10% on attention)."""
+        where the loop has that shape (two knob steps from the default, worth 10% on attention),
+        and the same on a persistent grid."""
         knobs = self.knobs_for(module)
         if "warp_specialize" not in knobs:
             return []
-        return [{"warp_specialize": "manual", **({"overlap": True} if "overlap" in knobs else {})}]
+        manual = {"warp_specialize": "manual", **({"overlap": True} if "overlap" in knobs else {})}
+        return [manual, {**manual, "persistent": True}]
 
     @property
     def mma_atom(self) -> tuple[int, int, int]:
@@ -88,6 +94,7 @@ class TileLangCuda(Target):
         check_capacity(module, self.arch, knobs)
         check_warp_rows(module, self.arch, knobs)
         check_overlap(module, self.name, knobs, ws_mode(knobs))
+        check_persistent(module, self.name, knobs, ws_mode(knobs), self.arch.has_tmem)
         return module
 
     def generate(self, module: Module, knobs: dict[str, Any]) -> Artifact:

@@ -1,0 +1,100 @@
+"""A persistent grid on sm90 (knob ``persistent``, with ``warp_specialize="manual"``).
+
+Instead of one block per output tile, a fixed number of blocks (one per SM by default) walk the
+tiles: block ``cta`` takes tiles ``cta``, ``cta + G``, ``cta + 2G`` ... . What this buys is the
+seam between tiles: the producer warp group does not stop at the end of a tile, so the next
+tile's first loads (and, for attention, its Q tile) arrive while the consumers still run the
+previous tile's epilogue, and no block launch sits between two tiles.
+
+What the manual schedule needs for it (``manual_ws.py``):
+
+* ring slots and phases count iterations across tiles: each role keeps ``ring_base``, the
+  iterations of the tiles it has finished, and adds it to the loop variable;
+* a tile loaded before the pipelined loop (attention's Q) gets an ``empty`` barrier too, with a
+  phase that flips every tile, and the consumers free it once the loop's gemms are complete;
+* the tile's grid coordinates are decoded from its linear number, innermost grid axis fastest;
+  with ``raster`` (panels of that many rows of the two innermost axes, for L2 reuse) the
+  rasterisation is done here, since TileLang's ``T.use_swizzle`` remaps block indices.
+
+``persistent=True`` launches ``min(tiles, SMs)`` blocks; an integer launches that many (tests use
+it to put several tiles, and so several ring rounds, in one block).
+"""
+
+from __future__ import annotations
+
+import math
+
+import sympy
+
+from ...dsl.errors import UnsupportedError
+from ...dsl.ir import Module, Op
+from .exprs import index
+
+BASE = "ring_base[0]"  # iterations of the tiles this role has finished (a register per thread)
+
+
+def blocks(knobs: dict, sms: int, tiles: int) -> int:
+    """How many blocks a persistent grid launches; 0 when the grid is not persistent."""
+    p = knobs.get("persistent", False)
+    if p is True:
+        return min(tiles, sms)
+    if p is False or p is None or int(p) == 0:
+        return 0
+    return min(tiles, int(p))
+
+
+class TileLoop:
+    """Emits the persistent loop over tiles around one role's body, and the grid decode."""
+
+    def __init__(self, grid: Op, ctas: int, raster: int):
+        self.vars = [str(v) for v in grid.attrs["vars"]]
+        self.extents = [int(x) for x in grid.attrs["extents"]]
+        self.tiles = math.prod(self.extents)
+        self.ctas, self.raster = ctas, raster
+        self.rounds = -(-self.tiles // ctas)
+
+    def head(self, threads: int) -> str:
+        return f"with T.Kernel({self.ctas}, threads={threads}) as (cta,):"
+
+    def open(self, src) -> None:
+        """Start the loop (caller indents twice: the loop and the bounds check)."""
+        src.line(f"for tile_round in T.serial({self.rounds}):")
+        src.line(f"    tile_id = cta + tile_round * {self.ctas}")
+        src.line(f"    if tile_id < {self.tiles}:")
+
+    def decode(self, src) -> None:
+        """Bind the grid variables from ``tile_id``."""
+        names, ext = self.vars, self.extents
+        if self.raster and len(names) >= 2 and ext[-2] > 1:
+            p, rows, cols = self.raster, ext[-2], ext[-1]
+            src.line(f"panel_row = tile_id % {rows * cols} // {p * cols} * {p}")
+            src.line(f"panel_rows = T.min({p}, {rows} - panel_row)")
+            src.line(f"in_panel = tile_id % {rows * cols} - panel_row * {cols}")
+            src.line(f"{names[-2]} = panel_row + in_panel % panel_rows")
+            src.line(f"{names[-1]} = in_panel // panel_rows")
+            inner, outer = rows * cols, names[:-2]
+        else:
+            src.line(f"{names[-1]} = tile_id % {ext[-1]}")
+            inner, outer = ext[-1], names[:-1]
+        for k in range(len(outer) - 1, -1, -1):
+            span = f" % {ext[k]}" if k else ""
+            src.line(f"{outer[k]} = tile_id // {inner}{span}")
+            inner *= ext[k]
+
+    @staticmethod
+    def advance(src, loop: Op) -> None:
+        """After a tile: count its iterations of the pipelined ``loop`` into the ring base."""
+        n = index(sympy.Max(sympy.expand(loop.attrs["extent"] - loop.attrs["start"]), 0))
+        src.line(f"{BASE} = {BASE} + {n}")
+
+
+def check_persistent(module: Module, arch_name: str, knobs: dict, ws_mode: str, has_tmem: bool) -> None:
+    """``persistent`` is a schedule of duotile's own warp specialisation: refused without it."""
+    p = knobs.get("persistent", False)
+    if p is False or p is None or p == 0:
+        return
+    if isinstance(p, int) and not isinstance(p, bool) and p < 0:
+        raise UnsupportedError(f"{arch_name}: persistent={p}: a block count must be positive", module.grid.loc)
+    if has_tmem or ws_mode != "manual":
+        raise UnsupportedError(f"{arch_name}: persistent needs warp_specialize=manual on sm90 "
+                               f"(got warp_specialize={ws_mode}; config {module.config})", module.grid.loc)
