@@ -98,7 +98,8 @@ def test_overlap_knob_pipelines_a_dependent_second_gemm_on_sm90():
     the manual schedule's rotation is tests/codegen/test_manual_ws.py). Compile-checked here; its
     speed and results are for the H200 (-m gpu)."""
     spec = load_all()["flash_attention"]
-    r = build_case(spec, "d128", spec.build_cases["d128"], "sm90", config={"overlap": True, "warp_specialize": "auto"})
+    r = build_case(spec, "d128", spec.build_cases["d128"], "sm90",
+                   config={"overlap": True, "warp_specialize": "auto", "persistent": False, "BN": 128})
     assert r.ok, r.error
     head = next(line for line in r.artifact.stages["tilelang"].splitlines() if "T.Pipelined" in line)
     assert "order=[-1, -1, 0, " in head and "stage=[-1, -1, 0, " in head and head.rstrip(":").endswith("1])")
