@@ -2,7 +2,8 @@
 needs (``Target.tuning_limits``) and the roofline machine of the cost model (``Target.machine``).
 
 From the estimated live tile bytes: operands in shared memory; vector tiles, and on sm90 the
-accumulators too, in registers spread over the block's threads; on sm100 accumulators in TMEM.
+accumulators too, in registers spread over the block's threads (the most live at one moment);
+on sm100 accumulators in TMEM.
 A register estimate over 255 a thread means spills (the build would still succeed, slowly), so
 this is a tuning filter, not a capacity law; ``capacity.py`` is the law at build time.
 """
@@ -22,7 +23,7 @@ from .arch import Arch
 
 def cuda_limits(arch: Arch, u: TileUsage, knobs: dict[str, Any]) -> list[Limit]:
     threads = threads_of(knobs)
-    reg_bytes = u.peak[Role.VECTOR] + (0 if arch.has_tmem else u.peak[Role.ACCUMULATOR])
+    reg_bytes = u.peak[Role.VECTOR] if arch.has_tmem else u.peak_acc_vector
     per_thread = sympy.ceiling(sympy.Integer(reg_bytes) / 4 / threads) + REG_OVERHEAD
     limits = [Limit("shared memory", sympy.Integer(u.peak[Role.OPERAND]), sympy.Integer(arch.smem_bytes)),
               Limit("registers per thread", per_thread, sympy.Integer(255), "registers"),

@@ -23,6 +23,9 @@ class TileUsage:
     """Peak live bytes per role, plus the tiles a memory model needs by kind."""
 
     peak: dict[Role, int] = field(default_factory=dict)
+    # peak of accumulator + vector bytes live at the same moment (what registers hold on sm90);
+    # the sum of the two peaks would count tiles that are never live together
+    peak_acc_vector: int = 0
     accumulators: list[tuple[int, ...]] = field(default_factory=list)  # live-at-peak accumulator shapes
     gemm_a: int = 0  # largest gemm A operand, bytes
     gemm_b: int = 0
@@ -87,6 +90,7 @@ def estimate_usage(module: Module) -> TileUsage:
                     live_acc.pop(v.id, None)
         for r in Role:
             usage.peak[r] = max(usage.peak.get(r, 0), live[r])
+        usage.peak_acc_vector = max(usage.peak_acc_vector, live[Role.ACCUMULATOR] + live[Role.VECTOR])
         if live[Role.ACCUMULATOR] > best_acc:
             best_acc = live[Role.ACCUMULATOR]
             usage.accumulators = [tuple(int(d) for d in a.type.shape) for a in live_acc.values()]

@@ -105,3 +105,20 @@ def test_one_trace_per_config_serves_the_estimator_and_the_targets_check(monkeyp
     assert calls == {"trace": 1, "lower": 1}
     assert not c.check({"BM": 256, "BN": 256, "BK": 128, "STAGES": 5}).ok  # pruned by the estimator
     assert calls == {"trace": 2, "lower": 1}
+
+
+def test_sm90_registers_count_the_tiles_live_together_not_the_sum_of_two_peaks():
+    # regression: the quick filter added the accumulator peak (scores + output) to the vector peak
+    # (the exponentials, which take the scores' registers once those die), and pruned attention
+    # 128x192 at "291 registers"; it builds without spills and was the fastest config measured
+    spec = registry.get("flash_attention")
+    case = spec.build_cases["d128"]
+    c = Constraints(spec.kernel, spec.kernel.bind(spec.meta_inputs(case)), "sm90", spec.constants_of(case))
+    manual = {"BM": 128, "STAGES": 2, "warp_specialize": "manual", "overlap": True}
+    wide = c.check({**manual, "BN": 192})
+    assert wide.ok, wide.reasons
+    # scores 128x192 and the output 128x128 in fp32 over 256 threads, plus three row vectors (max, sum,
+    # rescale: 3 x 128 fp32 over 256 threads, rounded up) and the fixed allowance of 32
+    assert wide.usage["registers per thread"] == (128 * 192 + 128 * 128) // 256 + 3 + 32
+    one_group = c.check({**manual, "BN": 192, "threads": 128})  # one warp group holding it all
+    assert not one_group.ok and any("registers per thread" in r for r in one_group.reasons)
