@@ -28,15 +28,17 @@ from duotile.passes.autotune.cache import best_config  # noqa: E402
 
 FP8 = {"BM": 128, "BN": 128, "BK": 128, "STAGES": 4, "raster": 16}
 MANUAL = {"warp_specialize": "manual"}  # duotile's producer / consumer roles (manual_ws.py)
+PERSISTENT = {**MANUAL, "persistent": True}  # one block per SM walks the tiles (persistent.py)
+FP8_WIDE = {**FP8, "BN": 256, "fp8_promote_k": 0, **MANUAL}  # 128x256 tiles: no registers to promote
 SWEEP = {
-    "gemm_bf16": [{}, {"BM": 128, "BN": 256, "BK": 64, "STAGES": 4, "raster": 8}, MANUAL,
-                  {"BM": 128, "BN": 256, "BK": 64, "STAGES": 4, "raster": 8, **MANUAL}],
+    "gemm_bf16": [{}, {"BM": 128, "BN": 256, "BK": 64, "STAGES": 4, "raster": 8, "warp_specialize": "auto"},
+                  {"BM": 128, "BN": 256, "BK": 64, "STAGES": 4, "raster": 8, **PERSISTENT}],
     # fp8_promote_k N: the fp8 partial sums join the fp32 accumulator every N elements of K (0: never)
-    "gemm_fp8": [{}, {**FP8, "fp8_promote_k": 128}, {**FP8, "fp8_promote_k": 0}, {**FP8, **MANUAL},
-                 {**FP8, "fp8_promote_k": 128, **MANUAL}, {**FP8, "fp8_promote_k": 0, **MANUAL},
-                 {**FP8, "BN": 256, "fp8_promote_k": 0, **MANUAL}],
-    "attention": [{}, {"overlap": True}, {"overlap": True, **MANUAL}, {"overlap": True, "STAGES": 3, **MANUAL},
-                  {**MANUAL}],
+    "gemm_fp8": [{}, {**FP8, "fp8_promote_k": 0}, FP8_WIDE, {**FP8_WIDE, "persistent": True},
+                 {**FP8, "BM": 256, "fp8_promote_k": 0, **PERSISTENT}, {**FP8, "fp8_promote_k": 256, **PERSISTENT}],
+    "attention": [{}, {"warp_specialize": "auto", "overlap": False}, {"overlap": True, **PERSISTENT},
+                  {"overlap": True, "BN": 176, **PERSISTENT}, {"overlap": True, "BN": 192, **PERSISTENT},
+                  {"overlap": True, "BN": 176, **MANUAL}],
     "rmsnorm": [{}, {"ROWS": 2, "threads": 512}],
 }
 SWEEP["attention_causal"] = SWEEP["attention"][:3]

@@ -16,7 +16,7 @@ log="$WORK/$phase.log"
 { nvidia-smi --query-gpu=name,clocks.sm,clocks.mem --format=csv
   python3 -c "import torch, tilelang; print('torch', torch.__version__, 'tilelang', tilelang.__version__)"; } >"$log"
 case "$phase" in
-  tests) par=$(python3 -c "import xdist" 2>/dev/null && echo "-n 4")  # builds dominate: run four at once
+  tests) par=$(python3 -c "import xdist" 2>/dev/null && echo "-n 8")  # builds dominate: eight at once (16 cores)
          # -v: one line a test, so a phase cut short still says which tests finished
          timeout "$limit" python3 -m pytest -m gpu tests -v --timeout 300 -p no:cacheprovider $par 2>&1 \
            | grep -v "PytestBenchmarkWarning\|warner(" >>"$log" ;;

@@ -31,8 +31,10 @@ MANUAL = {"warp_specialize": "manual"}
 # away from the case config, where a quick search would not reach (tune(also_try=...))
 ALSO_TRY = {
     "gemm_bf16": [{"warp_specialize": "auto"}],
-    "gemm_fp8": [{"BN": 256, "fp8_promote_k": 0, **MANUAL}, {"fp8_promote_k": 0}],
-    "flash_attention_d128": [{"overlap": True, "STAGES": 3, **MANUAL}],
+    "gemm_fp8": [{"BN": 256, "fp8_promote_k": 0, **MANUAL},
+                 {"BN": 256, "fp8_promote_k": 0, "persistent": True, **MANUAL},
+                 {"BM": 256, "fp8_promote_k": 0, "persistent": True, **MANUAL}],
+    "flash_attention_d128": [{"BN": 176}, {"BN": 128}, {"persistent": False}],
 }
 TARGETS = {"gemm_bf16": "0.95x torch.matmul", "gemm_fp8": "0.95x torch._scaled_mm",
            "flash_attention_d128": "1.0x SDPA", "rmsnorm_16M": "85% of copy bandwidth"}
