@@ -139,3 +139,23 @@ def test_warp_specialize_knob_switches_tilelangs_producer_warp_group_on_sm90():
     assert on.ok, on.error
     assert "PASS_CONFIGS" not in on.artifact.stages["tilelang"]
     assert "warpgroup_reg_alloc" in on.artifact.stages["cuda"]
+
+
+def test_ptxas_spills_are_recorded_and_shown():
+    """A 256x256 fp32 accumulator over 256 threads is 256 registers a thread before anything else:
+    ptxas spills it. The build records ptxas's report and the build table's note says SPILLS."""
+    from duotile.codegen.tilelang_cuda.inspect import instruction_summary
+    from duotile.codegen.tilelang_cuda.toolchain import ptxas_stats
+
+    spec = load_all()["gemm"]
+    case = {"M": 512, "N": 512, "K": 512}
+    big = build_case(spec, "bf16_512", case, "sm90", config={"BM": 256, "BN": 256, "BK": 32, "STAGES": 2},
+                     use_tuned=False)
+    assert big.ok, big.error
+    assert big.artifact.meta["ptxas"]["spill_stores"] > 0 and "SPILLS" in instruction_summary(big.artifact)
+    fits = build_case(spec, "bf16_512", case, "sm90", config={"BM": 128, "BN": 128, "BK": 64, "STAGES": 2},
+                      use_tuned=False)
+    assert fits.ok and fits.artifact.meta["ptxas"]["spill_stores"] == 0
+    assert "SPILLS" not in instruction_summary(fits.artifact)
+    report = "ptxas info    : Used 90 registers\n    8 bytes stack frame, 4 bytes spill stores, 12 bytes spill loads"
+    assert ptxas_stats(report) == {"registers": 90, "spill_stores": 4, "spill_loads": 12, "stack": 8}

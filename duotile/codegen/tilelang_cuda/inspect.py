@@ -28,4 +28,6 @@ def sass_counts(sass: str) -> dict[str, int]:
 def instruction_summary(a: Artifact) -> str:
     counts = sass_counts(a.stages["sass"]) if "sass" in a.stages else ptx_counts(a.stages.get("ptx", ""))
     where = "sass" if "sass" in a.stages else "ptx"
-    return f"{where}: " + " ".join(f"{k}x{v}" for k, v in sorted(counts.items()))
+    spills = a.meta.get("ptxas", {}).get("spill_stores", 0)
+    tail = f"; SPILLS {spills} bytes" if spills else ""
+    return f"{where}: " + " ".join(f"{k}x{v}" for k, v in sorted(counts.items())) + tail

@@ -116,8 +116,9 @@ class TileLangCuda(Target):
         cu = work / "kernel.cu"
         cu.write_text(cuda)
         t0 = time.perf_counter()
-        toolchain.nvcc(str(cu), self.arch.sm, str(work / "kernel.cubin"), "cubin")
+        report = toolchain.nvcc(str(cu), self.arch.sm, str(work / "kernel.cubin"), "cubin")
         artifact.timings["nvcc"] = time.perf_counter() - t0
+        artifact.meta["ptxas"] = toolchain.ptxas_stats(report)  # spills: a config slower than it looks
         artifact.files["cubin"] = str(work / "kernel.cubin")
         toolchain.nvcc(str(cu), self.arch.sm, str(work / "kernel.ptx"), "ptx")
         artifact.stages["ptx"] = (work / "kernel.ptx").read_text()

@@ -64,16 +64,31 @@ def include_dirs() -> list[str]:
             str(root / "3rdparty" / "tvm" / "include")]
 
 
-def nvcc(cu_path: str, sm: str, out_path: str, kind: str) -> None:
-    """``kind``: 'cubin' or 'ptx'. Raises RuntimeError with nvcc's message on failure."""
+def nvcc(cu_path: str, sm: str, out_path: str, kind: str) -> str:
+    """``kind``: 'cubin' or 'ptx'. Returns nvcc's messages (for a cubin, ptxas's resource report);
+    raises RuntimeError with nvcc's message on failure."""
     exe = shutil.which("nvcc")
     if exe is None:
         raise RuntimeError("nvcc is not on PATH: cannot compile generated CUDA")
-    cmd = [exe, "-std=c++17", f"-arch={sm}", f"-{kind}", "-O3", "-w", *(f"-I{d}" for d in include_dirs()),
+    verbose = ["-Xptxas", "-v"] if kind == "cubin" else []
+    cmd = [exe, "-std=c++17", f"-arch={sm}", f"-{kind}", "-O3", "-w", *verbose, *(f"-I{d}" for d in include_dirs()),
            cu_path, "-o", out_path]
     proc = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ})
     if proc.returncode != 0:
         raise RuntimeError(f"nvcc -arch={sm} -{kind} failed:\n{proc.stderr[-4000:]}")
+    return proc.stderr + proc.stdout
+
+
+def ptxas_stats(report: str) -> dict[str, int]:
+    """What ptxas says of the kernel: registers a thread at launch (with ``setmaxnreg`` the warp
+    groups then trade them), bytes of local-memory spills, stack bytes. Empty if it said nothing."""
+    out = {}
+    for key, pattern in (("registers", r"Used (\d+) registers"), ("spill_stores", r"(\d+) bytes spill stores"),
+                         ("spill_loads", r"(\d+) bytes spill loads"), ("stack", r"(\d+) bytes stack frame")):
+        found = [int(x) for x in re.findall(pattern, report)]
+        if found:
+            out[key] = max(found)
+    return out
 
 
 def cuobjdump() -> str | None:

@@ -30,7 +30,8 @@ def summary(r: TuneResult) -> str:
             ("pruned", str(c.get("pruned", 0))),
             ("failed (compile / run / timeout)",
              f"{c.get('compile_error', 0)} / {c.get('run_error', 0)} / {c.get('timeout', 0)}"),
-            ("wrong", str(c.get("wrong", 0)))]
+            ("wrong", str(c.get("wrong", 0))),
+            ("spilling registers (ptxas)", str(sum(bool(t.build.get("spill_stores")) for t in r.trials)))]
     w = max(len(k) for k, _ in rows)
     lines += [f"  {k:<{w}}  {v}" for k, v in rows]
     reasons: dict[str, int] = {}

@@ -61,6 +61,7 @@ class Trial:
     index: int = -1
     is_default: bool = False
     confirmed_ms: float | None = None  # median over the finalists' alternating re-timing rounds
+    build: dict[str, int] = field(default_factory=dict)  # what the compiler reported (ptxas: spills)
 
     @property
     def counts(self) -> bool:
@@ -75,7 +76,7 @@ class Trial:
         return {"index": self.index, "config": self.config, "status": self.status, "reason": self.reason,
                 "time_ms": self.time_ms, "metric": self.metric, "compile_s": self.compile_s,
                 "max_error": self.max_error, "usage": self.usage, "is_default": self.is_default,
-                "confirmed_ms": self.confirmed_ms}
+                "confirmed_ms": self.confirmed_ms, "build": self.build}
 
 
 def first_line(err: BaseException) -> str:
@@ -250,7 +251,7 @@ class Runner:
         return self._loaded[key]
 
     def measure_one(self, c: Compiled) -> Trial:
-        trial = Trial(c.config, "ok", compile_s=c.compile_s)
+        trial = Trial(c.config, "ok", compile_s=c.compile_s, build=_build_report(c))
         try:
             fn = self._load(c)
         except Exception as err:  # noqa: BLE001
@@ -305,10 +306,15 @@ class Runner:
             if isinstance(item, Trial):
                 out.append(item)
             elif not self.measure:
-                out.append(Trial(item.config, "compiled", compile_s=item.compile_s))
+                out.append(Trial(item.config, "compiled", compile_s=item.compile_s, build=_build_report(item)))
             else:
                 out.append(self.measure_one(item))
         return out
+
+
+def _build_report(c: Compiled) -> dict[str, int]:
+    meta = getattr(c.artifact, "meta", None) or {}
+    return dict(meta.get("ptxas", {}))
 
 
 def _compile_registered(spec_name: str, case: dict, target: str, config: Config, seed: int) -> str:

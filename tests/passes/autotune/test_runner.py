@@ -128,6 +128,10 @@ def test_cuda_target_runner_builds_without_a_gpu():
         return
     runner = Runner(get("rmsnorm"), {"T": 4, "D": 64}, "sm100", measure=False)
     assert runner.device.type == "cuda" and runner.device.index is None
+    (trial,) = runner.evaluate([{"ROWS": 1, "threads": 128, "raster": 0}])
+    assert trial.status == "compiled", trial.reason
+    assert trial.build["spill_stores"] == 0 and trial.build["registers"] > 0  # ptxas's report travels along
+    assert trial.to_json()["build"] == trial.build
 
 
 def test_finalists_are_retimed_side_by_side_and_the_confirmed_best_wins(tmp_path, monkeypatch):
