@@ -36,12 +36,12 @@ SWEEP = {
     # fp8_promote_k N: the fp8 partial sums join the fp32 accumulator every N elements of K (0: never)
     "gemm_fp8": [{}, {**FP8, "fp8_promote_k": 0}, FP8_WIDE, {**FP8_WIDE, "persistent": True},
                  {**FP8, "BM": 256, "fp8_promote_k": 0, **PERSISTENT}, {**FP8, "fp8_promote_k": 256, **PERSISTENT}],
-    "attention": [{}, {"warp_specialize": "auto", "overlap": False}, {"overlap": True, **PERSISTENT},
-                  {"overlap": True, "BN": 176, **PERSISTENT}, {"overlap": True, "BN": 192, **PERSISTENT},
-                  {"overlap": True, "BN": 176, **MANUAL}],
+    # attention rows start from the build case's config: manual + overlap + persistent, 192-key blocks
+    "attention": [{}, {"BN": 128, "STAGES": 1}, {"BN": 176}, {"BN": 128, "persistent": False},
+                  {"BN": 128, "warp_specialize": "auto", "overlap": False, "persistent": False}],
+    "attention_causal": [{}, {"warp_specialize": "auto", "overlap": False}, {"persistent": True}],
     "rmsnorm": [{}, {"ROWS": 2, "threads": 512}],
 }
-SWEEP["attention_causal"] = SWEEP["attention"][:3]
 for _name in ("gemm_bf16", "gemm_fp8", "attention"):
     SWEEP[_name].insert(1, None)  # the tuned config, as codegen.compile picks it
 
@@ -134,7 +134,7 @@ def time_configs(label, spec, case, configs, work, unit, peer_fn, peak):
 
 def gemm_bf16(sweep):
     spec, n = get("gemm"), 8192
-    case = {"M": n, "N": n, "K": n}
+    case = spec.build_cases["bf16_8192"]  # {}: its config_for, what `duotile build` uses untuned
     a, b = (torch.randn(n, n, device="cuda", dtype=torch.bfloat16) for _ in range(2))
     peer_fn = lambda: torch.matmul(a, b.t())  # noqa: E731
     peer = bench(peer_fn)
@@ -171,7 +171,7 @@ def gemm_fp8(sweep):
 
 def attention(sweep, causal=False):
     spec = get("flash_attention")
-    case = {"B": 4, "H": 32, "S": 4096, "D": 128, "causal": causal}
+    case = spec.build_cases["d128_causal" if causal else "d128"]  # B 4, H 32, S 4096, D 128
     x = spec.make_inputs(case, torch.device("cuda"), 0)
     peer_fn = lambda: F.scaled_dot_product_attention(x["q"], x["k"], x["v"], is_causal=causal)  # noqa: E731
     peer = bench(peer_fn)
