@@ -144,17 +144,11 @@ class Constraints:
         return self._cache[key]
 
     def _check(self, config: dict[str, Any]) -> Verdict:
-        values = {**self.sig.shapes, **config}
-        reasons = [f"violates {r.text}" for r in self.relations if not r(values)]
+        reasons = self._relations(config)
         try:
-            bound = self.bound(config)
+            bound, module, usage, knobs, tgt = self._trace(config)
         except DslError as err:
             return Verdict(False, reasons + [f"does not trace: {err}"])
-        # the estimator reads a fused copy; `bound` itself is left for the target's own pipeline
-        module = fuse_elementwise(Rewriter().module(bound))
-        usage = estimate_usage(module)
-        knobs = {k: v for k, v in config.items() if k not in self.kernel.tunables}
-        tgt = get_target(self.target)
         limits = tgt.tuning_limits(usage, {**tgt.default_knobs(), **knobs})
         reasons += [lim.reason() for lim in limits if not lim.ok()]
         reasons += mma_reasons(usage, self.target, tgt.mma_atom)
@@ -163,6 +157,30 @@ class Constraints:
         if not reasons:
             reasons += self._target_capacity(bound, knobs)
         return Verdict(not reasons, reasons, {lim.memory: int(lim.needed) for lim in limits}, module)
+
+    def law(self, config: dict[str, Any]) -> list[str]:
+        """Why a build would refuse ``config`` (empty: it would not): the user's relations, tracing,
+        the MMA atom and the target's own lowering and capacity checks. The quick estimates
+        (registers, waste) are left out: they filter a search, they do not forbid a build."""
+        reasons = self._relations(config)
+        try:
+            bound, _, usage, knobs, tgt = self._trace(config)
+        except DslError as err:
+            return reasons + [f"does not trace: {err}"]
+        reasons += mma_reasons(usage, self.target, tgt.mma_atom)
+        return reasons or self._target_capacity(bound, knobs)
+
+    def _relations(self, config: dict[str, Any]) -> list[str]:
+        values = {**self.sig.shapes, **config}
+        return [f"violates {r.text}" for r in self.relations if not r(values)]
+
+    def _trace(self, config: dict[str, Any]):
+        """The bound module, its fused copy (the estimator reads that; ``bound`` is left for the
+        target's own pipeline), the estimated usage, the target knobs and the target."""
+        bound = self.bound(config)
+        module = fuse_elementwise(Rewriter().module(bound))
+        knobs = {k: v for k, v in config.items() if k not in self.kernel.tunables}
+        return bound, module, estimate_usage(module), knobs, get_target(self.target)
 
     def _target_capacity(self, bound: Module, knobs: dict[str, Any]) -> list[str]:
         """The target's own pipeline and capacity model (what its build would reject), still before

@@ -116,13 +116,26 @@ def tune(spec: Spec, case: dict, target: str, *, budget: str = "default", strate
             record(Trial(c, "pruned", "; ".join(v.reasons), usage=v.usage))
         return v.ok
 
+    def start_feasible(c: Config) -> bool:
+        """The default and the start points were chosen by someone: they are measured unless a
+        build would refuse them; the quick estimates only filter what the search proposes."""
+        v = cons.check(c)
+        if v.ok:
+            return True
+        if cons.law(c):
+            record(Trial(c, "pruned", "; ".join(v.reasons), usage=v.usage))
+            return False
+        notes.append(f"measured {' '.join(f'{k}={x}' for k, x in c.items())} although the quick estimate "
+                     f"would prune it ({v.reasons[0]}): a start point")
+        return True
+
     if model:
         notes.append(f"ranking by the analytical cost model of {tgt.machine.name}: a model, not a "
                      f"measurement ({tgt.machine.assumed})")
         _model_sweep(space, cons, runner, bud, seed, feasible, record)
         strategy_used = "model-ranked"
     else:
-        _measured_sweep(space, cons, runner, bud, strategy, seed, feasible, record, starts)
+        _measured_sweep(space, cons, runner, bud, strategy, seed, feasible, record, starts, start_feasible)
         strategy_used = strategy if strategy != "auto" else (
             "exhaustive" if space.size <= bud.max_candidates else "pattern")
     if bar is not None:
@@ -148,9 +161,10 @@ def tune(spec: Spec, case: dict, target: str, *, budget: str = "default", strate
     return result
 
 
-def _measured_sweep(space, cons, runner, bud, strategy, seed, feasible, record, starts=()) -> None:
-    """Compile, verify and time the default and the start points, then what the search strategy
-    asks for, starting from the best of them."""
+def _measured_sweep(space, cons, runner, bud, strategy, seed, feasible, record, starts=(),
+                    start_feasible=None) -> None:
+    """Compile, verify and time the default and the start points (``start_feasible`` decides which
+    can be built), then what the search strategy asks for, starting from the best of them."""
     default = space.default()
     done: dict[tuple, float | None] = {}
 
@@ -167,7 +181,7 @@ def _measured_sweep(space, cons, runner, bud, strategy, seed, feasible, record, 
 
     first = []  # the default is always measured: the speed-up is against it
     for c in [default, *starts]:
-        if config_key(c) not in {config_key(x) for x in first} and feasible(c):
+        if config_key(c) not in {config_key(x) for x in first} and (start_feasible or feasible)(c):
             first.append(c)
     if first:
         evaluate(first)

@@ -283,3 +283,32 @@ def test_a_hang_in_the_confirm_phase_keeps_the_sweeps_results(tmp_path, monkeypa
     assert result.best is not None and result.best.confirmed_ms is None
     assert any(n.startswith("confirm phase stopped (ran past 0.3 s)") for n in result.notes)
     assert (tmp_path / "tuning.json").exists()  # the best of the sweep is still remembered
+
+
+def test_start_points_the_quick_estimate_would_prune_are_measured_if_a_build_accepts_them(tmp_path, monkeypatch):
+    """Regression: the H200 attention sweep never measured its own default (128x192 blocks): the
+    register estimate pruned it, though it builds without spills and was the fastest measured. The
+    default and the start points are now measured unless a build would refuse them; the estimate
+    still filters what the search proposes."""
+    import sympy
+
+    from duotile.codegen.target import get_target
+    from duotile.dsl.ir import Role
+    from duotile.passes.autotune.usage import Limit
+
+    target = get_target("interpret")
+
+    def tight(usage, knobs):  # an estimate that calls every tile above 2 rows too big
+        return [Limit("registers (test)", sympy.Integer(usage.peak[Role.VECTOR]), sympy.Integer(2 * 8 * 4))]
+
+    monkeypatch.setattr(target, "tuning_limits", tight)
+    result = tune(SCALE_SPEC, CASE, "interpret", budget="quick", strategy="pattern", cache_dir=tmp_path,
+                  progress=False, runner_options={"reps": 1, "warmup": 0, "workers": 1},
+                  also_try=[{"BN": 8}, {"MODE": "broken"}], finalists=0)
+    start = next(t for t in result.trials if t.config == {**GOOD, "BN": 8})
+    assert start.status == "ok"  # a start point: measured despite the estimate
+    assert any("BN=8" in n and "quick estimate" in n for n in result.notes)
+    searched = [t for t in result.trials if t.config["BN"] == 4]
+    assert searched and all(t.status == "pruned" for t in searched)  # the search still filters
+    broken = next(t for t in result.trials if t.config == {"BN": 2, "SKIP": False, "MODE": "broken"})
+    assert broken.status == "pruned"  # a build would refuse it: not measured
