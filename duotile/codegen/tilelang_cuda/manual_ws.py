@@ -33,7 +33,6 @@ the next tile while the consumers run the previous one's epilogue.
 from __future__ import annotations
 
 import contextlib
-import math
 from dataclasses import dataclass, field
 
 import sympy
@@ -116,8 +115,7 @@ class ManualWarpSpecialization:
                     self.rings[v.id].readers.append(op)
         self.form = self._form()
         self.pingpong = self.threads == 256
-        ctas = persistent.blocks(e.knobs, e.arch.sms, math.prod(int(x) for x in e.m.grid.attrs["extents"]))
-        self.tiles = persistent.TileLoop(e.m.grid, ctas, int(e.knobs.get("raster", 0) or 0)) if ctas else None
+        self.tiles = persistent.tile_loop(e.m.grid, e.knobs, e.arch.sms)  # None: one block a tile
 
     # -- checks -------------------------------------------------------------------------------------
     def _shared_load(self, op: Op) -> bool:

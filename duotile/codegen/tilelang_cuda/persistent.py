@@ -33,14 +33,15 @@ from .exprs import index
 BASE = "ring_base[0]"  # iterations of the tiles this role has finished (a register per thread)
 
 
-def blocks(knobs: dict, sms: int, tiles: int) -> int:
-    """How many blocks a persistent grid launches; 0 when the grid is not persistent."""
+def tile_loop(grid: Op, knobs: dict, sms: int) -> TileLoop | None:
+    """The loop over tiles a ``persistent`` knob asks for; None when the grid is not persistent.
+    True launches ``min(tiles, sms)`` blocks, an integer that many (at most one per tile)."""
     p = knobs.get("persistent", False)
-    if p is True:
-        return min(tiles, sms)
-    if p is False or p is None or int(p) == 0:
-        return 0
-    return min(tiles, int(p))
+    if p is False or p is None or p == 0:
+        return None
+    tiles = math.prod(int(x) for x in grid.attrs["extents"])
+    ctas = min(tiles, sms if p is True else int(p))
+    return TileLoop(grid, ctas, int(knobs.get("raster", 0) or 0))
 
 
 class TileLoop:
