@@ -312,3 +312,15 @@ def test_start_points_the_quick_estimate_would_prune_are_measured_if_a_build_acc
     assert searched and all(t.status == "pruned" for t in searched)  # the search still filters
     broken = next(t for t in result.trials if t.config == {"BN": 2, "SKIP": False, "MODE": "broken"})
     assert broken.status == "pruned"  # a build would refuse it: not measured
+
+
+def test_under_a_cost_model_a_spilling_candidate_loses_to_one_that_does_not():
+    from duotile.passes.autotune.runner import Trial
+    from duotile.passes.autotune.tuner import _pick
+
+    spills = Trial({"BN": 2}, "compiled", time_ms=1.0, metric="model", build={"spill_stores": 340})
+    clean = Trial({"BN": 4}, "compiled", time_ms=1.2, metric="model", build={"spill_stores": 0})
+    notes: list[str] = []
+    assert _pick([spills, clean], True, notes) is clean and "spills registers" in notes[0]
+    assert _pick([spills, clean], False, []) is spills  # measured: the time already counts the spill
+    assert _pick([spills], True, []) is spills and _pick([], True, []) is None
