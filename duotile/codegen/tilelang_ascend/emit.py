@@ -145,15 +145,12 @@ class Emitter:
         offs = op.attrs["offsets"]
         lead = len(p.shape) - len(shape)
         parts = []
-        for i, (o, dim) in enumerate(zip(offs, p.shape)):
+        for i, o in enumerate(offs):  # whole tiles only: check_whole_tiles refused ragged ones
             o_txt = index(o, self.idx)
             if i < lead:
                 parts.append(o_txt)
                 continue
             size = int(shape[i - lead])
-            if size > 1 and int(dim) % size:
-                raise unsupported(f"partial tile: {p.name} dimension {i} has {int(dim)} elements, not a multiple "
-                                  f"of the tile's {size}; ragged tiles are not lowered for Ascend yet", op)
             parts.append(f"{o_txt}:{o_txt} + {size}" if o_txt != "0" else f"0:{size}")
         return f"{p.name}[{', '.join(parts)}]"
 

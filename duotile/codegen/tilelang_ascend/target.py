@@ -12,6 +12,7 @@ from ...passes.fold_bounds import fold_bounds
 from ...passes.fuse_elementwise import fuse_elementwise
 from ..target import Artifact, Target, register_target
 from .capacity import AscendMemoryModel
+from .check_whole_tiles import check_whole_tiles
 from .emit import generate_source
 from .insert_moves import insert_moves
 from .lower_tilelang import lower_file, tilelang_version
@@ -47,7 +48,7 @@ class AscendTarget(Target):
         return {k: s for k, s in self.knobs.items() if k != "vector_split" or has_gemm}
 
     def lower(self, module: Module, knobs) -> Module:
-        module = fold_bounds(fuse_elementwise(module))
+        module = check_whole_tiles(fold_bounds(fuse_elementwise(module)))
         module = rematerialize_casts(module)
         module = nt_operands(module)
         module = vector_accumulators(module)
