@@ -35,7 +35,10 @@ SWEEP = {
                   {"BM": 128, "BN": 256, "BK": 64, "STAGES": 4, "raster": 8, **PERSISTENT}],
     # fp8_promote_k N: the fp8 partial sums join the fp32 accumulator every N elements of K (0: never)
     "gemm_fp8": [{}, {**FP8, "fp8_promote_k": 0}, FP8_WIDE, {**FP8_WIDE, "persistent": True},
-                 {**FP8, "BM": 256, "fp8_promote_k": 0, **PERSISTENT}, {**FP8, "fp8_promote_k": 256, **PERSISTENT}],
+                 {**FP8, "BM": 256, "fp8_promote_k": 0, **PERSISTENT},
+                 # promotion overlapped with the next group's gemms (manual schedule; promote_fp8.py)
+                 {**FP8, "fp8_promote_k": 256, **MANUAL}, {**FP8, "fp8_promote_k": 128, **MANUAL},
+                 {**FP8, "fp8_promote_k": 256, **PERSISTENT}],
     # attention rows start from the build case's config: manual + overlap + persistent, 192-key blocks
     "attention": [{}, {"BN": 128, "STAGES": 1}, {"BN": 176}, {"BN": 128, "persistent": False},
                   {"BN": 128, "warp_specialize": "auto", "overlap": False, "persistent": False}],

@@ -158,4 +158,8 @@ def test_ptxas_spills_are_recorded_and_shown():
     assert fits.ok and fits.artifact.meta["ptxas"]["spill_stores"] == 0
     assert "SPILLS" not in instruction_summary(fits.artifact)
     report = "ptxas info    : Used 90 registers\n    8 bytes stack frame, 4 bytes spill stores, 12 bytes spill loads"
-    assert ptxas_stats(report) == {"registers": 90, "spill_stores": 4, "spill_loads": 12, "stack": 8}
+    assert ptxas_stats(report) == {"registers": 90, "spill_stores": 4, "spill_loads": 12, "stack": 8,
+                                   "wgmma_serialized": 0}
+    serial = report + "\nptxas info    : (C7514) Potential Performance Loss: wgmma.mma_async instructions are " \
+                      "serialized"
+    assert ptxas_stats(serial)["wgmma_serialized"] == 1

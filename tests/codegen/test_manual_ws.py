@@ -83,11 +83,28 @@ def test_without_overlap_each_gemm_is_waited_for_at_once():
     assert "named_barrier" not in consumer
 
 
-def test_fp8_promotion_stays_synchronous_under_manual():
-    tl = _build("gemm", "fp8_scaled", {**MANUAL, "fp8_promote_k": 128, "BK": 128, "BN": 128},
+def test_fp8_promotion_overlaps_the_add_with_the_next_group_under_manual():
+    # K 256 in steps of 128, promoted every step: two groups, one per step fragment
+    art = _build("gemm", "fp8_scaled", {**MANUAL, "fp8_promote_k": 128, "BK": 128, "BN": 128})
+    consumer = _lines(art.stages["tilelang"], "else:  # consumer", "T.copy(a_scale")
+    assert consumer[consumer.index("for k_unrolled in T.serial(1):") + 1] == "for k in T.serial(k_unrolled * 2 + 0, " \
+        "k_unrolled * 2 + 0 + 1):"
+    issues = [i for i, ln in enumerate(consumer) if ln.startswith("T.wgmma_gemm(")]
+    assert len(issues) == 2 and "buf2_frag_step0" in consumer[issues[0]] and "buf2_frag_step1" in consumer[issues[1]]
+    adds = [i for i, ln in enumerate(consumer) if ln.startswith("buf2_frag[i0, i1] = buf2_frag[i0, i1] + ")]
+    # group 0 is added after group 1's gemm is issued and group 0's is complete; group 1 after the last wait
+    assert issues[1] < consumer.index("T.wait_wgmma(1)", issues[1]) < adds[0] and "step0" in consumer[adds[0]]
+    assert consumer.index("T.wait_wgmma(0)") < adds[1] and "step1" in consumer[adds[1]]
+    ptxas = art.meta["ptxas"]  # the fragment each add reads is fixed in the code: ptxas keeps wgmma async
+    assert ptxas["wgmma_serialized"] == 0 and ptxas["spill_stores"] == 0
+
+
+def test_fp8_promotion_that_does_not_divide_the_loop_stays_synchronous():
+    # K 256 in steps of 128 promoted every 256: one group, not two; the gemm is waited for, then added
+    tl = _build("gemm", "fp8_scaled", {**MANUAL, "fp8_promote_k": 256, "BK": 128, "BN": 128},
                 compile_it=False).stages["tilelang"]
     consumer = tl[tl.index("else:  # consumer"):]
-    assert "T.gemm(" in consumer and "_step[i0, i1]" in consumer
+    assert "T.gemm(" in consumer and "_step[i0, i1]" in consumer and "T.wgmma_gemm(" not in consumer
 
 
 @dsl.kernel

@@ -17,6 +17,7 @@ from .arch import Arch
 from .exprs import ElementPrinter, index, literal
 from .manual_ws import PRODUCER_THREADS, ManualWarpSpecialization
 from .plan import Plan, make_plan
+from .promote_fp8 import promoted_gemm
 from .source import Source
 
 HANDLERS = OpHandlers()
@@ -35,6 +36,8 @@ class Emitter:
         self.ws: ManualWarpSpecialization | None = None  # warp_specialize=manual: the role split
         self.ring_slots: dict[int, int] = {}  # value id -> slots, for tiles loaded into a ring
         self.async_gemm = False  # emit T.wgmma_gemm (no wait): the manual schedule places the waits
+        self.promotions: list = []  # overlapped fp8 promotions whose adds the manual mainloop places
+        self.promotion_slot: int | None = None  # the step fragment an overlapped fp8 gemm goes into
 
     # -- names and declarations -----------------------------------------------------------------
     def name(self, v: Value) -> str:
@@ -309,7 +312,9 @@ def _gemm(e: Emitter, op: Op):
     scope = e.plan.scope[acc.id]
     if not e.arch.has_tmem:
         if a.type.dtype.bits == 8 and e.knobs.get("fp8_promote_k") and e.loop_stack:
-            _promoted_gemm(e, op, a_buf, b_buf, policy)
+            promotion = promoted_gemm(e, op, a_buf, b_buf, policy)
+            if promotion is not None:
+                e.promotions.append(promotion)
             return
         clear_arg = f", clear_accum={clear}" if clear else ""
         fn = "T.wgmma_gemm" if e.async_gemm else "T.gemm"
@@ -331,34 +336,6 @@ def _gemm(e: Emitter, op: Op):
     dims = [f"i{d}" for d in range(2)]
     e.src.line(f"for {', '.join(dims)} in T.Parallel({shape[1:-2]}):", op.loc)
     e.src.line(f"    {e.name(acc)}[i0, i1] = {e.name(acc)}[i0, i1] + {tmp}_frag[i0, i1]", op.loc)
-
-
-def _promoted_gemm(e: Emitter, op: Op, a_buf: str, b_buf: str, policy: str):
-    """FP8 on sm90: the tensor cores accumulate with a narrowed mantissa, so the K loop runs into a
-    step fragment that is added into the fp32 accumulator every ``fp8_promote_k`` elements of K (and
-    on the last step) -- DeepGEMM's promotion. The interval is whole K steps, never longer than asked:
-    with a K tile of 128, 128 adds every step and 512 every fourth."""
-    acc = op.args[2]
-    k_tile = int(op.args[0].type.shape[0 if op.attrs["transpose_a"] else 1])
-    every = max(1, int(e.knobs["fp8_promote_k"]) // k_tile)
-    loop = e.loop_stack[-1]
-    k, start, stop = loop.attrs["var"], loop.attrs["start"], loop.attrs["extent"]
-    part = f"{e.name(acc)}_step"
-    shape = ", ".join(str(int(d)) for d in acc.type.shape)
-    e.src.decl(f'{part} = T.alloc_fragment(({shape},), "float32")')
-    first = "True" if every == 1 else f"({index(k - start)}) % {every} == 0"
-    e.src.line(f"T.gemm({a_buf}, {b_buf}, {part}, transpose_A={op.attrs['transpose_a']}, "
-               f"transpose_B={op.attrs['transpose_b']}{policy}, clear_accum={first})", op.loc)
-    add = [f"for i0, i1 in T.Parallel({shape}):",
-           f"    {e.name(acc)}[i0, i1] = {e.name(acc)}[i0, i1] + {part}[i0, i1]"]
-    if every == 1:
-        for line in add:
-            e.src.line(line, op.loc)
-        return
-    e.src.line(f"if T.Or(({index(k - start)}) % {every} == {every - 1}, {k} == {index(stop - 1)}):", op.loc)
-    with e.src.indent():
-        for line in add:
-            e.src.line(line, op.loc)
 
 
 def _tcgen05(e: Emitter, op: Op, a: str, b: str, acc: str, clear: str, ta: bool, tb: bool):

@@ -28,6 +28,8 @@ def sass_counts(sass: str) -> dict[str, int]:
 def instruction_summary(a: Artifact) -> str:
     counts = sass_counts(a.stages["sass"]) if "sass" in a.stages else ptx_counts(a.stages.get("ptx", ""))
     where = "sass" if "sass" in a.stages else "ptx"
-    spills = a.meta.get("ptxas", {}).get("spill_stores", 0)
+    ptxas = a.meta.get("ptxas", {})
+    spills = ptxas.get("spill_stores", 0)
     tail = f"; SPILLS {spills} bytes" if spills else ""
+    tail += "; WGMMA SERIALIZED" if ptxas.get("wgmma_serialized") else ""
     return f"{where}: " + " ".join(f"{k}x{v}" for k, v in sorted(counts.items())) + tail

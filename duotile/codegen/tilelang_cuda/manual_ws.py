@@ -40,7 +40,7 @@ import sympy
 from ...dsl.errors import UnsupportedError
 from ...dsl.ir import Op
 from ...passes.fold_bounds import fold_node, interval
-from . import overlap, persistent
+from . import overlap, persistent, promote_fp8
 from .exprs import index
 from .persistent import BASE, TileLoop
 
@@ -113,6 +113,7 @@ class ManualWarpSpecialization:
             for v in op.args[:2]:
                 if v.id in self.rings:
                     self.rings[v.id].readers.append(op)
+        self.unroll = 0  # fp8 promotion overlapped: K steps the mainloop is unrolled by (_form)
         self.form = self._form()
         self.pingpong = self.threads == 256
         self.tiles = persistent.tile_loop(e.m.grid, e.knobs, e.arch.sms)  # None: one block a tile
@@ -287,7 +288,17 @@ class ManualWarpSpecialization:
         if two_gemm and self._rotatable(self.gemms[0], self.gemms[-1]):
             return "rotated"
         if all(op.name in ("gemm", "load") or not _touched(op) & gemm_ids for op in self.body):
-            return "in_flight"
+            promoted = {promote_fp8.every(g, self.e.knobs) for g in self.gemms} - {None}
+            if not promoted:
+                return "in_flight"
+            if len(promoted) == 1 and len(self.gemms) == 1:
+                n, every = sympy.sympify(self.hi - self.lo), promoted.pop()
+                # two promotion groups per unrolled iteration, one per step fragment: the first is
+                # added under the second's gemms, the second at the iteration's end (more groups
+                # per iteration made ptxas spill on 128x128 tiles)
+                if n.is_Integer and int(n) % (2 * every) == 0:
+                    self.unroll = 2 * every
+                    return "in_flight"
         return "synchronous"
 
     def _consumer_loop(self):
@@ -323,22 +334,69 @@ class ManualWarpSpecialization:
 
     def _in_flight(self):
         src, var = self.e.src, self.it
-        with self._loop(self.start, self.stop):
-            for op in self.body:
-                if op.name != "gemm":
-                    self.e.block([op])
-                    continue
-                self._issue(op)
-            src.line("T.wait_wgmma(1)")  # every gemm of the previous iteration is complete
-            src.line(f"if {var} > {self.start}:")
-            with src.indent():
-                for g in self.gemms:
-                    self._release(g, f"({var} - 1)")
-        src.line("T.wait_wgmma(0)")
+        if self.unroll:
+            self._promoted_in_flight()
+        else:
+            with self._loop(self.start, self.stop):
+                self._in_flight_step()
+                src.line(f"if {var} > {self.start}:")
+                with src.indent():
+                    for g in self.gemms:
+                        self._release(g, f"({var} - 1)")
+            src.line("T.wait_wgmma(0)")
         if self.tiles:  # the next tile's loads go into the last slots too
             with self._guard_nonempty():
                 for g in self.gemms:
                     self._release(g, index(self.hi - 1))
+
+    def _in_flight_step(self):
+        """One K step: its gemms issued, then the previous step's gemms complete (``wait_wgmma(1)``)."""
+        for op in self.body:
+            if op.name != "gemm":
+                self.e.block([op])
+                continue
+            self._issue(op)
+        self.e.src.line("T.wait_wgmma(1)")  # every gemm of the previous iteration is complete
+
+    def _promoted_in_flight(self):
+        """The fp8 mainloop with overlapped promotion (``promote_fp8``), unrolled by ``self.unroll``
+        K steps: promotion groups alternate between the two step fragments, and each group is added
+        once the next group's first gemm is issued and it is complete, so the add runs under that
+        gemm. Every unrolled iteration ends with all its gemms complete and the last group added:
+        ptxas serialises every wgmma if a fragment is read in a later iteration than the gemm that
+        wrote it was issued in (warning C7514), and each step is a one-trip loop under the loop
+        variable so that the fragment a gemm writes is fixed in the code."""
+        src, var, u = self.e.src, self.it, self.unroll
+        every = next(promote_fp8.every(g, self.e.knobs) for g in self.gemms)
+        n = int(sympy.sympify(self.hi - self.lo))
+        src.line(f"for {var}_unrolled in T.serial({n // u}):", self.loop.loc)
+        with src.indent():
+            for j in range(u):
+                at = f"{var}_unrolled * {u} + {j}" + ("" if self.start == "0" else f" + {self.start}")
+                slot = (j // every) % 2
+                with self._loop(at, f"{at} + 1"):
+                    self.e.promotions, self.e.promotion_slot = [], slot
+                    self._in_flight_step()
+                    self.e.promotion_slot = None
+                    if j and j % every == 0:  # a group opens: the one before it is complete
+                        for p in self.e.promotions:
+                            p.add(src, 1 - slot)
+                    with self._guard(f"{var}_unrolled > 0", j == 0):
+                        for g in self.gemms:
+                            self._release(g, f"({var} - 1)")
+            src.line("T.wait_wgmma(0)")
+            for p in self.e.promotions:  # the iteration's last group
+                p.add(src, ((u - 1) // every) % 2)
+
+    @contextlib.contextmanager
+    def _guard(self, cond: str, needed: bool):
+        """Emit the body under ``if cond:`` when ``needed``, else as it is."""
+        if not needed:
+            yield
+            return
+        self.e.src.line(f"if {cond}:")
+        with self.e.src.indent():
+            yield
 
     @contextlib.contextmanager
     def _guard_nonempty(self):

@@ -81,13 +81,16 @@ def nvcc(cu_path: str, sm: str, out_path: str, kind: str) -> str:
 
 def ptxas_stats(report: str) -> dict[str, int]:
     """What ptxas says of the kernel: registers a thread at launch (with ``setmaxnreg`` the warp
-    groups then trade them), bytes of local-memory spills, stack bytes. Empty if it said nothing."""
+    groups then trade them), bytes of local-memory spills, stack bytes, and whether it serialised
+    the wgmma instructions (1: every wgmma waited for at once). Empty if it said nothing."""
     out = {}
     for key, pattern in (("registers", r"Used (\d+) registers"), ("spill_stores", r"(\d+) bytes spill stores"),
                          ("spill_loads", r"(\d+) bytes spill loads"), ("stack", r"(\d+) bytes stack frame")):
         found = [int(x) for x in re.findall(pattern, report)]
         if found:
             out[key] = max(found)
+    if out:  # C7514: ptxas waits for every wgmma at once (a fragment read while one is in flight)
+        out["wgmma_serialized"] = int("C7514" in report or "instructions are serialized" in report)
     return out
 
 
