@@ -39,10 +39,13 @@ _CMP = {"lt", "le", "gt", "ge"}
 
 
 def fold_bounds(module: Module) -> Module:
-    grid = module.grid
-    env = {v: (0, _hi(e, {}) - 1) for v, e in zip(grid.attrs["vars"], grid.attrs["extents"])}
-    _fold_block(grid.regions[0], env)
+    _fold_block(module.grid.regions[0], grid_env(module.grid))
     return module
+
+
+def grid_env(grid) -> dict:
+    """The interval of every grid variable: 0 up to its extent less one."""
+    return {v: (0, _hi(e, {}) - 1) for v, e in zip(grid.attrs["vars"], grid.attrs["extents"])}
 
 
 def _hi(extent, env) -> float:

@@ -39,7 +39,7 @@ import sympy
 
 from ...dsl.errors import UnsupportedError
 from ...dsl.ir import Op
-from ...passes.fold_bounds import fold_node, interval
+from ...passes.fold_bounds import fold_node, grid_env, interval
 from . import overlap, persistent, promote_fp8
 from .exprs import index
 from .persistent import BASE, TileLoop
@@ -77,8 +77,8 @@ class Ring:
     base: str = ""  # persistent grids: the iterations of the tiles finished before (persistent.BASE)
 
     def _rel(self, it: str, start: str) -> str:
-        rel = it if start == "0" else f"{it} - {start}"
-        return f"({self.base} + {rel})" if self.base else (rel if start == "0" else f"({rel})")
+        rel = it if start == "0" else f"({it} - {start})"
+        return f"({self.base} + {rel})" if self.base else rel
 
     def slot(self, it: str, start: str) -> str:
         return f"{self._rel(it, start)} % {self.slots}"
@@ -367,7 +367,7 @@ class ManualWarpSpecialization:
         wrote it was issued in (warning C7514), and each step is a one-trip loop under the loop
         variable so that the fragment a gemm writes is fixed in the code."""
         src, var, u = self.e.src, self.it, self.unroll
-        every = next(promote_fp8.every(g, self.e.knobs) for g in self.gemms)
+        every = u // 2  # K steps per promotion group (_form unrolls by two groups)
         n = int(sympy.sympify(self.hi - self.lo))
         src.line(f"for {var}_unrolled in T.serial({n // u}):", self.loop.loc)
         with src.indent():
@@ -398,15 +398,9 @@ class ManualWarpSpecialization:
         with self.e.src.indent():
             yield
 
-    @contextlib.contextmanager
     def _guard_nonempty(self):
         """Emit the body only when the pipelined loop ran at least once."""
-        if (self.hi - self.lo).is_positive:
-            yield
-            return
-        self.e.src.line(f"if {self.stop} > {self.start}:")
-        with self.e.src.indent():
-            yield
+        return self._guard(f"{self.stop} > {self.start}", not (self.hi - self.lo).is_positive)
 
     # -- the two-gemm rotation ----------------------------------------------------------------------
     def _rotatable(self, g1: Op, g2: Op) -> bool:
@@ -417,7 +411,6 @@ class ManualWarpSpecialization:
 
     def _rotated(self, g1: Op, g2: Op):
         src = self.e.src
-        pingpong = self.pingpong
         late_ids = {g2.args[2].id} | {v.id for v in g2.args[:2]}
         i1 = self.body.index(g1)
         rest = [op for op in self.body[i1 + 1:] if op is not g2]
@@ -426,7 +419,7 @@ class ManualWarpSpecialization:
                        if op.written_ids() & late_ids or g2.args[2].id in _touched(op)), len(rest))
         a, b = PINGPONG_BARRIERS  # warp group 1's first arrive is before the loop over tiles (emit)
         turn = (f"T.sync_threads({a} + tx // 128, 256)", f"T.named_barrier_arrive({b} - tx // 128, 256)") \
-            if pingpong else None
+            if self.pingpong else None
         before = [op for op in self.body[:i1] if op.name != "load"]
         # iteration start: gemm1 alone
         with self._loop(self.start, index(sympy.Min(self.lo + 1, self.hi))):
@@ -478,8 +471,7 @@ class ManualWarpSpecialization:
         stays in [lo, hi] (id of the op -> copy); empty when none changes or the range is unknown.
         Bounds that vary over the grid count at their extremes: the variable's range is taken from
         the least ``lo`` to the greatest ``hi`` of any tile."""
-        grid = self.e.m.grid
-        env = {v: (0, int(x) - 1) for v, x in zip(grid.attrs["vars"], grid.attrs["extents"])}
+        env = grid_env(self.e.m.grid)
         span = interval(sympy.sympify(lo), env), interval(sympy.sympify(hi), env)
         if None in span or span[0][0] > span[1][1]:
             return {}

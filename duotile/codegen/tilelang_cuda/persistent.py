@@ -36,23 +36,21 @@ BASE = "ring_base[0]"  # iterations of the tiles this role has finished (a regis
 def tile_loop(grid: Op, knobs: dict, sms: int) -> TileLoop | None:
     """The loop over tiles a ``persistent`` knob asks for; None when the grid is not persistent.
     True launches ``min(tiles, sms)`` blocks, an integer that many (at most one per tile)."""
-    p = knobs.get("persistent", False)
-    if p is False or p is None or p == 0:
+    p = knobs.get("persistent")
+    if not p:
         return None
-    tiles = math.prod(int(x) for x in grid.attrs["extents"])
-    ctas = min(tiles, sms if p is True else int(p))
-    return TileLoop(grid, ctas, int(knobs.get("raster", 0) or 0))
+    return TileLoop(grid, sms if p is True else int(p), int(knobs.get("raster", 0) or 0))
 
 
 class TileLoop:
     """Emits the persistent loop over tiles around one role's body, and the grid decode."""
 
-    def __init__(self, grid: Op, ctas: int, raster: int):
+    def __init__(self, grid: Op, blocks: int, raster: int):
         self.vars = [str(v) for v in grid.attrs["vars"]]
         self.extents = [int(x) for x in grid.attrs["extents"]]
         self.tiles = math.prod(self.extents)
-        self.ctas, self.raster = ctas, raster
-        self.rounds = -(-self.tiles // ctas)
+        self.ctas, self.raster = min(self.tiles, blocks), raster
+        self.rounds = -(-self.tiles // self.ctas)
 
     def head(self, threads: int) -> str:
         return f"with T.Kernel({self.ctas}, threads={threads}) as (cta,):"
@@ -91,10 +89,10 @@ class TileLoop:
 
 def check_persistent(module: Module, arch_name: str, knobs: dict, ws_mode: str, has_tmem: bool) -> None:
     """``persistent`` is a schedule of duotile's own warp specialisation: refused without it."""
-    p = knobs.get("persistent", False)
-    if p is False or p is None or p == 0:
+    p = knobs.get("persistent")
+    if not p:
         return
-    if isinstance(p, int) and not isinstance(p, bool) and p < 0:
+    if p is not True and int(p) < 0:
         raise UnsupportedError(f"{arch_name}: persistent={p}: a block count must be positive", module.grid.loc)
     if has_tmem or ws_mode != "manual":
         raise UnsupportedError(f"{arch_name}: persistent needs warp_specialize=manual on sm90 "

@@ -37,7 +37,8 @@ def every(op: Op, knobs: dict) -> int | None:
 
 @dataclass
 class Promotion:
-    """An overlapped promotion: the two step fragments and the add the mainloop places."""
+    """A promotion's step fragments and its add (overlapped: two fragments, whose adds the manual
+    mainloop places; synchronous: one, named twice)."""
     acc: str
     steps: tuple[str, str]
     shape: str
@@ -71,14 +72,11 @@ def promoted_gemm(e, op: Op, a_buf: str, b_buf: str, policy: str) -> Promotion |
     part = f"{e.name(acc)}_step"
     e.src.decl(f'{part} = T.alloc_fragment(({shape},), "float32")')
     e.src.line(f"T.gemm({a_buf}, {b_buf}, {part}, {tail})", op.loc)
-    add = [f"for i0, i1 in T.Parallel({shape}):",
-           f"    {e.name(acc)}[i0, i1] = {e.name(acc)}[i0, i1] + {part}[i0, i1]"]
+    synchronous = Promotion(e.name(acc), (part, part), shape, op.loc)
     if n_every == 1:
-        for line in add:
-            e.src.line(line, op.loc)
+        synchronous.add(e.src, 0)
         return None
     e.src.line(f"if T.Or({rel} % {n_every} == {n_every - 1}, {k} == {index(stop - 1)}):", op.loc)
     with e.src.indent():
-        for line in add:
-            e.src.line(line, op.loc)
+        synchronous.add(e.src, 0)
     return None

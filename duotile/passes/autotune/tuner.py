@@ -176,8 +176,8 @@ def _pick(good: list[Trial], model: bool, notes: list[str]) -> Trial | None:
     return best
 
 
-def _measured_sweep(space, cons, runner, bud, strategy, seed, feasible, record, starts=(),
-                    start_feasible=None) -> None:
+def _measured_sweep(space, cons, runner, bud, strategy, seed, feasible, record, starts,
+                    start_feasible) -> None:
     """Compile, verify and time the default and the start points (``start_feasible`` decides which
     can be built), then what the search strategy asks for, starting from the best of them."""
     default = space.default()
@@ -194,10 +194,11 @@ def _measured_sweep(space, cons, runner, bud, strategy, seed, feasible, record, 
             out.append(done[config_key(t.config)])
         return out
 
-    first = []  # the default is always measured: the speed-up is against it
+    first, seen = [], set()  # the default is always measured: the speed-up is against it
     for c in [default, *starts]:
-        if config_key(c) not in {config_key(x) for x in first} and (start_feasible or feasible)(c):
+        if config_key(c) not in seen and start_feasible(c):
             first.append(c)
+        seen.add(config_key(c))
     if first:
         evaluate(first)
     try:
