@@ -3,6 +3,7 @@
 #   source .device/activate && bash benchmarks/gpu_run.sh tests        # pytest -m gpu (about 6 min)
 #   source .device/activate && bash benchmarks/gpu_run.sh bench        # bench_kernels.py --sweep (about 3 min)
 #   source .device/activate && bash benchmarks/gpu_run.sh tune NAMES   # tune_sweep.py --budget quick --only NAMES
+#   source .device/activate && bash benchmarks/gpu_run.sh profile [ARGS] # ncu: our attention and SDPA, one launch each
 # Phases may be chained: `bash benchmarks/gpu_run.sh bench && bash benchmarks/gpu_run.sh tune gemm_fp8`.
 # Each phase runs under `timeout $PHASE_LIMIT` (default 540 s), writes into $WORK, and then packs
 # everything into $OUT/<phase>.tgz; its log and summary table are also copied to $OUT as text.
@@ -24,7 +25,11 @@ case "$phase" in
          cp benchmarks/results/kernels_sm90.* "$WORK/" 2>/dev/null ;;
   tune)  timeout "$limit" python3 benchmarks/tune_sweep.py --budget quick --cache-dir "$WORK" --out "$WORK" \
            --only "${1:-gemm_fp8}" 2>&1 | tr '\r' '\n' | grep -v "TileLang:" >>"$log" ;;  # progress kept: a stall shows where
-  *) echo "unknown phase $phase (tests | bench | tune NAMES)"; exit 2 ;;
+  profile) timeout "$limit" ncu --clock-control none --profile-from-start off --set full --import-source no \
+             -f -o "$WORK/attention" python3 benchmarks/profile_attention.py "$@" 2>&1 | grep -v "TileLang:" >>"$log"
+           ncu --import "$WORK/attention.ncu-rep" --page details >"$WORK/profile_details.txt" 2>&1
+           cp "$WORK/profile_details.txt" "$OUT/" ;;
+  *) echo "unknown phase $phase (tests | bench | tune NAMES | profile [ARGS])"; exit 2 ;;
 esac
 status=$?
 tail -n 45 "$log"
