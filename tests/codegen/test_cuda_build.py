@@ -133,12 +133,26 @@ def test_warp_specialize_knob_switches_tilelangs_producer_warp_group_on_sm90():
     case = spec.build_cases["bf16_8192"]
     off = build_case(spec, "bf16_8192", case, "sm90", config={"warp_specialize": False})
     assert off.ok, off.error
-    assert "PASS_CONFIGS = {'tl.disable_warp_specialized': True}" in off.artifact.stages["tilelang"]
+    assert "'tl.disable_warp_specialized': True" in off.artifact.stages["tilelang"]
     assert "cp_async" in off.artifact.stages["cuda"] and "warpgroup_reg_alloc" not in off.artifact.stages["cuda"]
     on = build_case(spec, "bf16_8192", case, "sm90", config={"warp_specialize": True})
     assert on.ok, on.error
-    assert "PASS_CONFIGS" not in on.artifact.stages["tilelang"]
+    assert "tl.disable_warp_specialized" not in on.artifact.stages["tilelang"]
     assert "warpgroup_reg_alloc" in on.artifact.stages["cuda"]
+
+
+def test_ftz_knob_flushes_denormals_in_the_build_and_on_the_gpu():
+    """ftz (default on) travels in the generated file as an nvcc flag that the offline build and
+    TileLang's JIT both pass: exp2 becomes one MUFU.EX2 (ex2.approx.ftz) instead of a range check
+    and two predicated multiplies around it; ftz=false keeps IEEE denormals."""
+    on = built("flash_attention", "d128", "sm90")
+    assert "'tl.device_compile_flags': ['--ftz=true']" in on.stages["tilelang"]
+    assert "ex2.approx.ftz.f32" in on.stages["ptx"] and "ex2.approx.f32" not in on.stages["ptx"]
+    spec = load_all()["flash_attention"]
+    off = build_case(spec, "d128", spec.build_cases["d128"], "sm90", config={"ftz": False})
+    assert off.ok, off.error
+    assert "--ftz" not in off.artifact.stages["tilelang"]
+    assert "ex2.approx.f32" in off.artifact.stages["ptx"] and "ex2.approx.ftz" not in off.artifact.stages["ptx"]
 
 
 def test_ptxas_spills_are_recorded_and_shown():

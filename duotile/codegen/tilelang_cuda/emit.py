@@ -120,6 +120,8 @@ def emit_module(module: Module, arch: Arch, knobs: dict) -> str:
     if persistent_head is not None:  # the tile loop decodes (and rasterises) the grid itself
         head, swizzle = [persistent_head], 0
     configs = {"tl.disable_warp_specialized": True} if mode == "off" else {}
+    if knobs.get("ftz"):
+        configs["tl.device_compile_flags"] = ["--ftz=true"]
     return e.src.render(module, arch.name, params, head, swizzle, configs)
 
 

@@ -31,7 +31,9 @@ class TileLangCuda(Target):
         # raster: rows of blocks swept together for L2 reuse (0 = off);
         # fp8_promote_k (sm90): add the fp8 partial sums into the fp32 accumulator every N elements of K
         # (0: never); 128 is DeepGEMM's and CUTLASS's interval
-        self.knobs = {"threads": choice(256, 128, 512), "raster": choice(0, 8, 16)}
+        # ftz: fp32 denormals flushed to zero (nvcc --ftz=true), as FA3 and most LLM kernels build;
+        # without it every exp2 is a range check and two predicated multiplies around MUFU.EX2
+        self.knobs = {"threads": choice(256, 128, 512), "raster": choice(0, 8, 16), "ftz": choice(True, False)}
         if not arch.has_tmem:
             self.knobs["fp8_promote_k"] = choice(128, 256, 512, 0)
             # overlap: run a dependent second gemm one iteration behind (FA3's schedule), see overlap.py
@@ -46,13 +48,13 @@ class TileLangCuda(Target):
 
     def knobs_for(self, module: Module) -> dict:
         """fp8_promote_k only matters with an fp8 gemm, overlap only with two gemms in a pipelined loop,
-        warp_specialize only with a pipelined loop."""
+        warp_specialize only with a pipelined loop; ftz is a numerics choice, set by hand, never searched."""
         ops = list(module.walk())
         fp8 = any(op.name == "gemm" and op.args[0].type.dtype.bits == 8 for op in ops)
         pipelined = [op for op in ops if op.name == "for" and op.attrs.get("stages")]
         two_gemm_loop = any(sum(o.name == "gemm" for o in op.regions[0].ops) >= 2 for op in pipelined)
         drop = ({"fp8_promote_k"} if not fp8 else set()) | ({"overlap"} if not two_gemm_loop else set()) \
-            | ({"warp_specialize", "persistent"} if not pipelined else set())
+            | ({"warp_specialize", "persistent"} if not pipelined else set()) | {"ftz"}
         return {k: s for k, s in self.knobs.items() if k not in drop}
 
     def start_points(self, module: Module) -> list[dict]:
@@ -116,11 +118,12 @@ class TileLangCuda(Target):
         cu = work / "kernel.cu"
         cu.write_text(cuda)
         t0 = time.perf_counter()
-        report = toolchain.nvcc(str(cu), self.arch.sm, str(work / "kernel.cubin"), "cubin")
+        flags = toolchain.device_flags(configs)  # what tilelang.compile passes nvcc on the GPU
+        report = toolchain.nvcc(str(cu), self.arch.sm, str(work / "kernel.cubin"), "cubin", flags)
         artifact.timings["nvcc"] = time.perf_counter() - t0
         artifact.meta["ptxas"] = toolchain.ptxas_stats(report)  # spills: a config slower than it looks
         artifact.files["cubin"] = str(work / "kernel.cubin")
-        toolchain.nvcc(str(cu), self.arch.sm, str(work / "kernel.ptx"), "ptx")
+        toolchain.nvcc(str(cu), self.arch.sm, str(work / "kernel.ptx"), "ptx", flags)
         artifact.stages["ptx"] = (work / "kernel.ptx").read_text()
         sass = toolchain.sass(str(work / "kernel.cubin"))
         if sass is not None:

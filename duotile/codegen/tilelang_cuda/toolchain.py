@@ -7,6 +7,7 @@ import hashlib
 import importlib.util
 import os
 import re
+import shlex
 import shutil
 import subprocess
 import sys
@@ -64,15 +65,23 @@ def include_dirs() -> list[str]:
             str(root / "3rdparty" / "tvm" / "include")]
 
 
-def nvcc(cu_path: str, sm: str, out_path: str, kind: str) -> str:
-    """``kind``: 'cubin' or 'ptx'. Returns nvcc's messages (for a cubin, ptxas's resource report);
-    raises RuntimeError with nvcc's message on failure."""
+def device_flags(configs: dict) -> list[str]:
+    """The nvcc flags TileLang's JIT adds for these pass options (``tilelang.cuda.backend``), so an
+    offline build compiles what the GPU runs."""
+    extra = configs.get("tl.device_compile_flags") or []
+    flags = shlex.split(extra) if isinstance(extra, str) else [str(f) for f in extra]
+    return flags + (["--use_fast_math"] if configs.get("tl.enable_fast_math") else [])
+
+
+def nvcc(cu_path: str, sm: str, out_path: str, kind: str, flags: list[str] = ()) -> str:
+    """``kind``: 'cubin' or 'ptx'; ``flags``: more nvcc options (``device_flags``). Returns nvcc's
+    messages (for a cubin, ptxas's resource report); raises RuntimeError with nvcc's message on failure."""
     exe = shutil.which("nvcc")
     if exe is None:
         raise RuntimeError("nvcc is not on PATH: cannot compile generated CUDA")
     verbose = ["-Xptxas", "-v"] if kind == "cubin" else []
-    cmd = [exe, "-std=c++17", f"-arch={sm}", f"-{kind}", "-O3", "-w", *verbose, *(f"-I{d}" for d in include_dirs()),
-           cu_path, "-o", out_path]
+    cmd = [exe, "-std=c++17", f"-arch={sm}", f"-{kind}", "-O3", "-w", *verbose, *flags,
+           *(f"-I{d}" for d in include_dirs()), cu_path, "-o", out_path]
     proc = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ})
     if proc.returncode != 0:
         raise RuntimeError(f"nvcc -arch={sm} -{kind} failed:\n{proc.stderr[-4000:]}")
