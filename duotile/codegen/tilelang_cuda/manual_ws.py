@@ -27,7 +27,9 @@ Under the rotation the producer loads the tiles only gemm2 reads (attention's V)
 behind the others, FA3's order, and a mask that only the last iteration needs (a ragged tail) is
 folded out of the iterations before it. With the ``persistent`` knob both roles walk the output
 tiles in a loop (``persistent.py``): ring phases continue across tiles, and the producer loads
-the next tile while the consumers run the previous one's epilogue.
+the next tile while the consumers run the previous one's epilogue. Under the rotation a tile
+loaded before the loop that only gemm1 reads (attention's Q) is freed as soon as the last
+iteration's gemm1 is complete, so its next load also hides under the last gemm2.
 """
 
 from __future__ import annotations
@@ -117,6 +119,7 @@ class ManualWarpSpecialization:
         self.form = self._form()
         self.pingpong = self.threads == 256
         self.tiles = persistent.tile_loop(e.m.grid, e.knobs, e.arch.sms)  # None: one block a tile
+        self.early_once = self._early_once()
 
     # -- checks -------------------------------------------------------------------------------------
     def _shared_load(self, op: Op) -> bool:
@@ -198,15 +201,42 @@ class ManualWarpSpecialization:
     def _once_phase(self) -> str:
         return "tile_round % 2" if self.tiles else "0"
 
+    def _early_once(self) -> bool:
+        """Persistent and rotated, with gemm1 the only reader of the tiles loaded before the loop:
+        those are freed in the last iteration, right after its gemm1 is complete."""
+        if not self.tiles or not self.once or self.form != "rotated":
+            return False
+        readers = [op for op in self.body + self.post if _touched(op) & set(self.once)]
+        return readers == [self.gemms[0]]
+
+    def _free_once_early(self, lo, hi):
+        """In a consumer loop over [lo, hi): in the iteration that issues gemm1 last, once gemm1 is
+        complete (``early_once``); nothing in a loop that cannot hold it, no test in one that is it."""
+        last = self.hi - 1
+        if not self.early_once or (last - sympy.sympify(hi)).is_nonnegative:
+            return
+        with self._guard(f"{self.it} == {index(last)}", sympy.simplify(sympy.sympify(lo) - last) != 0):
+            self._arrive_once()
+
+    def _arrive_once(self):
+        for name in self.once.values():
+            self.e.src.line(f"T.barrier_arrive({name}_empty)")
+
     def _free_once(self, before_post: bool):
         """Persistent grids: free the tiles loaded before the loop for the next tile's producer,
-        once nothing of this tile reads them (after the post-loop ops if those read them)."""
+        once nothing of this tile reads them (after the post-loop ops if those read them); when
+        the last iteration frees them (``early_once``), only a loop that did not run does it here."""
         if not self.tiles or not self.once:
+            return
+        if self.early_once:
+            if before_post:
+                with self._guard(f"{self.stop} <= {self.start}", not (self.hi - self.lo).is_positive):
+                    if not (self.hi - self.lo).is_positive:
+                        self._arrive_once()
             return
         read_after = any(_touched(op) & set(self.once) for op in self.post)
         if before_post != read_after:
-            for name in self.once.values():
-                self.e.src.line(f"T.barrier_arrive({name}_empty)")
+            self._arrive_once()
 
     def _producer(self):
         e, src = self.e, self.e.src
@@ -422,7 +452,8 @@ class ManualWarpSpecialization:
             if self.pingpong else None
         before = [op for op in self.body[:i1] if op.name != "load"]
         # iteration start: gemm1 alone
-        with self._loop(self.start, index(sympy.Min(self.lo + 1, self.hi))):
+        first_hi = sympy.Min(self.lo + 1, self.hi)
+        with self._loop(self.start, index(first_hi)):
             first = self._folded(before + rest, self.lo, self.lo)
             self.e.block([first.get(id(op), op) for op in before])
             self._wait_full(g1)
@@ -431,6 +462,7 @@ class ManualWarpSpecialization:
             self._turn(turn, 1)
             src.line("T.wait_wgmma(0)")
             self._release(g1)
+            self._free_once_early(self.lo, first_hi)
             self.e.block([first.get(id(op), op) for op in rest])
         # the steady state; where the masks only bite in the last iteration (a ragged tail), the
         # iterations before it run without them
@@ -440,16 +472,17 @@ class ManualWarpSpecialization:
         for lo, hi, ops in split:
             with self._loop(index(lo), index(hi)):
                 self._steady(g1, g2, [ops.get(id(op), op) for op in before],
-                             [ops.get(id(op), op) for op in rest], hazard, turn)
+                             [ops.get(id(op), op) for op in rest], hazard, turn, (lo, hi))
         # gemm2 of the last iteration
         with self._loop(index(sympy.Max(self.hi - 1, self.lo)), self.stop):
             self._issue(g2)
             src.line("T.wait_wgmma(0)")
             self._release(g2)
 
-    def _steady(self, g1: Op, g2: Op, before: list[Op], rest: list[Op], hazard: int, turn):
-        """One steady-state iteration: gemm1(n) and gemm2(n-1) in flight, the vector work of n under
-        gemm2, and the wait for gemm2 right before the first op that needs it complete."""
+    def _steady(self, g1: Op, g2: Op, before: list[Op], rest: list[Op], hazard: int, turn, span):
+        """One steady-state iteration of the loop over ``span``: gemm1(n) and gemm2(n-1) in flight, the
+        vector work of n under gemm2, and the wait for gemm2 right before the first op that needs it
+        complete."""
         src, var = self.e.src, self.it
         self.e.block(before)
         self._wait_full(g1)
@@ -461,6 +494,7 @@ class ManualWarpSpecialization:
         self._turn(turn, 1)
         src.line("T.wait_wgmma(1)")
         self._release(g1)
+        self._free_once_early(*span)
         self.e.block(rest[:hazard])
         src.line("T.wait_wgmma(0)")
         self._release(g2, f"({var} - 1)")
