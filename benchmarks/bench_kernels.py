@@ -41,7 +41,8 @@ SWEEP = {
                  {**FP8, "fp8_promote_k": 256, **PERSISTENT}],
     # attention rows start from the build case's config: manual + overlap + persistent, 192-key blocks
     "attention": [{}, {"ftz": False}, {"BN": 128}, {"BN": 128, "STAGES": 3}, {"BN": 176},
-                  {"BN": 128, "persistent": False}, {"BN": 128, "warp_specialize": "auto", "overlap": False, "persistent": False}],
+                  {"BN": 128, "persistent": False},
+                  {"BN": 128, "warp_specialize": "auto", "overlap": False, "persistent": False}],
     "attention_causal": [{}, {"warp_specialize": "auto", "overlap": False}, {"persistent": True}],
     "rmsnorm": [{}, {"ROWS": 2, "threads": 512}],
 }
