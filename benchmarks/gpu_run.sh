@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Device calls for the H200, one phase per call (each fits the 10-minute limit). Usage on the H200:
-#   source .device/activate && bash benchmarks/gpu_run.sh tests        # pytest -m gpu (about 6 min)
+#   source .device/activate && bash benchmarks/gpu_run.sh tests [ARGS] # pytest -m gpu [ARGS] (about 5 min)
 #   source .device/activate && bash benchmarks/gpu_run.sh bench        # bench_kernels.py --sweep (about 3 min)
 #   source .device/activate && bash benchmarks/gpu_run.sh tune NAMES   # tune_sweep.py --budget quick --only NAMES
 #   source .device/activate && bash benchmarks/gpu_run.sh profile [ARGS] # ncu: our attention and SDPA, one launch each
@@ -19,7 +19,7 @@ log="$WORK/$phase.log"
 case "$phase" in
   tests) par=$(python3 -c "import xdist" 2>/dev/null && echo "-n 8")  # builds dominate: eight at once (16 cores)
          # -v: one line a test, so a phase cut short still says which tests finished
-         timeout "$limit" python3 -m pytest -m gpu tests -v --timeout 300 -p no:cacheprovider $par 2>&1 \
+         timeout "$limit" python3 -m pytest -m gpu tests -v --timeout 300 -p no:cacheprovider $par "$@" 2>&1 \
            | grep -v "PytestBenchmarkWarning\|warner(" >>"$log" ;;
   bench) timeout "$limit" python3 benchmarks/bench_kernels.py --sweep "$@" 2>&1 | grep -v "TileLang:" >>"$log"
          cp benchmarks/results/kernels_sm90.* "$WORK/" 2>/dev/null ;;
