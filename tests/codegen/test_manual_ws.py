@@ -314,3 +314,29 @@ def test_masks_are_folded_only_over_every_tile_s_range_of_the_loop():
     assert ws._folded(ws.body, 0, 2)  # key blocks 0..2 end at 192 < 200: the tail mask goes
     assert not ws._folded(ws.body, m, 3)  # from block m (0 or 1) to 3: block 3 is the ragged one
     assert ws._folded(ws.body, m, 2)
+
+
+def test_the_last_ragged_key_block_runs_narrow_gemms():
+    """S 256 in 192-key blocks: the last block has 64 keys. Its gemm1 writes 64 columns into a
+    narrow fragment, copied into the scores with zeros after them (what the wide gemm computes
+    from the zero rows TMA fills in), and its gemm2 reads 64 columns of P and 64 rows of V."""
+    tl = _build("flash_attention", "d128", {**MANUAL, "overlap": True, "BN": 192}, compile_it=False).stages["tilelang"]
+    assert 'buf6_frag_tail = T.alloc_fragment((128, 64,), "float32")' in tl
+    last = _lines(tl, "for n in T.serial(1, 2):", "for n in T.serial(1, 2):")  # the last iteration's loop
+    gemm1 = next(ln for ln in last if ln.startswith("T.wgmma_gemm(q0_smem"))
+    assert "k1_smem[n % 2, 0:64, :], buf6_frag_tail," in gemm1 and "clear_accum=True" in gemm1
+    widen = last.index("T.wait_wgmma(1)") + 2
+    assert last[widen:widen + 4] == ["for i0, i1 in T.Parallel(128, 64):", "buf6_frag[i0, i1] = buf6_frag_tail[i0, i1]",
+                                     "for i0, i1 in T.Parallel(128, 128):", "buf6_frag[i0, i1 + 64] = T.float32(0)"]
+    tail = tl[tl.rindex("for n in T.serial(1, 2):"):]
+    assert "t13_frag_tail[i0, i1] = t13_frag[i0, i1]" in tail
+    assert "T.wgmma_gemm(t13_frag_tail, v2_smem[n % 2, 0:64, :], buf3_frag," in tail
+    # the iterations before the last keep their full blocks
+    assert tl.count("0:64, :]") == 2
+
+
+def test_a_tail_block_off_the_wgmma_k_step_keeps_full_gemms():
+    """S 200 in 64-key blocks leaves 8 keys: not a multiple of the 16-key wgmma step."""
+    tl = _build("flash_attention", "d128_tail", {**MANUAL, "overlap": True, "BN": 64},
+                compile_it=False).stages["tilelang"]
+    assert "_tail" not in tl

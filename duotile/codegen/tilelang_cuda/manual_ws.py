@@ -42,7 +42,7 @@ import sympy
 from ...dsl.errors import UnsupportedError
 from ...dsl.ir import Op
 from ...passes.fold_bounds import fold_node, grid_env, interval
-from . import overlap, persistent, promote_fp8
+from . import narrow_tail, overlap, persistent, promote_fp8
 from .exprs import index
 from .persistent import BASE, TileLoop
 
@@ -465,29 +465,41 @@ class ManualWarpSpecialization:
             self._free_once_early(self.lo, first_hi)
             self.e.block([first.get(id(op), op) for op in rest])
         # the steady state; where the masks only bite in the last iteration (a ragged tail), the
-        # iterations before it run without them
+        # iterations before it run without them; where the last block is ragged and static, its
+        # gemms cover only the rows that exist (narrow_tail.py)
         last = self.hi - 1
         inner = self._folded(before + rest, self.lo + 1, last - 1) if self.hi.is_Integer else {}
-        split = [(self.lo + 1, last, inner), (last, self.hi, {})] if inner else [(self.lo + 1, self.hi, {})]
+        tail = narrow_tail.plan(self, g1, g2)
+        split = [(self.lo + 1, last, inner), (last, self.hi, {})] if inner or tail else [(self.lo + 1, self.hi, {})]
         for lo, hi, ops in split:
+            if (sympy.sympify(hi) - lo).is_nonpositive:
+                continue  # two iterations: nothing between the first and the last
             with self._loop(index(lo), index(hi)):
                 self._steady(g1, g2, [ops.get(id(op), op) for op in before],
-                             [ops.get(id(op), op) for op in rest], hazard, turn, (lo, hi))
+                             [ops.get(id(op), op) for op in rest], hazard, turn, (lo, hi),
+                             tail if hi == self.hi else None)
         # gemm2 of the last iteration
         with self._loop(index(sympy.Max(self.hi - 1, self.lo)), self.stop):
-            self._issue(g2)
+            if tail:
+                self._wait_full(g2)
+                tail.gemm2(self, g2)
+            else:
+                self._issue(g2)
             src.line("T.wait_wgmma(0)")
             self._release(g2)
 
-    def _steady(self, g1: Op, g2: Op, before: list[Op], rest: list[Op], hazard: int, turn, span):
+    def _steady(self, g1: Op, g2: Op, before: list[Op], rest: list[Op], hazard: int, turn, span, tail=None):
         """One steady-state iteration of the loop over ``span``: gemm1(n) and gemm2(n-1) in flight, the
         vector work of n under gemm2, and the wait for gemm2 right before the first op that needs it
-        complete."""
+        complete; ``tail``: the last iteration's gemm1 is narrowed (``narrow_tail``)."""
         src, var = self.e.src, self.it
         self.e.block(before)
         self._wait_full(g1)
         self._turn(turn, 0)
-        self._issue(g1)
+        if tail:
+            tail.gemm1(self, g1)
+        else:
+            self._issue(g1)
         self.it = f"({var} - 1)"
         self._issue(g2)
         self.it = var
@@ -495,6 +507,8 @@ class ManualWarpSpecialization:
         src.line("T.wait_wgmma(1)")
         self._release(g1)
         self._free_once_early(*span)
+        if tail:
+            tail.widen(self, g1)
         self.e.block(rest[:hazard])
         src.line("T.wait_wgmma(0)")
         self._release(g2, f"({var} - 1)")
