@@ -229,10 +229,9 @@ class ManualWarpSpecialization:
         if not self.tiles or not self.once:
             return
         if self.early_once:
-            if before_post:
-                with self._guard(f"{self.stop} <= {self.start}", not (self.hi - self.lo).is_positive):
-                    if not (self.hi - self.lo).is_positive:
-                        self._arrive_once()
+            if before_post and not (self.hi - self.lo).is_positive:
+                with self._guard(f"{self.stop} <= {self.start}", True):
+                    self._arrive_once()
             return
         read_after = any(_touched(op) & set(self.once) for op in self.post)
         if before_post != read_after:

@@ -38,7 +38,7 @@ class NarrowTail:
     def gemm1(self, ws, g1: Op):
         """Issue the last iteration's gemm1 into the narrow accumulator."""
         e = ws.e
-        a, b = (_operand(ws, v, g1) for v in g1.args[:2])
+        a, b = (_operand(ws, v) for v in g1.args[:2])
         e.src.line(f"T.wgmma_gemm({a}, {_rows(b, self.width)}, {self.acc}, transpose_A={g1.attrs['transpose_a']}, "
                    f"transpose_B=True{_policy(e, g1)}, clear_accum=True)", g1.loc)
 
@@ -54,7 +54,7 @@ class NarrowTail:
     def gemm2(self, ws, g2: Op):
         """Issue the last gemm2 on the rows that exist."""
         e = ws.e
-        p, b = e.name(g2.args[0]), _operand(ws, g2.args[1], g2)
+        p, b = e.name(g2.args[0]), _operand(ws, g2.args[1])
         rows = int(g2.args[0].type.shape[0])
         e.src.line(f"for i0, i1 in T.Parallel({rows}, {self.width}):")
         e.src.line(f"    {self.probs}[i0, i1] = {p}[i0, i1]")
@@ -104,7 +104,8 @@ def _last_rows(ws, load: Op) -> tuple[int, int] | None:
     return min(block, int(p.shape[axis]) - int(start)), block
 
 
-def _operand(ws, v, op: Op) -> str:
+def _operand(ws, v) -> str:
+    """A ring tile's slot in this iteration, else the value's buffer."""
     return ws.operand(v.id) or ws.e.name(v)
 
 
