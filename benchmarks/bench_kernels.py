@@ -10,7 +10,6 @@ Every timed config is first checked against the reference on the same inputs.
 from __future__ import annotations
 
 import argparse
-import statistics
 import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -21,7 +20,7 @@ import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks.common import MEASURED, PEAK, bench, copy_bandwidth, write_results  # noqa: E402
+from benchmarks.common import MEASURED, PEAK, bench, copy_bandwidth, paired, write_results  # noqa: E402
 from duotile import codegen  # noqa: E402
 from duotile.kernels_spec import get  # noqa: E402
 from duotile.passes.autotune.cache import best_config  # noqa: E402
@@ -48,19 +47,6 @@ SWEEP = {
 }
 for _name in ("gemm_bf16", "gemm_fp8", "attention"):
     SWEEP[_name].insert(1, None)  # the tuned config, as codegen.compile picks it
-
-
-def paired(peer_fn, fn, rounds: int = 5) -> tuple[float, float, float, str]:
-    """Peer and candidate timed in alternation, ``rounds`` times (10 timed calls each, after the
-    warm-up): (median peer ms, median candidate ms, median of the per-round ratios, their range).
-    Clocks and temperature drift over a run; a ratio of neighbouring timings cancels most of it."""
-    peers, mine = [], []
-    for _ in range(rounds):
-        peers.append(bench(peer_fn, reps=10))
-        mine.append(bench(fn, reps=10))
-    ratios = sorted(p / m for p, m in zip(peers, mine))
-    return statistics.median(peers), statistics.median(mine), statistics.median(ratios), \
-        f"{ratios[0]:.3f}-{ratios[-1]:.3f}"
 
 
 def _tuned(spec, case, inputs) -> dict | None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import statistics
 from pathlib import Path
 
 import torch
@@ -15,10 +16,24 @@ PEAK = {"bf16_tflops": 989.0, "fp8_tflops": 1979.0, "hbm_tbs": 4.8}
 MEASURED = {"bf16_tflops": 785.0, "fp8_tflops": 1261.0, "copy_tbs": 4.2}
 
 
-def bench(fn, warmup: int = 5, reps: int = 20, flush: bool = True) -> float:
+def bench(fn, warmup: int = 5, reps: int = 20, flush: bool = True, device: str = "cuda") -> float:
     """Median milliseconds of ``fn()`` over ``reps`` runs, each after an L2 flush, after a warm-up
     of at least 100 ms (the tuner's loop: ``duotile.passes.autotune.timing``)."""
-    return median_ms(fn, "cuda", warmup=warmup, reps=reps, flush=flush)
+    return median_ms(fn, device, warmup=warmup, reps=reps, flush=flush)
+
+
+def paired(peer_fn, fn, rounds: int = 5, device: str = "cuda") -> tuple[float, float, float, str]:
+    """Peer and candidate timed in alternation, ``rounds`` times (10 timed calls each, after the
+    warm-up): (median peer ms, median candidate ms, median of the per-round ratios, their range).
+    Clocks drift with temperature and the board's power cap; a ratio of neighbouring timings
+    cancels most of it, where a peer timed once on a cool board does not."""
+    peers, mine = [], []
+    for _ in range(rounds):
+        peers.append(bench(peer_fn, reps=10, device=device))
+        mine.append(bench(fn, reps=10, device=device))
+    ratios = sorted(p / m for p, m in zip(peers, mine))
+    return statistics.median(peers), statistics.median(mine), statistics.median(ratios), \
+        f"{ratios[0]:.3f}-{ratios[-1]:.3f}"
 
 
 def copy_bandwidth(nbytes: int) -> float:

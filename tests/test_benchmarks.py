@@ -1,0 +1,35 @@
+"""The benchmark scripts' own logic, on the CPU (their timings need the H200)."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+from benchmarks import common, tune_sweep
+
+
+def test_paired_timing_takes_the_median_of_per_round_ratios(monkeypatch):
+    """Rounds alternate peer and candidate; the ratio is taken within a round (the clocks drift
+    between rounds: here both slow down by half in round 2, and the ratio holds)."""
+    times = iter([2.0, 1.0, 3.0, 1.5, 2.2, 1.0])  # peer, candidate, peer, candidate, ...
+    calls = []
+
+    def fake_bench(fn, reps, device):
+        calls.append((fn, reps, device))
+        return next(times)
+
+    monkeypatch.setattr(common, "bench", fake_bench)
+    peer_fn, fn = object(), object()
+    peer_ms, ms, ratio, spread = common.paired(peer_fn, fn, rounds=3, device="cpu")
+    assert [c[0] for c in calls] == [peer_fn, fn] * 3 and {c[1:] for c in calls} == {(10, "cpu")}
+    assert (peer_ms, ms, ratio, spread) == (2.2, 1.0, 2.0, "2.000-2.200")
+
+
+def test_tune_table_row_shows_the_paired_peer():
+    best = SimpleNamespace(config={"BN": 176, "persistent": True}, final_ms=1.863)
+    res = SimpleNamespace(best=best, metric="measured", default=SimpleNamespace(final_ms=1.877, counts=True),
+                          speedup=1.007, counts=lambda: {"pruned": 32})
+    entry = {"sweep_wall_s": 325.0, "peer": {"name": "F.scaled_dot_product_attention", "time_ms": 1.88,
+                                             "best_ms": 1.87, "ratio": 1.005, "spread": "0.95-1.04"}}
+    row = tune_sweep._row("flash_attention_d128", res, entry)
+    assert "BN=176 persistent=True | 1.863 | 1.877 | 1.007x |" in row
+    assert "1.88 ms vs 1.87 ms in alternation: 1.005x (0.95-1.04)" in row and "| 32/0/0 | 325 s |" in row
