@@ -75,6 +75,10 @@ class Emitter:
         offsets = [sympy.sympify(o).subs(subs) for o in op.attrs["offsets"]] if subs else op.attrs["offsets"]
         return region(p.name, offsets, op.attrs["shape"], len(p.shape))
 
+    def policy(self, acc: Value) -> str:
+        """The gemm argument that splits an accumulator's rows over the warp groups, if it does."""
+        return ", policy=T.GemmWarpPolicy.FullRow" if acc.id in self.plan.full_row else ""
+
     def new_barrier(self) -> str:
         self.barriers += 1
         name = f"mbar{self.barriers}"
@@ -309,7 +313,7 @@ def _gemm(e: Emitter, op: Op):
     a, b, acc = op.args
     ta, tb = op.attrs["transpose_a"], op.attrs["transpose_b"]
     a_buf, b_buf = _operand(e, a, op), _operand(e, b, op)
-    policy = ", policy=T.GemmWarpPolicy.FullRow" if acc.id in e.plan.full_row else ""
+    policy = e.policy(acc)
     clear = e.plan.clear_by_gemm.get(id(op))
     scope = e.plan.scope[acc.id]
     if not e.arch.has_tmem:

@@ -285,9 +285,10 @@ class ManualWarpSpecialization:
             return True
         return vid in self.rings  # waited for at the gemm that reads it
 
-    def operand(self, vid: int) -> str | None:
+    def operand(self, vid: int, rows: int | None = None) -> str | None:
+        """A ring tile's slot in this iteration (its first ``rows`` rows if given); None if not a ring."""
         r = self.rings.get(vid)
-        return None if r is None else f"{r.name}[{r.slot(self.it, self.start)}, :, :]"
+        return None if r is None else f"{r.name}[{r.slot(self.it, self.start)}, {f'0:{rows}' if rows else ':'}, :]"
 
     def _wait_full(self, gemm: Op):
         for v in gemm.args[:2]:

@@ -37,10 +37,10 @@ class NarrowTail:
 
     def gemm1(self, ws, g1: Op):
         """Issue the last iteration's gemm1 into the narrow accumulator."""
-        e = ws.e
-        a, b = (_operand(ws, v) for v in g1.args[:2])
-        e.src.line(f"T.wgmma_gemm({a}, {_rows(b, self.width)}, {self.acc}, transpose_A={g1.attrs['transpose_a']}, "
-                   f"transpose_B=True{_policy(e, g1)}, clear_accum=True)", g1.loc)
+        e = ws.e  # A is not a ring tile (plan), B is
+        a, b = e.name(g1.args[0]), ws.operand(g1.args[1].id, self.width)
+        e.src.line(f"T.wgmma_gemm({a}, {b}, {self.acc}, transpose_A={g1.attrs['transpose_a']}, "
+                   f"transpose_B=True{e.policy(g1.args[2])}, clear_accum=True)", g1.loc)
 
     def widen(self, ws, g1: Op):
         """Once gemm1 is complete: its columns into the full accumulator, zeros after them."""
@@ -54,12 +54,12 @@ class NarrowTail:
     def gemm2(self, ws, g2: Op):
         """Issue the last gemm2 on the rows that exist."""
         e = ws.e
-        p, b = e.name(g2.args[0]), _operand(ws, g2.args[1])
+        p, b = e.name(g2.args[0]), ws.operand(g2.args[1].id, self.width)
         rows = int(g2.args[0].type.shape[0])
         e.src.line(f"for i0, i1 in T.Parallel({rows}, {self.width}):")
         e.src.line(f"    {self.probs}[i0, i1] = {p}[i0, i1]")
-        e.src.line(f"T.wgmma_gemm({self.probs}, {_rows(b, self.width)}, {e.name(g2.args[2])}, transpose_A=False, "
-                   f"transpose_B=False{_policy(e, g2)})", g2.loc)
+        e.src.line(f"T.wgmma_gemm({self.probs}, {b}, {e.name(g2.args[2])}, transpose_A=False, "
+                   f"transpose_B=False{e.policy(g2.args[2])})", g2.loc)
 
 
 def plan(ws, g1: Op, g2: Op) -> NarrowTail | None:
@@ -102,19 +102,3 @@ def _last_rows(ws, load: Op) -> tuple[int, int] | None:
         return None
     block = int(shape[0])
     return min(block, int(p.shape[axis]) - int(start)), block
-
-
-def _operand(ws, v) -> str:
-    """A ring tile's slot in this iteration, else the value's buffer."""
-    return ws.operand(v.id) or ws.e.name(v)
-
-
-def _rows(ring_slot: str, width: int) -> str:
-    """``k1_smem[slot, :, :]`` -> ``k1_smem[slot, 0:width, :]``."""
-    assert ring_slot.endswith(", :, :]"), ring_slot
-    return ring_slot[: -len(", :, :]")] + f", 0:{width}, :]"
-
-
-def _policy(e, op: Op) -> str:
-    return ", policy=T.GemmWarpPolicy.FullRow" if op.args[2].id in e.plan.full_row else ""
-
