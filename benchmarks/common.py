@@ -58,3 +58,17 @@ def write_results(name: str, rows: list[dict], header: list[str]) -> Path:
             Path(extra, f"{name}{suffix}").write_text((out / f"{name}{suffix}").read_text())
     print("\n".join(lines))
     return out / f"{name}.md"
+
+
+def attention_build(case_name: str, overrides: list[str]):
+    """(kernel, inputs on the GPU, config) for an attention build case on sm90, its config with
+    ``NAME=VALUE`` overrides on top (what ``duotile show --config`` takes)."""
+    from duotile import codegen
+    from duotile.codegen.cli import _assignment
+    from duotile.kernels_spec import get
+
+    spec = get("flash_attention")
+    case = spec.build_cases[case_name]
+    cfg = {**spec.config_of(case, "sm90"), **dict(map(_assignment, overrides))}
+    kernel = codegen.compile(spec.kernel, "sm90", config=cfg, constants=spec.constants_of(case))
+    return kernel, spec.make_inputs(case, torch.device("cuda"), 0), cfg

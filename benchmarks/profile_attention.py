@@ -18,9 +18,7 @@ import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from duotile import codegen  # noqa: E402
-from duotile.codegen.cli import _assignment  # noqa: E402
-from duotile.kernels_spec import get  # noqa: E402
+from benchmarks.common import attention_build  # noqa: E402
 
 
 def main(argv=None):
@@ -28,11 +26,7 @@ def main(argv=None):
     p.add_argument("--config", nargs="*", default=[], help="knobs over the build case's config, k=v")
     p.add_argument("--causal", action="store_true")
     args = p.parse_args(argv)
-    spec = get("flash_attention")
-    case = spec.build_cases["d128_causal" if args.causal else "d128"]
-    cfg = {**spec.config_of(case, "sm90"), **dict(map(_assignment, args.config))}
-    kernel = codegen.compile(spec.kernel, "sm90", config=cfg, constants=spec.constants_of(case))
-    x = spec.make_inputs(case, torch.device("cuda"), 0)
+    kernel, x, cfg = attention_build("d128_causal" if args.causal else "d128", args.config)
     peer = lambda: F.scaled_dot_product_attention(x["q"], x["k"], x["v"], is_causal=args.causal)  # noqa: E731
     kernel(**x)
     err = (x["o"].float() - peer().float()).abs().max().item()

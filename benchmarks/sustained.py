@@ -20,9 +20,7 @@ import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from duotile import codegen  # noqa: E402
-from duotile.codegen.cli import _assignment  # noqa: E402  (NAME=VALUE parsing)
-from duotile.kernels_spec import get  # noqa: E402
+from benchmarks.common import attention_build  # noqa: E402
 
 
 def sustained(fn, seconds: float) -> dict:
@@ -57,11 +55,7 @@ def main(argv=None):
     p.add_argument("--rounds", type=int, default=2)
     p.add_argument("--config", nargs="*", default=[])
     args = p.parse_args(argv)
-    spec = get("flash_attention")
-    case = spec.build_cases["d128"]
-    cfg = {**spec.config_of(case, "sm90"), **dict(map(_assignment, args.config))}
-    kernel = codegen.compile(spec.kernel, "sm90", config=cfg, constants=spec.constants_of(case))
-    x = spec.make_inputs(case, torch.device("cuda"), 0)
+    kernel, x, cfg = attention_build("d128", args.config)
     flops = 4.0 * 4 * 32 * 4096 * 4096 * 128
     fns = {"torch SDPA": lambda: F.scaled_dot_product_attention(x["q"], x["k"], x["v"]),
            f"duotile {cfg}": lambda: kernel(**x)}
