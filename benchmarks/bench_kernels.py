@@ -85,9 +85,10 @@ def verified(spec, case, inputs):
     return ok, "; ".join(notes)
 
 
-def time_configs(label, spec, case, configs, work, unit, peer_fn, peak):
+def time_configs(label, spec, case, configs, work, unit, peer_fn, peak, peer_for=None):
     """Verify, then time each config in alternation with the peer (``paired``), so the ratio is
-    taken under the same clocks and temperature (these drift between rows)."""
+    taken under the same clocks and temperature (these drift between rows). ``peer_for(config)``,
+    when given, picks the like-for-like peer of a config: (name, function)."""
     inputs = spec.make_inputs(case, torch.device("cuda"), 0)
     rows = []
     # {}: the case's own config (what duotile build uses untuned); None: the tuned config that
@@ -110,11 +111,12 @@ def time_configs(label, spec, case, configs, work, unit, peer_fn, peak):
                 row.update(status=f"WRONG ({why})")
                 rows.append(row)
                 continue
-            peer_ms, ms, ratio, spread = paired(peer_fn, lambda k=k: k(**inputs))
+            peer_name, peer = peer_for(run_cfg) if peer_for else (None, peer_fn)
+            peer_ms, ms, ratio, spread = paired(peer, lambda k=k: k(**inputs))
             rate = work / (ms * 1e-3) / 1e12
             row.update(status="ok", ms=round(ms, 4), **{unit: round(rate, 1)}, roofline=f"{rate / peak:.0%}",
                        peer_ms=round(peer_ms, 4), vs_peer=round(ratio, 3), spread=spread,
-                       compile_s=round(compile_s, 1))
+                       compile_s=round(compile_s, 1), **({"peer": peer_name} if peer_name else {}))
         except Exception as err:  # keep sweeping
             row.update(status=f"FAIL {type(err).__name__}: {str(err)[:160]}")
         rows.append(row)
@@ -148,15 +150,24 @@ def gemm_fp8(sweep):
                                use_fast_accum=fast).float()
         print(f"torch._scaled_mm use_fast_accum={fast}: max err {(got - ref).abs().max().item():.3g} "
               f"(max |ref| {ref.abs().max().item():.3g})", flush=True)
+    # a config that never promotes accumulates in the tensor cores' own precision, as cuBLAS does
+    # with use_fast_accum=True: that is its like-for-like peer; promoting configs meet the default
+    fast_fn = lambda: torch._scaled_mm(x["a"], x["b"].t(), scale_a=sa, scale_b=sb, out_dtype=torch.bfloat16,  # noqa
+                                       use_fast_accum=True)
+    fast = bench(fast_fn)
     one = torch.ones((), device="cuda")
     peer_t = bench(lambda: torch._scaled_mm(x["a"], x["b"].t(), scale_a=one, scale_b=one, out_dtype=torch.bfloat16))
     flops = 2.0 * n ** 3
     rows = [{"kernel": "gemm_fp8", "config": "torch._scaled_mm rowwise (peer)", "status": "ok", "ms": round(peer, 4),
              "TFLOP/s": round(flops / peer / 1e9, 1)},
+            {"kernel": "gemm_fp8", "config": "torch._scaled_mm rowwise, use_fast_accum=True", "status": "ok",
+             "ms": round(fast, 4), "TFLOP/s": round(flops / fast / 1e9, 1)},
             {"kernel": "gemm_fp8", "config": "torch._scaled_mm tensorwise", "status": "ok", "ms": round(peer_t, 4),
              "TFLOP/s": round(flops / peer_t / 1e9, 1)}]
+    def peer_for(cfg):
+        return ("fast_accum", fast_fn) if cfg.get("fp8_promote_k") == 0 else ("default", peer_fn)
     return rows + time_configs("gemm_fp8", spec, case, SWEEP["gemm_fp8"] if sweep else [{}], flops, "TFLOP/s",
-                               peer_fn, PEAK["fp8_tflops"])
+                               peer_fn, PEAK["fp8_tflops"], peer_for)
 
 
 def attention(sweep, causal=False):
@@ -205,7 +216,7 @@ def main(argv=None):
         rows += fns[name](args.sweep)
     print(f"measured ceilings from the brief: {MEASURED}")
     write_results("kernels_sm90", rows, ["kernel", "config", "status", "ms", "TFLOP/s", "TB/s", "roofline",
-                                         "peer_ms", "vs_peer", "spread", "vs_copy", "compile_s", "error"])
+                                         "peer", "peer_ms", "vs_peer", "spread", "vs_copy", "compile_s", "error"])
 
 
 if __name__ == "__main__":

@@ -62,7 +62,8 @@ def flash_attention(q: dsl.Tensor["B", "H", "S", "D", dsl.bf16], k: dsl.Tensor["
             acc[:] = acc * rescale[:, None]
             row_max[:] = new_max
             dsl.gemm(p.to(dsl.bf16), v_tile, acc)
-        dsl.store(o[b, h, m * BM, 0], (acc / row_sum[:, None]).to(dsl.bf16))
+        inv_sum = 1.0 / row_sum  # one division per row, then a multiply per element
+        dsl.store(o[b, h, m * BM, 0], (acc * inv_sum[:, None]).to(dsl.bf16))
         dsl.store(lse[b, h, m * BM], (row_max + dsl.log2(row_sum)) * LN2)
 
 
