@@ -20,7 +20,7 @@ import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks.common import MEASURED, PEAK, bench, copy_bandwidth, paired, write_results  # noqa: E402
+from benchmarks.common import MEASURED, PEAK, bench, copy_bandwidth, paired, scaled_mm_peer, write_results  # noqa: E402
 from duotile import codegen  # noqa: E402
 from duotile.kernels_spec import get  # noqa: E402
 from duotile.passes.autotune.cache import best_config  # noqa: E402
@@ -142,7 +142,7 @@ def gemm_fp8(sweep):
     case = spec.build_cases["fp8_8192"]
     x = spec.make_inputs(case, torch.device("cuda"), 0)
     sa, sb = x["a_scale"][:, None].contiguous(), x["b_scale"][None, :].contiguous()
-    peer_fn = lambda: torch._scaled_mm(x["a"], x["b"].t(), scale_a=sa, scale_b=sb, out_dtype=torch.bfloat16)  # noqa
+    _, peer_fn = scaled_mm_peer(x, {})
     peer = bench(peer_fn)
     ref = spec.run_reference(x, case)["c"].float()
     for fast in (False, True):
@@ -150,11 +150,7 @@ def gemm_fp8(sweep):
                                use_fast_accum=fast).float()
         print(f"torch._scaled_mm use_fast_accum={fast}: max err {(got - ref).abs().max().item():.3g} "
               f"(max |ref| {ref.abs().max().item():.3g})", flush=True)
-    # a config that never promotes accumulates in the tensor cores' own precision, as cuBLAS does
-    # with use_fast_accum=True: that is its like-for-like peer; promoting configs meet the default
-    fast_fn = lambda: torch._scaled_mm(x["a"], x["b"].t(), scale_a=sa, scale_b=sb, out_dtype=torch.bfloat16,  # noqa
-                                       use_fast_accum=True)
-    fast = bench(fast_fn)
+    fast = bench(scaled_mm_peer(x, {"fp8_promote_k": 0})[1])  # the peer of configs that never promote
     one = torch.ones((), device="cuda")
     peer_t = bench(lambda: torch._scaled_mm(x["a"], x["b"].t(), scale_a=one, scale_b=one, out_dtype=torch.bfloat16))
     flops = 2.0 * n ** 3
@@ -164,10 +160,8 @@ def gemm_fp8(sweep):
              "ms": round(fast, 4), "TFLOP/s": round(flops / fast / 1e9, 1)},
             {"kernel": "gemm_fp8", "config": "torch._scaled_mm tensorwise", "status": "ok", "ms": round(peer_t, 4),
              "TFLOP/s": round(flops / peer_t / 1e9, 1)}]
-    def peer_for(cfg):
-        return ("fast_accum", fast_fn) if cfg.get("fp8_promote_k") == 0 else ("default", peer_fn)
     return rows + time_configs("gemm_fp8", spec, case, SWEEP["gemm_fp8"] if sweep else [{}], flops, "TFLOP/s",
-                               peer_fn, PEAK["fp8_tflops"], peer_for)
+                               peer_fn, PEAK["fp8_tflops"], lambda cfg: scaled_mm_peer(x, cfg))
 
 
 def attention(sweep, causal=False):

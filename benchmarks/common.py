@@ -36,6 +36,18 @@ def paired(peer_fn, fn, rounds: int = 5, device: str = "cuda") -> tuple[float, f
         f"{ratios[0]:.3f}-{ratios[-1]:.3f}"
 
 
+def scaled_mm_peer(inputs: dict, config: dict) -> tuple[str, object]:
+    """(label, call) of torch._scaled_mm, row / column scales, like for like with an fp8 gemm
+    config: one that never promotes (``fp8_promote_k`` 0) keeps its sums in the tensor cores' own
+    accumulator, as cuBLAS does with ``use_fast_accum=True``; a promoting one meets the default."""
+    a, b = inputs["a"], inputs["b"]
+    sa, sb = inputs["a_scale"][:, None].contiguous(), inputs["b_scale"][None, :].contiguous()
+    fast = config.get("fp8_promote_k") == 0
+    return (f"torch._scaled_mm{' use_fast_accum=True' if fast else ''}",
+            lambda: torch._scaled_mm(a, b.t(), scale_a=sa, scale_b=sb, out_dtype=torch.bfloat16,
+                                     use_fast_accum=fast))
+
+
 def copy_bandwidth(nbytes: int) -> float:
     """Measured device-to-device copy bandwidth (TB/s, read + write counted) for ``nbytes``."""
     src = torch.empty(nbytes // 2, dtype=torch.bfloat16, device="cuda").normal_()

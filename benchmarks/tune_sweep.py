@@ -40,8 +40,8 @@ TARGETS = {"gemm_bf16": "0.95x torch.matmul", "gemm_fp8": "0.95x torch._scaled_m
            "flash_attention_d128": "1.0x SDPA", "rmsnorm_16M": "85% of copy bandwidth"}
 
 
-def peer(name, inputs):
-    """(peer label, a call of it) for the torch baseline of a sweep."""
+def peer(name, inputs, config):
+    """(peer label, a call of it) for the torch baseline of a sweep, like for like with ``config``."""
     import torch
     import torch.nn.functional as F
 
@@ -49,10 +49,8 @@ def peer(name, inputs):
         a, b = inputs["a"], inputs["b"]
         return "torch.matmul", lambda: a @ b.t()
     if name == "gemm_fp8":
-        a, b = inputs["a"], inputs["b"]
-        sa, sb = inputs["a_scale"][:, None].contiguous(), inputs["b_scale"][None, :].contiguous()
-        return "torch._scaled_mm", lambda: torch._scaled_mm(a, b.t(), scale_a=sa, scale_b=sb,
-                                                            out_dtype=torch.bfloat16)
+        from benchmarks.common import scaled_mm_peer
+        return scaled_mm_peer(inputs, config)
     if name == "flash_attention_d128":
         q, k, v = inputs["q"], inputs["k"], inputs["v"]
         return "F.scaled_dot_product_attention", lambda: F.scaled_dot_product_attention(q, k, v)
@@ -75,7 +73,7 @@ def against_peer(name, spec, case, config) -> dict:
     inputs = spec.make_inputs(case, torch.device("cuda"), 0)
     kernel = codegen.compile(spec.kernel, "sm90", config=config, constants=spec.constants_of(case))
     kernel(**inputs)
-    label, fn = peer(name, inputs)
+    label, fn = peer(name, inputs, config)
     peer_ms, best_ms, ratio, spread = paired(fn, lambda: kernel(**inputs))
     return {"name": label, "time_ms": peer_ms, "best_ms": best_ms, "ratio": ratio, "spread": spread}
 
@@ -110,7 +108,11 @@ def main(argv=None) -> int:
 
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    names = [n for n in SWEEPS if not args.only or n in args.only.split(",")]
+    asked = [n for n in args.only.split(",") if n]
+    unknown = sorted(set(asked) - set(SWEEPS))
+    if unknown:
+        p.error(f"--only: no sweep named {', '.join(unknown)}; the sweeps are {', '.join(SWEEPS)}")
+    names = [n for n in SWEEPS if not asked or n in asked]
     rows, results = [], {}
     for name in names:
         kernel, case_name = SWEEPS[name]

@@ -33,3 +33,30 @@ def test_tune_table_row_shows_the_paired_peer():
     row = tune_sweep._row("flash_attention_d128", res, entry)
     assert "BN=176 persistent=True | 1.863 | 1.877 | 1.007x |" in row
     assert "1.88 ms vs 1.87 ms in alternation: 1.005x (0.95-1.04)" in row and "| 32/0/0 | 325 s |" in row
+
+
+def test_tune_sweep_refuses_an_unknown_sweep_name(capsys):
+    """Regression: `--only rmsnorm` matched no sweep, ran nothing and then failed reading a
+    table it never wrote; it is now refused up front, naming the sweeps."""
+    import pytest
+
+    with pytest.raises(SystemExit) as exc:
+        tune_sweep.main(["--only", "rmsnorm,gemm_bf16"])
+    assert exc.value.code == 2
+    err = capsys.readouterr().err
+    assert "no sweep named rmsnorm;" in err and "rmsnorm_16M" in err
+
+
+def test_fp8_peer_is_like_for_like_with_the_promotion_setting(monkeypatch):
+    """A config that never promotes is paired with cuBLAS's fast accumulation, a promoting one
+    (or the case default, which promotes) with torch._scaled_mm's default."""
+    import torch
+
+    seen = []
+    monkeypatch.setattr(torch, "_scaled_mm", lambda *a, **kw: seen.append(kw["use_fast_accum"]))
+    x = {"a": torch.zeros(2, 2), "b": torch.zeros(2, 2), "a_scale": torch.ones(2), "b_scale": torch.ones(2)}
+    for cfg, label, fast in (({"fp8_promote_k": 0}, "torch._scaled_mm use_fast_accum=True", True),
+                             ({"fp8_promote_k": 256}, "torch._scaled_mm", False), ({}, "torch._scaled_mm", False)):
+        name, fn = tune_sweep.peer("gemm_fp8", x, cfg)
+        fn()
+        assert (name, seen[-1]) == (label, fast)
