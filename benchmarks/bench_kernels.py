@@ -31,13 +31,19 @@ PERSISTENT = {**MANUAL, "persistent": True}  # one block per SM walks the tiles 
 FP8_WIDE = {**FP8, "BN": 256, "fp8_promote_k": 0, **MANUAL}  # 128x256 tiles: no registers to promote
 SWEEP = {
     "gemm_bf16": [{}, {"BM": 128, "BN": 256, "BK": 64, "STAGES": 4, "raster": 8, "warp_specialize": "auto"},
-                  {"BM": 128, "BN": 256, "BK": 64, "STAGES": 4, "raster": 8, **PERSISTENT}],
+                  {"BM": 128, "BN": 256, "BK": 64, "STAGES": 4, "raster": 8, **PERSISTENT},
+                  {"BM": 128, "BN": 192, "BK": 64, "STAGES": 4, "raster": 8, **PERSISTENT}],
     # fp8_promote_k N: the fp8 partial sums join the fp32 accumulator every N elements of K (0: never)
     "gemm_fp8": [{}, {**FP8, "fp8_promote_k": 0}, FP8_WIDE, {**FP8_WIDE, "persistent": True},
                  {**FP8, "BM": 256, "fp8_promote_k": 0, **PERSISTENT},
                  # promotion overlapped with the next group's gemms (manual schedule; promote_fp8.py)
                  {**FP8, "fp8_promote_k": 256, **MANUAL}, {**FP8, "fp8_promote_k": 128, **MANUAL},
-                 {**FP8, "fp8_promote_k": 256, **PERSISTENT}],
+                 {**FP8, "fp8_promote_k": 256, **PERSISTENT},
+                 # 128x192 tiles: 2752 tiles fill 132 SMs in 20.8 rounds where 128x256's 2048 need 15.5
+                 # (wave quantisation); one step fragment fits beside the accumulator (TileLang's
+                 # pipeline promotes synchronously; the manual schedule's two step fragments spill)
+                 {**FP8, "BN": 192, "fp8_promote_k": 0, **PERSISTENT}, {**FP8, "BN": 192, "fp8_promote_k": 256},
+                 {**FP8, "BN": 192, "fp8_promote_k": 256, "STAGES": 5}],
     # attention rows start from the build case's config: manual + overlap + persistent, 192-key blocks
     "attention": [{}, {"ftz": False}, {"BN": 128}, {"BN": 128, "STAGES": 3}, {"BN": 176},
                   {"BN": 128, "persistent": False},

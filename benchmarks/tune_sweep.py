@@ -31,7 +31,8 @@ MANUAL = {"warp_specialize": "manual"}
 # away from the case config, where a quick search would not reach (tune(also_try=...))
 ALSO_TRY = {
     "gemm_bf16": [{"warp_specialize": "auto"}],
-    "gemm_fp8": [{"BN": 256, "fp8_promote_k": 0, **MANUAL},
+    "gemm_fp8": [{"BN": 192, "fp8_promote_k": 0, "persistent": True, **MANUAL},
+                 {"BN": 256, "fp8_promote_k": 0, **MANUAL},
                  {"BN": 256, "fp8_promote_k": 0, "persistent": True, **MANUAL},
                  {"BM": 256, "fp8_promote_k": 0, "persistent": True, **MANUAL}],
     "flash_attention_d128": [{"BN": 176}, {"BN": 128}, {"persistent": False}],

@@ -25,6 +25,10 @@ KNOBS = [
     ("flash_attention", "d128", {"warp_specialize": "manual", "overlap": True, "BM": 64, "threads": 128}),
     ("gemm", "fp8_scaled", {"fp8_promote_k": 256, "BK": 128, "BN": 128}),  # promotion every other step
     ("gemm", "fp8_scaled", {"fp8_promote_k": 0}),  # never promoted: still within the accumulation bound
+    # 128x192 tiles (the fp8 build default): N 256 leaves a 64-column last tile
+    ("gemm", "fp8_scaled", {"fp8_promote_k": 256, "BK": 128, "BN": 192}),
+    ("gemm", "fp8_scaled", {"fp8_promote_k": 0, "BK": 128, "BN": 192, "warp_specialize": "manual",
+                            "persistent": 1}),
     ("flash_attention", "d128_ragged", {"overlap": True}),  # FA3 schedule with a masked tail block
     ("flash_attention", "d128_causal", {"overlap": True, "STAGES": 1}),
     # persistent grids: a few blocks walk every tile, so ring phases run on across tiles
