@@ -6,14 +6,16 @@
 #   source .device/activate && bash benchmarks/gpu_run.sh profile [ARGS] # ncu: our attention and SDPA, one launch each
 # Phases may be chained: `bash benchmarks/gpu_run.sh bench && bash benchmarks/gpu_run.sh tune gemm_fp8`.
 # Each phase runs under `timeout $PHASE_LIMIT` (default 540 s), writes into $WORK, and then packs
-# everything into $OUT/<phase>.tgz; its log and summary table are also copied to $OUT as text.
+# everything into $OUT/<phase>.tgz (tune: tune_<NAMES>.tgz, its tables under $WORK/tune_<NAMES>/, so
+# chained sweeps do not overwrite each other); its log and summary table are also copied to $OUT.
 set -uo pipefail
 export DUOTILE_CACHE=${DUOTILE_CACHE:-/tmp/duotile-cache}
 OUT=${OUT:-/tmp/duotile-out}; WORK=${WORK:-/tmp/duotile-run}
 mkdir -p "$OUT" "$WORK"
 limit=${PHASE_LIMIT:-540}
 phase=${1:-tests}; shift || true
-log="$WORK/$phase.log"
+tag=$phase; [ "$phase" = tune ] && tag="tune_${1:-gemm_fp8}"  # chained sweeps keep their own log and tables
+log="$WORK/$tag.log"
 { nvidia-smi --query-gpu=name,clocks.sm,clocks.mem --format=csv
   python3 -c "import torch, tilelang; print('torch', torch.__version__, 'tilelang', tilelang.__version__)"; } >"$log"
 case "$phase" in
@@ -23,7 +25,7 @@ case "$phase" in
            | grep -v "PytestBenchmarkWarning\|warner(" >>"$log" ;;
   bench) timeout "$limit" python3 benchmarks/bench_kernels.py --sweep "$@" 2>&1 | grep -v "TileLang:" >>"$log"
          cp benchmarks/results/kernels_sm90.* "$WORK/" 2>/dev/null ;;
-  tune)  timeout "$limit" python3 benchmarks/tune_sweep.py --budget quick --cache-dir "$WORK" --out "$WORK" \
+  tune)  timeout "$limit" python3 benchmarks/tune_sweep.py --budget quick --cache-dir "$WORK" --out "$WORK/$tag" \
            --only "${1:-gemm_fp8}" 2>&1 | tr '\r' '\n' | grep -v "TileLang:" >>"$log" ;;  # progress kept: a stall shows where
   profile) timeout "$limit" ncu --clock-control none --profile-from-start off --set full --import-source no \
              -f -o "$WORK/attention" python3 benchmarks/profile_attention.py "$@" 2>&1 | grep -v "TileLang:" >>"$log"
@@ -34,6 +36,7 @@ esac
 status=$?
 tail -n 45 "$log"
 cp "$log" "$OUT/"
-for f in "$WORK"/tune_sm90.md "$WORK"/kernels_sm90.md; do [ -f "$f" ] && cp "$f" "$OUT/"; done
-tar czf "$OUT/$phase.tgz" -C "$WORK" .
+[ -f "$WORK/$tag/tune_sm90.md" ] && cp "$WORK/$tag/tune_sm90.md" "$OUT/$tag.md"
+[ -f "$WORK/kernels_sm90.md" ] && cp "$WORK/kernels_sm90.md" "$OUT/"
+tar czf "$OUT/$tag.tgz" -C "$WORK" .
 exit $status
