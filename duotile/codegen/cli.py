@@ -103,12 +103,14 @@ def cmd_show(args) -> int:
     if not r.ok:
         print(f"duotile: build failed: {r.error}", file=sys.stderr)
         return 1
-    text = r.artifact.stages.get(args.stage)
-    if text is None:
+    if args.stage not in r.artifact.stages:
         print(f"duotile: target {args.target} has no stage {args.stage!r}; it has: "
               f"{', '.join(sorted(r.artifact.stages))}", file=sys.stderr)
         return 2
-    print(text, end="")
+    for i, artifact in enumerate(r.artifacts):  # a kernel of several phases: each launch in turn
+        if len(r.artifacts) > 1:
+            print(f"{'' if i == 0 else chr(10)}# ---- phase {i} of {len(r.artifacts)}: {artifact.kernel} ----")
+        print(artifact.stages[args.stage], end="")
     return 0
 
 

@@ -10,6 +10,7 @@ from ..dsl.ir import Module
 from ..dsl.kernel import KernelDef, Signature
 from ..passes.bind_shapes import bind_shapes
 from ..passes.check_batch_invariance import check_batch_invariance
+from ..passes.split_phases import split_phases
 from ..passes.verify_ir import verify_ir
 from .target import KNOB_NAMES, Artifact, Target, get_target
 
@@ -26,16 +27,63 @@ def split_config(kernel: KernelDef, target: Target, config: dict[str, Any] | Non
     return kernel.resolve_config(config), knobs
 
 
-def specialize(kernel: KernelDef, sig: Signature, target: str | Target = "interpret",
-               config: dict[str, Any] | None = None, constants: dict[str, Any] | None = None
-               ) -> tuple[Module, dict[str, Any]]:
-    """Trace ``kernel`` for one call signature and run the target's pipeline on it."""
+def specialize_phases(kernel: KernelDef, sig: Signature, target: str | Target = "interpret",
+                      config: dict[str, Any] | None = None, constants: dict[str, Any] | None = None
+                      ) -> tuple[list[Module], dict[str, Any]]:
+    """Trace ``kernel`` for one call signature, split it into its phases (one launch each, see
+    ``passes/split_phases.py``) and run the target's pipeline on each."""
     tgt = get_target(target) if isinstance(target, str) else target
     cfg, knobs = split_config(kernel, tgt, config)
     # traces the kernel; for a decode-path kernel (batch_dim) it also rejects batch-dependent reductions
     module = verify_ir(check_batch_invariance(kernel, sig.dtypes, sig.present, constants, cfg))
     module = verify_ir(bind_shapes(module, sig.shapes))
-    return verify_ir(tgt.lower(module, knobs)), knobs
+    return [verify_ir(tgt.lower(p, tgt.phase_knobs(p, knobs))) for p in split_phases(module)], knobs
+
+
+def specialize(kernel: KernelDef, sig: Signature, target: str | Target = "interpret",
+               config: dict[str, Any] | None = None, constants: dict[str, Any] | None = None
+               ) -> tuple[Module, dict[str, Any]]:
+    """``specialize_phases`` for a kernel of one phase: its module and knobs."""
+    phases, knobs = specialize_phases(kernel, sig, target, config, constants)
+    if len(phases) != 1:
+        raise DslError(f"{kernel.name} runs in {len(phases)} phases; use specialize_phases", kernel.loc)
+    return phases[0], knobs
+
+
+def build_phases(kernel: KernelDef, phases: list[Module], target: Target, knobs: dict[str, Any],
+                 workdir: str | None = None, use_cache: bool = True) -> list[Artifact]:
+    """One artifact per phase (each cached on its own; in ``workdir/p<i>`` where there are several)."""
+    from .build import build_module
+
+    def where(i: int) -> str | None:
+        return workdir if workdir is None or len(phases) == 1 else f"{workdir}/p{i}"
+
+    return [build_module(kernel, m, target, target.phase_knobs(m, knobs), where(i), use_cache=use_cache)
+            for i, m in enumerate(phases)]
+
+
+class PhasedCall:
+    """The loaded phases of one build, called in order with the same tensors; each workspace is
+    allocated once per call signature (on the first tensor's device) and reused."""
+
+    def __init__(self, phases: list[Module], fns: list):
+        self.phases, self.fns = phases, fns
+        self.workspaces: dict[str, Any] | None = None
+
+    def __call__(self, tensors: dict) -> None:
+        if self.phases[0].workspaces and self.workspaces is None:
+            import torch
+
+            device = next(t.device for t in tensors.values() if t is not None and hasattr(t, "device"))
+            self.workspaces = {p.name: torch.empty(tuple(int(d) for d in p.shape), dtype=p.dtype.torch,
+                                                   device=device) for p in self.phases[0].workspaces}
+        args = {**tensors, **(self.workspaces or {})}
+        for fn in self.fns:
+            fn(args)
+
+
+def load_phases(target: Target, phases: list[Module], artifacts: list[Artifact]) -> PhasedCall:
+    return PhasedCall(phases, [target.load(a, m) for a, m in zip(artifacts, phases)])
 
 
 @dataclass
@@ -50,14 +98,17 @@ class CompiledKernel:
     _cache: dict[tuple, tuple] = field(default_factory=dict, repr=False)
 
     def artifact(self, **tensors) -> Artifact:
+        """The build for these tensors (the first phase's, where the kernel has several)."""
+        return self._prepare(tensors)[1][0]
+
+    def artifacts(self, **tensors) -> list[Artifact]:
+        """One build per phase."""
         return self._prepare(tensors)[1]
 
     def _prepare(self, tensors: dict):
         sig = self.kernel.bind(tensors)
         key = sig.key()
         if key not in self._cache:
-            from .build import build_module
-
             tgt = get_target(self.target)
             config = self.config
             if config is None:  # no config given: a tuned one from `duotile tune`, if any
@@ -65,20 +116,19 @@ class CompiledKernel:
 
                 config = best_config(self.kernel, self.target, sig.shapes, dtypes=sig.dtypes, present=sig.present,
                                      constants=self.constants)
-            module, knobs = specialize(self.kernel, sig, tgt, config, self.constants)
-            artifact = build_module(self.kernel, module, tgt, knobs, self.workdir)
-            self._cache[key] = (module, artifact, None)
-        module, artifact, fn = self._cache[key]
-        return module, artifact, fn, key
+            phases, knobs = specialize_phases(self.kernel, sig, tgt, config, self.constants)
+            self._cache[key] = (phases, build_phases(self.kernel, phases, tgt, knobs, self.workdir), None)
+        phases, artifacts, fn = self._cache[key]
+        return phases, artifacts, fn, key
 
     def __call__(self, **tensors):
         unknown = set(tensors) - set(self.kernel.tensors)
         if unknown:
             raise DslError(f"{self.kernel.name}: unknown argument(s) {', '.join(sorted(unknown))}")
-        module, artifact, fn, key = self._prepare(tensors)
+        phases, artifacts, fn, key = self._prepare(tensors)
         if fn is None:
-            fn = get_target(self.target).load(artifact, module)
-            self._cache[key] = (module, artifact, fn)
+            fn = load_phases(get_target(self.target), phases, artifacts)
+            self._cache[key] = (phases, artifacts, fn)
         fn(tensors)
 
 

@@ -3,14 +3,13 @@
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from ..dsl.errors import CapacityError
 from ..dsl.ir import Module
 from ..kernels_spec.registry import Case, Spec
-from .build import build_module
-from .compile import specialize
+from .compile import build_phases, specialize_phases
 from .target import Artifact, get_target
 
 
@@ -21,16 +20,23 @@ class BuildResult:
     target: str
     ok: bool
     seconds: float
-    artifact: Artifact | None = None
-    module: Module | None = None
+    artifacts: list[Artifact] = field(default_factory=list)  # one per phase
+    modules: list[Module] = field(default_factory=list)
     error: str = ""
     rejected: bool = False  # the config does not fit the target's memories (a CapacityError)
 
     @property
+    def artifact(self) -> Artifact | None:
+        """The first phase's build (the only one for most kernels)."""
+        return self.artifacts[0] if self.artifacts else None
+
+    @property
+    def module(self) -> Module | None:
+        return self.modules[0] if self.modules else None
+
+    @property
     def lines(self) -> int:
-        if self.artifact is None:
-            return 0
-        text = self.artifact.stages.get("tilelang", "")
+        text = "\n".join(a.stages.get("tilelang", "") for a in self.artifacts)
         return sum(1 for line in text.splitlines() if line.strip() and not line.lstrip().startswith("#"))
 
 
@@ -52,10 +58,11 @@ def build_case(spec: Spec, case_name: str, case: Case, target: str, config: dict
         sig = spec.kernel.bind(spec.meta_inputs(case))
         tuned = tuned_config(spec, sig, target, spec.constants_of(case)) if use_tuned else None
         cfg = {**spec.config_of(case, target), **(tuned or {}), **(config or {})}
-        module, knobs = specialize(spec.kernel, sig, tgt, cfg, spec.constants_of(case))
-        artifact = build_module(spec.kernel, module, tgt, knobs, use_cache=use_cache)
-        artifact.meta["config_source"] = "tuned" if tuned else "default"
-        return BuildResult(spec.name, case_name, target, True, time.perf_counter() - t0, artifact, module)
+        phases, knobs = specialize_phases(spec.kernel, sig, tgt, cfg, spec.constants_of(case))
+        artifacts = build_phases(spec.kernel, phases, tgt, knobs, use_cache=use_cache)
+        for a in artifacts:
+            a.meta["config_source"] = "tuned" if tuned else "default"
+        return BuildResult(spec.name, case_name, target, True, time.perf_counter() - t0, artifacts, phases)
     except Exception as err:  # reported per row; the build goes on
         msg = f"{type(err).__name__}: {err}"
         return BuildResult(spec.name, case_name, target, False, time.perf_counter() - t0, error=msg,

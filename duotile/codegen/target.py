@@ -66,6 +66,12 @@ class Target:
         """The knobs that can change this kernel's code (the autotuner searches only these)."""
         return self.knobs
 
+    def phase_knobs(self, module: Module, knobs: dict[str, Any]) -> dict[str, Any]:
+        """The knobs one phase of a multi-phase kernel builds with: a config names one value per
+        knob for the whole kernel, and a phase the knob cannot apply to (a schedule for a
+        pipelined loop, in a phase without one) takes the target's default instead."""
+        return knobs
+
     def start_points(self, module: Module) -> list[dict[str, Any]]:
         """Partial configs the autotuner measures right after the default (with the user's
         ``also_try``): schedules several knob steps away that a short search would not reach."""

@@ -36,6 +36,7 @@ from .ops import (
     sqrt,
     store,
     where,
+    workspace,
     zeros,
 )
 from .tunables import boolean, choice, enum, int_range, pow2
@@ -45,6 +46,7 @@ __all__ = [
     "CallError", "CapacityError", "DslError", "SourceLoc", "UnsupportedError",
     "Module", "Role", "Const", "KernelDef", "OptionalTensor", "Tensor", "Tunable", "kernel",
     "arange", "cdiv", "empty", "exp", "exp2", "full", "gemm", "grid", "load", "log", "log2",
-    "maximum", "minimum", "next_pow2", "pipelined", "range", "rsqrt", "sigmoid", "sqrt", "store", "where", "zeros",
+    "maximum", "minimum", "next_pow2", "pipelined", "range", "rsqrt", "sigmoid", "sqrt", "store", "where",
+    "workspace", "zeros",
     "boolean", "choice", "enum", "int_range", "pow2",
 ]

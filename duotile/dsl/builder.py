@@ -21,6 +21,8 @@ class Builder:
         self.code = code
         self.root = Block()
         self.stack: list[Block] = [self.root]
+        self.tensor_names: set[str] = set()  # the kernel's tensors, then its workspaces
+        self.workspaces: list = []  # TensorParams declared by dsl.workspace, in order
 
     def loc(self) -> SourceLoc | None:
         """The line of the kernel function (or a helper it called) that is running now."""

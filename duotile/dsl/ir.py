@@ -1,8 +1,10 @@
 """The Tile IR: a small typed SSA form over tiles, with mutable buffers and regions.
 
 A kernel is a ``Module``: tensor parameters, then one ``grid`` op whose region holds the
-per-program body. Ops are generic (``Op(name, args, attrs, result, regions)``); each op name
-has a type rule in ``duotile.dsl.opdefs`` and handlers in every target. Index math is sympy.
+per-program body, or several grids run one after another (phases: a split reduction and its
+combine), which may share global scratch declared with ``dsl.workspace``. Ops are generic
+(``Op(name, args, attrs, result, regions)``); each op name has a type rule in
+``duotile.dsl.opdefs`` and handlers in every target. Index math is sympy.
 
 Text form (``print(module)``)::
 
@@ -85,10 +87,11 @@ class TensorParam:
     dtype: DType
     optional: bool = False
     dims: tuple[str | int, ...] = ()  # the declared names ("M", "K"); kept when sizes are bound
+    workspace: bool = False  # scratch in global memory that the call allocates (dsl.workspace)
 
     def __str__(self) -> str:
         dims = " x ".join(str(d) for d in self.shape)
-        return f"{self.name}: tensor<{dims} x {self.dtype.name}>"
+        return f"{self.name}: {'workspace' if self.workspace else 'tensor'}<{dims} x {self.dtype.name}>"
 
 
 @dataclass(eq=False)
@@ -145,6 +148,7 @@ class Module:
     shapes: dict[str, int] = field(default_factory=dict)  # filled by bind_shapes
     batch_dim: str | None = None
     source_file: str = ""
+    phase: int | None = None  # which phase of a multi-phase kernel this module is (split_phases)
 
     def param(self, name: str) -> TensorParam:
         for p in self.params:
@@ -157,7 +161,15 @@ class Module:
 
     @property
     def grid(self) -> Op:
+        """The launch grid of a single-phase module (``passes.split_phases`` gives one module a
+        phase)."""
+        if len(self.body.ops) != 1:
+            raise ValueError(f"{self.name} has {len(self.body.ops)} phases; split them first (split_phases)")
         return self.body.ops[0]
+
+    @property
+    def workspaces(self) -> list[TensorParam]:
+        return [p for p in self.params if p.workspace]
 
     def __str__(self) -> str:
         from .printer import format_module

@@ -170,10 +170,15 @@ class KernelDef:
             is_present = (present or {}).get(name, not spec.optional)
             refs[name] = TensorRef(p, spec.dims) if is_present else None
         with builder.tracing(self.fn.__code__) as b:
+            b.tensor_names.update(self.tensors)
             self.fn(**refs, **consts, **cfg)
-        if not b.root.ops or b.root.ops[0].name != "grid":
+        if not b.root.ops:
             raise DslError(f"kernel {self.name!r} must start with `for ... in dsl.grid(...)`", self.loc)
-        return Module(self.name, params, b.root, config=cfg, constants=consts,
+        stray = next((op for op in b.root.ops if op.name != "grid"), None)
+        if stray is not None:
+            raise DslError(f"kernel {self.name!r}: `{stray.name}` outside dsl.grid; every tile op belongs "
+                           "to a grid", stray.loc)
+        return Module(self.name, params + b.workspaces, b.root, config=cfg, constants=consts,
                       batch_dim=self.batch_dim, source_file=self.source_file)
 
 

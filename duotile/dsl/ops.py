@@ -2,14 +2,15 @@
 
 from __future__ import annotations
 
+import builtins
 import re
 
 import sympy
 
 from . import builder, dtypes
 from .dtypes import DType
-from .ir import Expr, Op, Role, TileType, Value
-from .tile import TensorView, Tile, as_expr, is_role
+from .ir import Expr, Op, Role, TensorParam, TileType, Value
+from .tile import TensorRef, TensorView, Tile, as_expr, is_role
 
 UNARY = ("neg", "abs", "not", "exp", "exp2", "log", "log2", "sqrt", "rsqrt", "sigmoid")
 BINARY = ("add", "sub", "mul", "div", "max", "min", "lt", "le", "gt", "ge", "eq", "ne", "and", "or")
@@ -29,7 +30,7 @@ def _loop_names(default: str, count: int) -> list[str]:
         if m:
             names = [n.strip() for n in m.group(1).split(",")]
     if len(names) != count:
-        names = [f"{default}{i}" for i in range(count)]
+        names = [f"{default}{i}" for i in builtins.range(count)]  # (this module's `range` is dsl.range)
     taken = {str(s) for s in getattr(b, "symbols", ())}
     out = []
     for name in names:
@@ -47,10 +48,12 @@ def _index_var(name: str) -> sympy.Symbol:
 
 
 def grid(*extents):
-    """The logical launch grid: ``for m, n in dsl.grid(cdiv(M, BM), cdiv(N, BN))``."""
+    """The logical launch grid: ``for m, n in dsl.grid(cdiv(M, BM), cdiv(N, BN))``. A kernel may
+    hold several grids one after another: each is a phase, launched once the one before has
+    finished (a split reduction, then its combine), and they share ``dsl.workspace`` tensors."""
     b = builder.current()
-    if b.stack[-1] is not b.root or b.root.ops:
-        raise builder.error("dsl.grid must be the kernel's first and outermost statement")
+    if b.stack[-1] is not b.root:
+        raise builder.error("dsl.grid must be an outermost statement of the kernel, not inside another grid")
     if not extents:
         raise builder.error("dsl.grid needs at least one extent")
     vars_ = [_index_var(n) for n in _loop_names("pid", len(extents))]
@@ -79,6 +82,31 @@ def _loop(extent, start, stages):
     attrs = {"var": var, "extent": as_expr(extent), "start": as_expr(start), "stages": stages}
     with b.region(Op("for", attrs=attrs)):
         yield var
+
+
+def workspace(name: str, shape, dtype: DType = dtypes.f32):
+    """Scratch in global memory for one call, ``shape`` in sizes and tunables, e.g. the partial
+    sums of a split reduction: ``dsl.workspace("partial", (SPLIT, a.M, b.N), dsl.f32)``. The
+    compiled kernel allocates it (uninitialised) and passes it to every phase; a phase reads only
+    what an earlier one wrote. Declared at the kernel's top level, before the grid that writes it."""
+    b = builder.current()
+    if b.stack[-1] is not b.root:
+        raise builder.error("dsl.workspace must be declared at the kernel's top level, outside any grid")
+    if not (isinstance(name, str) and name.isidentifier()):
+        raise builder.error(f"a workspace name must be an identifier, got {name!r}")
+    if name in b.tensor_names:
+        raise builder.error(f"workspace {name!r} clashes with another tensor of the kernel")
+    if not isinstance(dtype, DType):
+        raise builder.error(f"workspace {name!r}: dtype must be a dsl dtype, got {dtype!r}")
+    dims = tuple(as_expr(d) for d in (shape if isinstance(shape, (tuple, list)) else (shape,)))
+    for d in dims:
+        if d.is_number and int(d) < 1:
+            raise builder.error(f"workspace {name!r}: dimensions must be positive, got {tuple(shape)!r}")
+    names = tuple(int(d) if d.is_number else str(d) for d in dims)
+    param = TensorParam(name, dims, dtype, dims=names, workspace=True)
+    b.tensor_names.add(name)
+    b.workspaces.append(param)
+    return TensorRef(param, ())
 
 
 def cdiv(a, b) -> Expr:

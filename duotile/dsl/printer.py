@@ -25,7 +25,9 @@ def format_op(op: Op) -> str:
         return f"grid ({axes})"
     if op.name == "for":
         kind = f" pipelined(stages={a['stages']})" if a.get("stages") else ""
-        return f"for {a['var']} < {a['extent']}{kind}"
+        start = a.get("start", 0)
+        low = f"{start} <= " if start != 0 else ""
+        return f"for {low}{a['var']} < {a['extent']}{kind}"
     args = ", ".join(format_arg(x) for x in op.args)
     if op.name in ("load", "store", "gather"):
         offs = ", ".join(str(o) for o in a["offsets"])

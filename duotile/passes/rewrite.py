@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 
 import sympy
@@ -50,10 +51,9 @@ class Rewriter:
         return Block([self.op(o) for o in block.ops])
 
     def module(self, m: Module, **changes) -> Module:
-        params = [type(p)(p.name, tuple(self.expr(d) for d in p.shape), p.dtype, p.optional, p.dims)
-                  for p in m.params]
+        params = [dataclasses.replace(p, shape=tuple(self.expr(d) for d in p.shape)) for p in m.params]
         fields = dict(name=m.name, params=params, body=self.block(m.body), config=dict(m.config),
                       constants=dict(m.constants), shapes=dict(m.shapes), batch_dim=m.batch_dim,
-                      source_file=m.source_file)
+                      source_file=m.source_file, phase=m.phase)
         fields.update(changes)
         return Module(**fields)

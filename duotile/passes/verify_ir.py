@@ -3,7 +3,8 @@
 It changes nothing. It raises DslError, naming the op's source line, when:
 - a value is used before it is defined, or outside the region that defines it;
 - a non-buffer is written (``assign`` / ``gemm`` accumulator);
-- ``grid`` is not the single top-level op, or a loop sits outside it;
+- a top-level op is not a ``grid`` (a module holds one grid per phase), or a loop sits outside one;
+- a phase reads a workspace that no earlier phase writes;
 - a tile dimension is not a positive integer (only checked once ``shapes`` are bound);
 - an index expression uses a symbol that is neither a loop variable nor a size.
 """
@@ -16,11 +17,27 @@ from ..dsl.ir import Block, Module, Op
 
 def verify_ir(module: Module) -> Module:
     body = module.body.ops
-    if len(body) != 1 or body[0].name != "grid":
-        raise DslError(f"{module.name}: the module body must be exactly one grid op")
+    if not body or any(op.name != "grid" for op in body):
+        raise DslError(f"{module.name}: the module body must be grid ops only (one per phase)")
     sizes = {s for p in module.params for d in p.shape for s in d.free_symbols}
     _check_block(module.body, module, set(), set(sizes), bound=bool(module.shapes))
+    if module.phase is None:  # a phase split off a kernel reads what the phases before it wrote
+        _check_workspaces(module)
     return module
+
+
+def _check_workspaces(module: Module):
+    """A workspace is uninitialised at each call: a phase may read one only after an earlier
+    phase has written it (within one phase, blocks run in no order)."""
+    scratch = {p.name for p in module.workspaces}
+    written: set[str] = set()
+    for grid in module.body.ops:
+        ops = [op for op in grid.walk() if op.attrs.get("tensor") in scratch]
+        for op in ops:
+            if op.name != "store" and op.attrs["tensor"] not in written:
+                raise DslError(f"a phase reads workspace {op.attrs['tensor']!r} before an earlier phase "
+                               "writes it", op.loc)
+        written |= {op.attrs["tensor"] for op in ops if op.name == "store"}
 
 
 def _check_block(block: Block, module: Module, visible: set[int], symbols: set, bound: bool):

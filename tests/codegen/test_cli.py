@@ -30,3 +30,10 @@ def test_show_prints_a_stage_or_says_which_exist(capsys):
     assert "kernel gemm(" in capsys.readouterr().out
     assert main(["show", "gemm", "--target", "interpret", "--stage", "ptx"]) == 2
     assert "has no stage 'ptx'" in capsys.readouterr().err
+
+
+def test_show_prints_every_phase_of_a_split_kernel(capsys):
+    assert main(["show", "gemm_splitk", "--target", "interpret", "--stage", "ir"]) == 0
+    out = capsys.readouterr().out
+    assert "# ---- phase 0 of 2: gemm_splitk_p0 ----" in out and "# ---- phase 1 of 2: gemm_splitk_p1 ----" in out
+    assert out.count("kernel gemm_splitk_p") == 2 and "partial: workspace<4 x 16 x 4096 x f32>" in out

@@ -46,6 +46,10 @@ KNOBS = [
     # S 256 in 176- and 192-key blocks: the last block's gemms cover its 80 / 64 keys (narrow_tail.py)
     ("flash_attention", "d128", {"warp_specialize": "manual", "overlap": True, "BN": 176}),
     ("flash_attention", "d128", {"warp_specialize": "manual", "overlap": True, "BN": 192, "persistent": 1}),
+    # split-K in two launches: a K range per block (its loop starts past 0), then the combine phase,
+    # which keeps TileLang's default schedule (phase_knobs)
+    ("gemm_splitk", "ragged", {"warp_specialize": "manual"}),
+    ("gemm_splitk", "split4", {"warp_specialize": "manual", "persistent": 1}),
 ]
 
 

@@ -67,5 +67,5 @@ def test_generated_kernels_take_the_tuned_config(monkeypatch):
     ops.rms_norm(x, w, 1e-6)
     assert asked and asked[0][:2] == ("rmsnorm", "interpret")
     (kernel,) = ops._kernels.values()
-    (module, _artifact, _fn),  = kernel._cache.values()
+    ((module,), _artifacts, _fn), = kernel._cache.values()
     assert module.config == {"ROWS": 2}

@@ -126,7 +126,8 @@ class Emitter:
     def op_for(self, op: Op, depth: int) -> None:
         a = op.attrs
         v = self.var(a["var"])
-        extent, start = index(a["extent"], self.idx), sympy.sympify(a["start"])
+        start = sympy.sympify(a["start"])
+        extent = index(sympy.simplify(sympy.sympify(a["extent"]) - start), self.idx)  # the trip count
         loop = v if start == 0 else f"{v}_rel"
         if a.get("stages"):
             self.stmt(S.PIPELINED.format(var=loop, extent=extent, stages=a["stages"]), op, depth)
@@ -305,7 +306,10 @@ class Emitter:
                 self.clear[id(user)] = "True"
             else:
                 v = self.var(loop.attrs["var"])
-                self.clear[id(user)] = f"({v} == {index(loop.attrs['start'], self.idx)})"
+                start = sympy.sympify(loop.attrs["start"])
+                for sym in start.free_symbols:  # grid variables are named here before the grid is emitted
+                    self.var(sym)
+                self.clear[id(user)] = f"({v} == {index(start, self.idx)})"
 
     @staticmethod
     def _first_touch(ops: list[Op], acc: Value):

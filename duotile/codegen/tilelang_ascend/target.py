@@ -47,6 +47,13 @@ class AscendTarget(Target):
         has_gemm = any(op.name == "gemm" for op in module.walk())
         return {k: s for k, s in self.knobs.items() if k != "vector_split" or has_gemm}
 
+    def phase_knobs(self, module: Module, knobs: dict) -> dict:
+        """A phase without cube work (a split reduction's combine) keeps the vector cores unsplit:
+        vector_split divides a cube result between them."""
+        if module.phase is None or any(op.name == "gemm" for op in module.walk()) or "vector_split" not in knobs:
+            return knobs
+        return {**knobs, "vector_split": self.knobs["vector_split"].default}
+
     def lower(self, module: Module, knobs) -> Module:
         module = check_whole_tiles(fold_bounds(fuse_elementwise(module)))
         module = rematerialize_casts(module)

@@ -57,6 +57,14 @@ class TileLangCuda(Target):
             | ({"warp_specialize", "persistent"} if not pipelined else set()) | {"ftz"}
         return {k: s for k, s in self.knobs.items() if k not in drop}
 
+    def phase_knobs(self, module: Module, knobs: dict) -> dict:
+        """A phase without a pipelined loop (a split reduction's combine) keeps the default schedule:
+        warp specialisation, the two-gemm rotation and persistence are schedules of such a loop."""
+        if module.phase is None or any(op.name == "for" and op.attrs.get("stages") for op in module.walk()):
+            return knobs
+        schedule = {"warp_specialize", "overlap", "persistent"}
+        return {k: (self.knobs[k].default if k in schedule and k in self.knobs else v) for k, v in knobs.items()}
+
     def start_points(self, module: Module) -> list[dict]:
         """sm90: duotile's warp specialisation for a pipelined loop, with the two-gemm rotation
         where the loop has that shape (two knob steps from the default, worth 10% on attention),

@@ -37,6 +37,7 @@ from ...dsl.kernel import KernelDef, Signature
 from ..bind_shapes import bind_shapes
 from ..fuse_elementwise import fuse_elementwise
 from ..rewrite import Rewriter
+from ..split_phases import split_phases
 from .usage import TileUsage, estimate_usage
 
 
@@ -116,8 +117,8 @@ def parse_relation(text: str) -> Callable[[dict[str, Any]], bool]:
 class Verdict:
     ok: bool
     reasons: list[str] = field(default_factory=list)
-    usage: dict[str, int] = field(default_factory=dict)  # memory -> needed (its unit)
-    module: Module | None = None
+    usage: dict[str, int] = field(default_factory=dict)  # memory -> needed (its unit), the most of any phase
+    phases: list[Module] = field(default_factory=list)  # the fused module of each phase (what the model reads)
 
 
 class Constraints:
@@ -146,17 +147,22 @@ class Constraints:
     def _check(self, config: dict[str, Any]) -> Verdict:
         reasons = self._relations(config)
         try:
-            bound, module, usage, knobs, tgt = self._trace(config)
+            bound, phases, usages, knobs, tgt = self._trace(config)
         except DslError as err:
             return Verdict(False, reasons + [f"does not trace: {err}"])
-        limits = tgt.tuning_limits(usage, {**tgt.default_knobs(), **knobs})
-        reasons += [lim.reason() for lim in limits if not lim.ok()]
-        reasons += mma_reasons(usage, self.target, tgt.mma_atom)
         exempt = {self.kernel.batch_dim} if self.kernel.batch_dim else set()
-        reasons += waste_reasons(module, exempt)
+        needed: dict[str, int] = {}
+        for phase, usage in zip(phases, usages):  # each phase is a launch of its own
+            limits = tgt.tuning_limits(usage, {**tgt.default_knobs(), **knobs})
+            reasons += [lim.reason() for lim in limits if not lim.ok()]
+            reasons += mma_reasons(usage, self.target, tgt.mma_atom)
+            reasons += waste_reasons(phase, exempt)
+            for lim in limits:
+                needed[lim.memory] = max(needed.get(lim.memory, 0), int(lim.needed))
+        reasons = list(dict.fromkeys(reasons))
         if not reasons:
             reasons += self._target_capacity(bound, knobs)
-        return Verdict(not reasons, reasons, {lim.memory: int(lim.needed) for lim in limits}, module)
+        return Verdict(not reasons, reasons, needed, phases)
 
     def law(self, config: dict[str, Any]) -> list[str]:
         """Why a build would refuse ``config`` (empty: it would not): the user's relations, tracing,
@@ -164,10 +170,10 @@ class Constraints:
         (registers, waste) are left out: they filter a search, they do not forbid a build."""
         reasons = self._relations(config)
         try:
-            bound, _, usage, knobs, tgt = self._trace(config)
+            bound, _, usages, knobs, tgt = self._trace(config)
         except DslError as err:
             return reasons + [f"does not trace: {err}"]
-        reasons += mma_reasons(usage, self.target, tgt.mma_atom)
+        reasons += [r for usage in usages for r in mma_reasons(usage, self.target, tgt.mma_atom)]
         return reasons or self._target_capacity(bound, knobs)
 
     def _relations(self, config: dict[str, Any]) -> list[str]:
@@ -175,12 +181,13 @@ class Constraints:
         return [f"violates {r.text}" for r in self.relations if not r(values)]
 
     def _trace(self, config: dict[str, Any]):
-        """The bound module, its fused copy (the estimator reads that; ``bound`` is left for the
-        target's own pipeline), the estimated usage, the target knobs and the target."""
+        """The bound module, a fused copy of each of its phases (the estimator reads those;
+        ``bound`` is left for the target's own pipeline), their estimated usage, the target knobs
+        and the target."""
         bound = self.bound(config)
-        module = fuse_elementwise(Rewriter().module(bound))
+        phases = [fuse_elementwise(Rewriter().module(p)) for p in split_phases(bound)]
         knobs = {k: v for k, v in config.items() if k not in self.kernel.tunables}
-        return bound, module, estimate_usage(module), knobs, get_target(self.target)
+        return bound, phases, [estimate_usage(p) for p in phases], knobs, get_target(self.target)
 
     def _target_capacity(self, bound: Module, knobs: dict[str, Any]) -> list[str]:
         """The target's own pipeline and capacity model (what its build would reject), still before
@@ -190,7 +197,8 @@ class Constraints:
 
         tgt = get_target(self.target)
         try:
-            tgt.lower(bound, {**tgt.default_knobs(), **knobs})
+            for phase in split_phases(bound):
+                tgt.lower(phase, tgt.phase_knobs(phase, {**tgt.default_knobs(), **knobs}))
         except CapacityError as err:
             return [f"{err.memory}: needs {err.needed / 1024:.1f} KiB > capacity {err.capacity / 1024:.1f} KiB "
                     f"({self.target}'s capacity model)"]

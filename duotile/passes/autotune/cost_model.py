@@ -169,6 +169,18 @@ def estimate(module: Module, m: Machine, knobs: dict[str, Any] | None = None,
     return Estimate(waves * program_time, flops, dram, programs, resident, waves, wave_eff, bound)
 
 
+def estimate_phases(phases: list[Module], m: Machine, knobs: dict[str, Any] | None = None) -> Estimate:
+    """A kernel of several phases runs them one after another: their times, work and traffic add
+    up; the rest is the longest phase's."""
+    parts = [estimate(p, m, knobs) for p in phases]
+    if len(parts) == 1:
+        return parts[0]
+    main = max(parts, key=lambda e: e.time_s)
+    return Estimate(sum(e.time_s for e in parts), sum(e.flops for e in parts), sum(e.dram_bytes for e in parts),
+                    sum(e.programs for e in parts), main.resident, sum(e.waves for e in parts),
+                    main.wave_efficiency, main.bound)
+
+
 def _resident(m: Machine, usage: TileUsage, knobs: dict) -> int:
     """Programs that fit on one SM / core at once."""
     if m.max_resident == 1:

@@ -33,8 +33,7 @@ from typing import Any
 
 import torch
 
-from ...codegen.build import build_module
-from ...codegen.compile import specialize
+from ...codegen.compile import build_phases, load_phases, specialize_phases
 from ...codegen.target import get_target
 from ...kernels_spec.registry import Spec
 from .space import Config, config_key
@@ -87,8 +86,8 @@ def first_line(err: BaseException) -> str:
 @dataclass
 class Compiled:
     config: Config
-    module: Any
-    artifact: Any
+    phases: list  # one bound, lowered module per phase (codegen.compile.specialize_phases)
+    artifacts: list  # one build per phase
     compile_s: float
 
 
@@ -131,11 +130,11 @@ class Runner:
     # -- compile -------------------------------------------------------------------------------
     def _compile_one(self, config: Config) -> Compiled:
         t0 = time.perf_counter()
-        module, knobs = specialize(self.spec.kernel, self.sig, self.target, config, self.constants)
-        artifact = build_module(self.spec.kernel, module, self.target, knobs,
-                                os.path.join(self.workdir, f"c{abs(hash(repr(sorted(config.items()))))}")
-                                if self.workdir else None)
-        return Compiled(config, module, artifact, time.perf_counter() - t0)
+        phases, knobs = specialize_phases(self.spec.kernel, self.sig, self.target, config, self.constants)
+        workdir = (os.path.join(self.workdir, f"c{abs(hash(repr(sorted(config.items()))))}")
+                   if self.workdir else None)
+        artifacts = build_phases(self.spec.kernel, phases, self.target, knobs, workdir)
+        return Compiled(config, phases, artifacts, time.perf_counter() - t0)
 
     def compile(self, configs: list[Config]) -> list[Compiled | Trial]:
         """One ``Compiled`` per config, or a ``compile_error`` / ``timeout`` Trial."""
@@ -247,7 +246,7 @@ class Runner:
         """The runnable kernel of a build, loaded once per config (loading JIT-compiles on a GPU)."""
         key = config_key(c.config)
         if key not in self._loaded:
-            self._loaded[key] = self.target.load(c.artifact, c.module)
+            self._loaded[key] = load_phases(self.target, c.phases, c.artifacts)
         return self._loaded[key]
 
     def measure_one(self, c: Compiled) -> Trial:
@@ -313,8 +312,12 @@ class Runner:
 
 
 def _build_report(c: Compiled) -> dict[str, int]:
-    meta = getattr(c.artifact, "meta", None) or {}
-    return dict(meta.get("ptxas", {}))
+    """What the compiler said of the build (ptxas: registers, spills), the worst over its phases."""
+    out: dict[str, int] = {}
+    for a in c.artifacts:
+        for k, v in ((getattr(a, "meta", None) or {}).get("ptxas") or {}).items():
+            out[k] = max(out.get(k, v), v)
+    return out
 
 
 def _compile_registered(spec_name: str, case: dict, target: str, config: Config, seed: int) -> str:
@@ -324,5 +327,5 @@ def _compile_registered(spec_name: str, case: dict, target: str, config: Config,
     spec = registry.get(spec_name)
     inputs = spec.make_inputs(case, torch.device("cpu"), seed)
     tgt = get_target(target)
-    module, knobs = specialize(spec.kernel, spec.kernel.bind(inputs), tgt, config, spec.constants_of(case))
-    return build_module(spec.kernel, module, tgt, knobs).meta.get("dir", "")
+    phases, knobs = specialize_phases(spec.kernel, spec.kernel.bind(inputs), tgt, config, spec.constants_of(case))
+    return build_phases(spec.kernel, phases, tgt, knobs)[0].meta.get("dir", "")

@@ -23,7 +23,7 @@ from ...kernels_spec.registry import Spec
 from ..check_batch_invariance import check_batch_invariance
 from . import cache as tcache
 from .constraints import Constraints
-from .cost_model import estimate
+from .cost_model import estimate_phases
 from .runner import DeviceStuck, Runner, Trial
 from .space import Config, ConfigSpace, config_key, parse_value
 from .strategies import get_budget, search
@@ -270,7 +270,7 @@ def _model_sweep(space, cons, runner, bud, seed, feasible, record):
         if feasible(c):
             v = cons.check(c)
             knobs = {k: x for k, x in c.items() if space.owners.get(k) == "target"}
-            ranked.append((estimate(v.module, runner.target.machine, knobs).time_ms, c))
+            ranked.append((estimate_phases(v.phases, runner.target.machine, knobs).time_ms, c))
     ranked.sort(key=lambda x: (x[0], config_key(x[1]) != default_key))
     # the default is compiled too (speed-up is reported against it), then the best-ranked
     order = [x for x in ranked if config_key(x[1]) == default_key] + \

@@ -81,7 +81,7 @@ def test_tune_rejects_a_batch_dependent_reduction_before_compiling_anything(tmp_
     def no_build(*args, **kwargs):
         raise AssertionError("a candidate was compiled")
 
-    monkeypatch.setattr(runner, "specialize", no_build)
+    monkeypatch.setattr(runner, "specialize_phases", no_build)
     with pytest.raises(DslError, match="batch-invariant in T, but tunable 'BT'"):
         tune(COL_SUM_SPEC, {"T": 16, "D": 8}, "interpret", budget="quick", cache_dir=tmp_path, progress=False)
 

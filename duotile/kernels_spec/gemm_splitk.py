@@ -1,0 +1,86 @@
+"""Decode GEMM with a split reduction: C = A @ B^T for a few rows (the batch), bf16 in and out.
+
+At decode M is the batch, so an output of 4096 columns makes 32 tiles of 64x128: a quarter of
+the H200's 132 SMs. ``SPLIT`` cuts K into that many contiguous ranges; phase 0 runs a block per
+(tile, range) and writes its fp32 partial sum into a workspace; phase 1 adds the ``SPLIT``
+partials of each tile in range order, so the result is the same at every batch size and on every
+run (no atomics). ``SPLIT = 1`` is the plain one-phase GEMM.
+
+Model shape (model.md): ``attn.wo_b`` 8192 -> 4096, at decode ``T = B`` rows.
+"""
+
+from __future__ import annotations
+
+from .. import dsl
+from .gemm import _tolerance, gemm_reference
+from .registry import Spec, register
+
+# 4 ranges of K: 128 blocks for wo_b. CUDA: 64-row tiles (one wgmma row block; M is the batch),
+# 4 stages on sm90. Ascend 950: 16-row tiles (one cube fractal), since its lowering takes only
+# whole tiles
+DECODE = {"BN": 128, "BK": 64, "SPLIT": 4}
+DECODE_FOR = {"sm90": {"BM": 64, "STAGES": 4}, "sm100": {"BM": 64}, "ascend950": {"BM": 16}}
+
+
+def _partial(a, b, m, n, k_start, k_stop, BM, BN, BK, STAGES):
+    """acc = A[m tile, K blocks k_start .. k_stop-1] @ B[n tile, same]^T, in fp32."""
+    acc = dsl.zeros((BM, BN), dsl.f32, role="accumulator")
+    for k in dsl.pipelined(k_stop, stages=STAGES, start=k_start):
+        a_tile = dsl.load(a[m * BM, k * BK], (BM, BK), role="operand")
+        b_tile = dsl.load(b[n * BN, k * BK], (BN, BK), role="operand")
+        dsl.gemm(a_tile, b_tile, acc, transpose_b=True)
+    return acc
+
+
+@dsl.kernel(batch_dim="M")
+def gemm_splitk(a: dsl.Tensor["M", "K", dsl.bf16], b: dsl.Tensor["N", "K", dsl.bf16],
+                c: dsl.Tensor["M", "N", dsl.bf16], *,
+                BM: dsl.Tunable = dsl.choice(64, 128, 16),
+                BN: dsl.Tunable = dsl.choice(128, 64, 256),
+                BK: dsl.Tunable = dsl.choice(64, 128),
+                STAGES: dsl.Tunable = dsl.int_range(2, 4, default=3),
+                SPLIT: dsl.Tunable = dsl.choice(1, 2, 4, 8, 16)):
+    k_blocks = dsl.cdiv(a.K, BK)
+    tiles = (dsl.cdiv(a.M, BM), dsl.cdiv(b.N, BN))
+    if SPLIT == 1:
+        for m, n in dsl.grid(*tiles):
+            acc = _partial(a, b, m, n, 0, k_blocks, BM, BN, BK, STAGES)
+            dsl.store(c[m * BM, n * BN], acc.to(dsl.bf16))
+        return
+    partial = dsl.workspace("partial", (SPLIT, a.M, b.N), dsl.f32)
+    for m, n, s in dsl.grid(*tiles, SPLIT):
+        # range s: K blocks floor(s * k_blocks / SPLIT) .. floor((s + 1) * k_blocks / SPLIT) - 1
+        acc = _partial(a, b, m, n, s * k_blocks // SPLIT, (s + 1) * k_blocks // SPLIT, BM, BN, BK, STAGES)
+        dsl.store(partial[s, m * BM, n * BN], acc)
+    for m, n in dsl.grid(*tiles):
+        total = dsl.zeros((BM, BN), dsl.f32)
+        for s in dsl.range(SPLIT):  # in range order: the same sum at every batch size
+            total[:] = total + dsl.load(partial[s, m * BM, n * BN], (BM, BN))
+        dsl.store(c[m * BM, n * BN], total.to(dsl.bf16))
+
+
+def _inputs(case, device, seed):
+    import torch
+
+    g = torch.Generator().manual_seed(seed)
+    m, n, k = case["M"], case["N"], case["K"]
+    return {"a": torch.randn(m, k, generator=g).to(torch.bfloat16).to(device),
+            "b": torch.randn(n, k, generator=g).to(torch.bfloat16).to(device),
+            "c": torch.empty(m, n, dtype=torch.bfloat16, device=device)}
+
+
+SPEC = register(Spec(
+    kernel=gemm_splitk,
+    reference=gemm_reference,
+    make_inputs=_inputs,
+    outputs=("c",),
+    cases={
+        "split4": {"M": 5, "N": 96, "K": 256, "config": {"BM": 64, "BN": 64, "BK": 32, "SPLIT": 4}},
+        # 7 K blocks in ranges of 1, 2, 2 and 2; ragged M, N and K
+        "ragged": {"M": 3, "N": 80, "K": 200, "config": {"BM": 64, "BN": 64, "BK": 32, "SPLIT": 4}},
+        "one_phase": {"M": 4, "N": 64, "K": 128, "config": {"BM": 64, "BN": 64, "BK": 32, "SPLIT": 1}},
+    },
+    build_cases={"wo_b_decode": {"M": 16, "N": 4096, "K": 8192, "config": DECODE, "config_for": DECODE_FOR}},
+    tolerance=_tolerance,
+    flops=lambda c: 2.0 * c["M"] * c["N"] * c["K"],
+))

@@ -1,0 +1,130 @@
+"""Kernels of several phases: grids run one after another, sharing ``dsl.workspace`` tensors
+(tracing, the errors, ``split_phases``, and running them on the interpreter)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from duotile import codegen, dsl
+from duotile.codegen.compile import specialize, specialize_phases
+from duotile.dsl.errors import DslError
+from duotile.passes.split_phases import split_phases
+from duotile.passes.verify_ir import verify_ir
+
+
+@dsl.kernel
+def row_sums_twice(x: dsl.Tensor["N", "D", dsl.f32], y: dsl.Tensor["N", dsl.f32], *,
+                   BN: dsl.Tunable = dsl.choice(4, 8)):
+    """Phase 0 writes each row's sum to a workspace; phase 1 doubles it into y."""
+    sums = dsl.workspace("sums", (x.N,), dsl.f32)
+    for i in dsl.grid(dsl.cdiv(x.N, BN)):
+        dsl.store(sums[i * BN], dsl.load(x[i * BN, 0], (BN, x.D)).sum(axis=1))
+    for j in dsl.grid(dsl.cdiv(x.N, BN)):
+        dsl.store(y[j * BN], dsl.load(sums[j * BN], (BN,)) * 2.0)
+
+
+def test_two_grids_trace_as_two_phases_sharing_the_workspace():
+    module = row_sums_twice.trace()
+    assert [op.name for op in module.body.ops] == ["grid", "grid"]
+    assert [p.name for p in module.workspaces] == ["sums"]
+    assert "sums: workspace<N x f32>" in str(module)
+    phases = split_phases(module)
+    assert [(p.name, p.phase) for p in phases] == [("row_sums_twice_p0", 0), ("row_sums_twice_p1", 1)]
+    assert all(len(p.body.ops) == 1 and [q.name for q in p.params] == ["x", "y", "sums"] for p in phases)
+    with pytest.raises(ValueError, match="2 phases"):
+        module.grid  # noqa: B018 - a property that refuses to pick one phase
+
+
+def test_phases_run_in_order_on_the_interpreter():
+    x, y = torch.randn(10, 3), torch.zeros(10)
+    kernel = codegen.compile(row_sums_twice, "interpret")
+    kernel(x=x, y=y)
+    assert torch.allclose(y, 2 * x.sum(1))
+    (phases, artifacts, call), = kernel._cache.values()
+    assert len(phases) == len(artifacts) == 2
+    ws = call.workspaces["sums"]
+    kernel(x=x * 3, y=y)  # a second call reuses the workspace, and rewrites it
+    assert call.workspaces["sums"] is ws and torch.allclose(y, 6 * x.sum(1))
+
+
+def test_specialize_names_the_multi_phase_kernel():
+    sig = row_sums_twice.bind({"x": torch.zeros(8, 2), "y": torch.zeros(8)})
+    phases, _ = specialize_phases(row_sums_twice, sig)
+    assert len(phases) == 2
+    with pytest.raises(DslError, match="runs in 2 phases; use specialize_phases"):
+        specialize(row_sums_twice, sig)
+
+
+@dsl.kernel
+def reads_scratch_first(x: dsl.Tensor["N", dsl.f32], y: dsl.Tensor["N", dsl.f32]):
+    scratch = dsl.workspace("scratch", (x.N,), dsl.f32)
+    for i in dsl.grid(dsl.cdiv(x.N, 4)):
+        dsl.store(y[i * 4], dsl.load(scratch[i * 4], (4,)))
+    for j in dsl.grid(dsl.cdiv(x.N, 4)):
+        dsl.store(scratch[j * 4], dsl.load(x[j * 4], (4,)))
+
+
+def test_reading_a_workspace_before_an_earlier_phase_writes_it_names_the_line():
+    with pytest.raises(DslError, match=r"test_phases.py:\d+.*reads workspace 'scratch' before an earlier phase"):
+        verify_ir(reads_scratch_first.trace())
+
+
+def _ws_in_grid(x: dsl.Tensor["N", dsl.f32], y: dsl.Tensor["N", dsl.f32]):
+    for _i in dsl.grid(1):
+        dsl.workspace("w", (4,), dsl.f32)
+
+
+def _ws_clash(x: dsl.Tensor["N", dsl.f32], y: dsl.Tensor["N", dsl.f32]):
+    dsl.workspace("y", (4,), dsl.f32)
+    for _i in dsl.grid(1):
+        dsl.store(y[0], dsl.load(x[0], (4,)))
+
+
+def _ws_bad_name(x: dsl.Tensor["N", dsl.f32], y: dsl.Tensor["N", dsl.f32]):
+    dsl.workspace("two words", (4,), dsl.f32)
+
+
+def _op_between_grids(x: dsl.Tensor["N", dsl.f32], y: dsl.Tensor["N", dsl.f32]):
+    for _i in dsl.grid(1):
+        dsl.store(y[0], dsl.load(x[0], (4,)))
+    dsl.zeros((4,))
+    for _j in dsl.grid(1):
+        dsl.store(y[0], dsl.load(x[0], (4,)))
+
+
+def _grid_in_grid(x: dsl.Tensor["N", dsl.f32], y: dsl.Tensor["N", dsl.f32]):
+    for _i in dsl.grid(1):
+        for _j in dsl.grid(1):
+            dsl.store(y[0], dsl.load(x[0], (4,)))
+
+
+@pytest.mark.parametrize("fn, message", [
+    (_ws_in_grid, r"test_phases.py:\d+.*dsl.workspace must be declared at the kernel's top level"),
+    (_ws_clash, r"test_phases.py:\d+.*workspace 'y' clashes with another tensor"),
+    (_ws_bad_name, r"test_phases.py:\d+.*a workspace name must be an identifier"),
+    (_op_between_grids, r"test_phases.py:\d+.*`alloc` outside dsl.grid"),
+    (_grid_in_grid, r"test_phases.py:\d+.*dsl.grid must be an outermost statement"),
+])
+def test_phase_and_workspace_errors_name_the_line(fn, message):
+    with pytest.raises(DslError, match=message):
+        dsl.kernel(fn).trace()
+
+
+def _helper_loop(x, y, i):
+    for k in dsl.range(2):  # the kernel's line (the call) is what the builder sees: no `for` to read
+        dsl.store(y[i * 2 + k], dsl.load(x[i * 2 + k], (1,)))
+
+
+@dsl.kernel
+def loops_in_a_helper(x: dsl.Tensor["N", dsl.f32], y: dsl.Tensor["N", dsl.f32]):
+    for i in dsl.grid(dsl.cdiv(x.N, 2)):
+        _helper_loop(x, y, i)
+
+
+def test_a_loop_in_a_helper_function_traces():
+    """Regression: naming a loop whose ``for`` is not on the kernel's line fell back to the
+    builtin ``range``, which inside the DSL's ops module is ``dsl.range``: endless recursion."""
+    x, y = torch.arange(6.0), torch.zeros(6)
+    codegen.compile(loops_in_a_helper, "interpret")(x=x, y=y)
+    assert torch.equal(y, x)
