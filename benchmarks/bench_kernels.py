@@ -1,7 +1,7 @@
-"""Benchmarks of the four foundation kernels on the H200 (sm90 build), against PyTorch peers
+"""Benchmarks of the foundation kernels and the split decode kernels on the H200 (sm90 build), against PyTorch peers
 measured in the same run. Usage:
 
-    python benchmarks/bench_kernels.py [--kernels gemm_bf16,gemm_fp8,attention,rmsnorm] [--sweep]
+    python benchmarks/bench_kernels.py [--kernels gemm_bf16,gemm_fp8,attention,rmsnorm,gemm_decode,mqa_decode] [--sweep]
 
 ``--sweep`` also times a few hand-picked configs per kernel (the full search is `duotile tune`).
 Every timed config is first checked against the reference on the same inputs.
@@ -50,8 +50,12 @@ SWEEP = {
                   {"BN": 128, "warp_specialize": "auto", "overlap": False, "persistent": False}],
     "attention_causal": [{}, {"warp_specialize": "auto", "overlap": False}, {"persistent": True}],
     "rmsnorm": [{}, {"ROWS": 2, "threads": 512}],
+    # the split count: 32 output tiles of 64x128 fill a quarter of the SMs unsplit
+    "gemm_decode": [{}, {"SPLIT": 1}, {"SPLIT": 2}, {"SPLIT": 8}, {"SPLIT": 16},
+                    {"warp_specialize": "manual"}, {"warp_specialize": "manual", "SPLIT": 8}],
+    "mqa_decode": [{}, {"SPLIT": 1}, {"SPLIT": 8}, {"SPLIT": 32}],
 }
-for _name in ("gemm_bf16", "gemm_fp8", "attention"):
+for _name in ("gemm_bf16", "gemm_fp8", "attention", "gemm_decode"):
     SWEEP[_name].insert(1, None)  # the tuned config, as codegen.compile picks it
 
 
@@ -203,14 +207,50 @@ def rmsnorm(sweep):
     return rows + got
 
 
+def gemm_decode(sweep):
+    """The split-K decode GEMM (16 rows x 8192 -> 4096, bf16): bound by reading the weight."""
+    spec = get("gemm_splitk")
+    case = spec.build_cases["wo_b_decode"]
+    x = spec.make_inputs(case, torch.device("cuda"), 0)
+    peer_fn = lambda: torch.matmul(x["a"], x["b"].t())  # noqa: E731
+    peer = bench(peer_fn)
+    nbytes = spec.bytes_moved(case)
+    rows = [{"kernel": "gemm_decode", "config": "torch.matmul (peer)", "status": "ok", "ms": round(peer, 4),
+             "TB/s": round(nbytes / peer / 1e9, 2)}]
+    return rows + time_configs("gemm_decode", spec, case, SWEEP["gemm_decode"] if sweep else [{}], nbytes, "TB/s",
+                               peer_fn, PEAK["hbm_tbs"])
+
+
+def _mqa_peer(x):
+    """torch's SDPA over the 64 heads sharing one K = V row (grouped-query form)."""
+    q, kv = x["q"].unsqueeze(2), x["kv"].unsqueeze(1)
+    return lambda: F.scaled_dot_product_attention(q, kv, kv, enable_gqa=True)
+
+
+def mqa_decode(sweep):
+    """Split-KV decode attention, 4 sequences x 64 heads x 512 over 8,320 rows (HCA at 1M)."""
+    spec = get("mqa_decode")
+    case = spec.build_cases["hca_1m"]
+    x = spec.make_inputs(case, torch.device("cuda"), 0)
+    peer_fn = _mqa_peer(x)
+    peer = bench(peer_fn)
+    nbytes = spec.bytes_moved(case)
+    rows = [{"kernel": "mqa_decode", "config": "torch SDPA, enable_gqa (peer)", "status": "ok", "ms": round(peer, 4),
+             "TB/s": round(nbytes / peer / 1e9, 2)}]
+    return rows + time_configs("mqa_decode", spec, case, SWEEP["mqa_decode"] if sweep else [{}], nbytes, "TB/s",
+                               peer_fn, PEAK["hbm_tbs"])
+
+
 def main(argv=None):
     p = argparse.ArgumentParser()
-    p.add_argument("--kernels", default="gemm_bf16,gemm_fp8,attention,attention_causal,rmsnorm")
+    p.add_argument("--kernels", default="gemm_bf16,gemm_fp8,attention,attention_causal,rmsnorm,gemm_decode,"
+                                        "mqa_decode")
     p.add_argument("--sweep", action="store_true")
     args = p.parse_args(argv)
     torch.backends.cuda.matmul.allow_tf32 = False
     fns = {"gemm_bf16": gemm_bf16, "gemm_fp8": gemm_fp8, "attention": attention,
-           "attention_causal": lambda s: attention(s, causal=True), "rmsnorm": rmsnorm}
+           "attention_causal": lambda s: attention(s, causal=True), "rmsnorm": rmsnorm, "gemm_decode": gemm_decode,
+           "mqa_decode": mqa_decode}
     rows = []
     for name in args.kernels.split(","):
         rows += fns[name](args.sweep)

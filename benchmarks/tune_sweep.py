@@ -24,6 +24,8 @@ SWEEPS = {  # sweep name -> (kernel, build case): the tuner starts from the case
     "gemm_bf16": ("gemm", "bf16_8192"),
     "gemm_fp8": ("gemm", "fp8_8192"),
     "rmsnorm_16M": ("rmsnorm", "hidden"),
+    "gemm_splitk_decode": ("gemm_splitk", "wo_b_decode"),  # 16 rows x 8192 -> 4096, split count searched
+    "mqa_decode_hca": ("mqa_decode", "hca_1m"),  # 4 sequences x 64 heads x 512 over 8,320 rows, split KV
 }
 MANUAL = {"warp_specialize": "manual"}
 # start points measured right after the case's config, besides the target's own (the sm90 target
@@ -38,7 +40,8 @@ ALSO_TRY = {
     "flash_attention_d128": [{"BN": 176}, {"BN": 128}, {"persistent": False}],
 }
 TARGETS = {"gemm_bf16": "0.95x torch.matmul", "gemm_fp8": "0.95x torch._scaled_mm",
-           "flash_attention_d128": "1.0x SDPA", "rmsnorm_16M": "85% of copy bandwidth"}
+           "flash_attention_d128": "1.0x SDPA", "rmsnorm_16M": "85% of copy bandwidth",
+           "gemm_splitk_decode": "(no bar) torch.matmul", "mqa_decode_hca": "(no bar) SDPA"}
 
 
 def peer(name, inputs, config):
@@ -46,7 +49,7 @@ def peer(name, inputs, config):
     import torch
     import torch.nn.functional as F
 
-    if name == "gemm_bf16":
+    if name in ("gemm_bf16", "gemm_splitk_decode"):
         a, b = inputs["a"], inputs["b"]
         return "torch.matmul", lambda: a @ b.t()
     if name == "gemm_fp8":
@@ -55,6 +58,9 @@ def peer(name, inputs, config):
     if name == "flash_attention_d128":
         q, k, v = inputs["q"], inputs["k"], inputs["v"]
         return "F.scaled_dot_product_attention", lambda: F.scaled_dot_product_attention(q, k, v)
+    if name == "mqa_decode_hca":
+        from benchmarks.bench_kernels import _mqa_peer
+        return "F.scaled_dot_product_attention, enable_gqa", _mqa_peer(inputs)
     if name == "rmsnorm_16M":
         x = inputs["x"]
         y = torch.empty_like(x)

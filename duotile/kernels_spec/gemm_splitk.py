@@ -83,4 +83,6 @@ SPEC = register(Spec(
     build_cases={"wo_b_decode": {"M": 16, "N": 4096, "K": 8192, "config": DECODE, "config_for": DECODE_FOR}},
     tolerance=_tolerance,
     flops=lambda c: 2.0 * c["M"] * c["N"] * c["K"],
+    # compulsory bytes (A, B, C in bf16); the partial sums' round trip is the split's own cost
+    bytes_moved=lambda c: 2.0 * (c["M"] * c["K"] + c["N"] * c["K"] + c["M"] * c["N"]),
 ))

@@ -80,6 +80,6 @@ def get(name: str) -> Spec:
 
 
 def load_all() -> dict[str, Spec]:
-    from . import flash_attention, gather_rows, gemm, gemm_splitk, rmsnorm  # noqa: F401  (they register)
+    from . import flash_attention, gather_rows, gemm, gemm_splitk, mqa_decode, rmsnorm  # noqa: F401  (they register)
 
     return REGISTRY

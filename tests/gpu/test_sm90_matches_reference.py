@@ -25,7 +25,7 @@ def test_sm90_matches_reference(name, case_name):
     check_outputs(spec, case, inputs, spec.run_reference(inputs, case))
 
 
-@pytest.mark.parametrize("name", ["rmsnorm", "gather_rows", "gemm_splitk"])
+@pytest.mark.parametrize("name", ["rmsnorm", "gather_rows", "gemm_splitk", "mqa_decode"])
 def test_sm90_batch_invariance_bitwise(name):
     """Decode-path kernels: a row's result is bitwise the same whatever the batch around it."""
     spec = load_all()[name]
@@ -33,7 +33,7 @@ def test_sm90_batch_invariance_bitwise(name):
     batch_dim = spec.kernel.batch_dim
     big = {**case, batch_dim: 97}
     inputs = spec.make_inputs(big, torch.device("cuda"), seed=4)
-    kernel = codegen.compile(spec.kernel, "sm90", config=spec.config_of(case, "sm90") or None)  # split-K: 4 ranges
+    kernel = codegen.compile(spec.kernel, "sm90", config=spec.config_of(case, "sm90") or None)  # split: 4 ranges
     kernel(**inputs)
     full = {o: inputs[o].clone() for o in spec.outputs}
     for rows in (1, 2, 5, 16):

@@ -62,6 +62,10 @@ def test_cost_model_adds_the_phases():
     total = estimate_phases(phases, machine, knobs)
     assert len(parts) == 2 and total.time_s == pytest.approx(sum(p.time_s for p in parts))
     assert total.programs == sum(p.programs for p in parts)
+    # regression: every phase was charged every parameter's bytes, so the combine, which reads
+    # 4 x 16 x 4096 partial sums and writes C, paid for reading the 64 MiB weight too
+    combine = 4 * 16 * 4096 * 4 + 16 * 4096 * 2
+    assert parts[1].dram_bytes == pytest.approx(combine, rel=0.05)
 
 
 def test_ascend_lowers_both_phases_with_the_range_trip_count():

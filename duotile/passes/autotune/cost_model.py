@@ -143,7 +143,10 @@ def estimate(module: Module, m: Machine, knobs: dict[str, Any] | None = None,
     waves = math.ceil(programs / (units * resident))
     wave_eff = programs / (waves * units * resident)
 
-    compulsory = sum(float(sympy.Mul(*p.shape)) * p.dtype.bits / 8 for p in module.params)
+    # each tensor the module reads or writes, once (a phase of a split kernel keeps every
+    # parameter of the kernel, and an absent optional one stays listed: neither moves bytes)
+    touched = {op.attrs["tensor"] for op in module.walk() if op.name in ("load", "store", "gather")}
+    compulsory = sum(float(sympy.Mul(*p.shape)) * p.dtype.bits / 8 for p in module.params if p.name in touched)
     traffic = acc["gmem"] * programs
     dram = compulsory + max(0.0, traffic - compulsory) * L2_MISS
     dram_per_program = dram / programs
