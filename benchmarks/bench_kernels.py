@@ -207,18 +207,18 @@ def rmsnorm(sweep):
     return rows + got
 
 
-def gemm_decode(sweep):
-    """The split-K decode GEMM (16 rows x 8192 -> 4096, bf16): bound by reading the weight."""
-    spec = get("gemm_splitk")
-    case = spec.build_cases["wo_b_decode"]
+def _decode(label, spec_name, case_name, peer_name, make_peer, sweep):
+    """A split decode kernel (bandwidth-bound: TB/s of its compulsory bytes) against its peer."""
+    spec = get(spec_name)
+    case = spec.build_cases[case_name]
     x = spec.make_inputs(case, torch.device("cuda"), 0)
-    peer_fn = lambda: torch.matmul(x["a"], x["b"].t())  # noqa: E731
+    peer_fn = make_peer(x)
     peer = bench(peer_fn)
     nbytes = spec.bytes_moved(case)
-    rows = [{"kernel": "gemm_decode", "config": "torch.matmul (peer)", "status": "ok", "ms": round(peer, 4),
+    rows = [{"kernel": label, "config": f"{peer_name} (peer)", "status": "ok", "ms": round(peer, 4),
              "TB/s": round(nbytes / peer / 1e9, 2)}]
-    return rows + time_configs("gemm_decode", spec, case, SWEEP["gemm_decode"] if sweep else [{}], nbytes, "TB/s",
-                               peer_fn, PEAK["hbm_tbs"])
+    return rows + time_configs(label, spec, case, SWEEP[label] if sweep else [{}], nbytes, "TB/s", peer_fn,
+                               PEAK["hbm_tbs"])
 
 
 def _mqa_peer(x):
@@ -227,18 +227,15 @@ def _mqa_peer(x):
     return lambda: F.scaled_dot_product_attention(q, kv, kv, enable_gqa=True)
 
 
+def gemm_decode(sweep):
+    """The split-K decode GEMM (16 rows x 8192 -> 4096, bf16): bound by reading the weight."""
+    return _decode("gemm_decode", "gemm_splitk", "wo_b_decode", "torch.matmul",
+                   lambda x: lambda: torch.matmul(x["a"], x["b"].t()), sweep)
+
+
 def mqa_decode(sweep):
     """Split-KV decode attention, 4 sequences x 64 heads x 512 over 8,320 rows (HCA at 1M)."""
-    spec = get("mqa_decode")
-    case = spec.build_cases["hca_1m"]
-    x = spec.make_inputs(case, torch.device("cuda"), 0)
-    peer_fn = _mqa_peer(x)
-    peer = bench(peer_fn)
-    nbytes = spec.bytes_moved(case)
-    rows = [{"kernel": "mqa_decode", "config": "torch SDPA, enable_gqa (peer)", "status": "ok", "ms": round(peer, 4),
-             "TB/s": round(nbytes / peer / 1e9, 2)}]
-    return rows + time_configs("mqa_decode", spec, case, SWEEP["mqa_decode"] if sweep else [{}], nbytes, "TB/s",
-                               peer_fn, PEAK["hbm_tbs"])
+    return _decode("mqa_decode", "mqa_decode", "hca_1m", "torch SDPA, enable_gqa", _mqa_peer, sweep)
 
 
 def main(argv=None):
