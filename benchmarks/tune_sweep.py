@@ -87,15 +87,16 @@ def against_peer(name, spec, case, config) -> dict:
 
 def _row(name, res, entry) -> str:
     best, c = res.best, res.counts()
+    failed = c.get("compile_error", 0) + c.get("run_error", 0) + c.get("timeout", 0)
     if best is None:
-        return f"| {name} | {res.metric} | no candidate passed | | | | | {TARGETS[name]} | | |"
+        return (f"| {name} | {res.metric} | no candidate passed | | | | | {TARGETS[name]} | "
+                f"{c.get('pruned', 0)}/{failed}/{c.get('wrong', 0)} | {entry['sweep_wall_s']:.0f} s |")
     cfg = " ".join(f"{k}={v}" for k, v in best.config.items())
     dflt = f"{res.default.final_ms:.4g}" if res.default and res.default.counts else "-"
     speed = f"{res.speedup:.3f}x" if res.speedup else "-"
     pr = entry.get("peer")
     peer_txt = (f"{pr['name']} {pr['time_ms']:.4g} ms vs {pr['best_ms']:.4g} ms in alternation: {pr['ratio']:.3f}x "
                 f"({pr['spread']})" if pr else "-")
-    failed = c.get("compile_error", 0) + c.get("run_error", 0) + c.get("timeout", 0)
     return (f"| {name} | {res.metric} | {cfg} | {best.final_ms:.4g} | {dflt} | {speed} | {peer_txt} | "
             f"{TARGETS[name]} | {c.get('pruned', 0)}/{failed}/{c.get('wrong', 0)} | {entry['sweep_wall_s']:.0f} s |")
 

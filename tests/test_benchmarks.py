@@ -60,3 +60,10 @@ def test_fp8_peer_is_like_for_like_with_the_promotion_setting(monkeypatch):
         name, fn = tune_sweep.peer("gemm_fp8", x, cfg)
         fn()
         assert (name, seen[-1]) == (label, fast)
+
+
+def test_tune_table_row_counts_a_sweep_where_nothing_passed():
+    """A sweep whose every config was pruned (head dim 512 on sm100's TMEM) still says how many."""
+    res = SimpleNamespace(best=None, metric="model", counts=lambda: {"pruned": 90, "compile_error": 2})
+    row = tune_sweep._row("mqa_decode_hca", res, {"sweep_wall_s": 12.0})
+    assert "no candidate passed" in row and "| 90/2/0 | 12 s |" in row
