@@ -4,10 +4,10 @@ per position (V4's MQA: 64 heads, 512 wide), O = softmax(q K^T / sqrt(D)) K.
 With a handful of sequences a grid of one block per sequence leaves most SMs idle. ``SPLIT``
 cuts the R rows into that many contiguous ranges: phase 0 runs a block per (sequence, range),
 an online softmax over its rows, and writes the range's normalised output and its log-sum-exp
-(base 2) into workspaces; phase 1 combines the ranges of a sequence in range order, weighting
-each by ``2^(lse_s - max lse)``. The order is fixed, so a sequence's output never depends on the
-batch around it. A range with no rows (more ranges than row blocks) writes zeros and an LSE of
--inf, which weighs nothing. ``SPLIT = 1`` is one phase.
+(base 2) into workspaces; phase 1 combines the ranges of a sequence in range order, ``BD``
+output columns a block, weighting each by ``2^(lse_s - max lse)``. The order is fixed, so a
+sequence's output never depends on the batch around it. A range with no rows (more ranges than
+row blocks) writes zeros and an LSE of -inf, which weighs nothing. ``SPLIT = 1`` is one phase.
 
 Model shape (model.md 5.4): 64 heads x 512; rows per query 128 (window), 640 (CSA) or up to
 8,320 (HCA at 1M tokens). Rows here are dense per sequence (the gather by index and the sink
@@ -25,9 +25,13 @@ from .registry import Spec, register
 
 LOG2E = 1.4426950408889634
 # 64 heads x 512 in one warp group's 64 rows (like the d512 prefill config); 16 ranges of the
-# HCA rows: 130 blocks of 64 rows, 8 or 9 per range, 64 blocks for 4 sequences
+# HCA rows: 130 blocks of 64 rows, 8 or 9 per range, 64 blocks for 4 sequences. Ascend 950: the
+# 64 x 512 fp32 output fits UB only halved between the two vector cores (vector_split), and then
+# only unsplit: a range's LSE and normalised output overflow TileLang's own buffer plan by 9 KiB
+# (the compile-only sweep, benchmarks/README.md)
 DECODE = {"BN": 64, "STAGES": 1, "SPLIT": 16}
-DECODE_FOR = {"sm90": {"threads": 128}, "sm100": {"threads": 128}}
+DECODE_FOR = {"sm90": {"threads": 128}, "sm100": {"threads": 128},
+              "ascend950": {"SPLIT": 1, "STAGES": 2, "vector_split": True}}
 
 
 def _attend(q, kv, b, lo, hi, BN, STAGES):
@@ -59,7 +63,8 @@ def mqa_decode(q: dsl.Tensor["B", "H", "D", dsl.bf16], kv: dsl.Tensor["B", "R", 
                o: dsl.Tensor["B", "H", "D", dsl.bf16], *,
                BN: dsl.Tunable = dsl.choice(64, 32, 128),
                STAGES: dsl.Tunable = dsl.int_range(1, 3, default=1),
-               SPLIT: dsl.Tunable = dsl.choice(1, 2, 4, 8, 16, 32)):
+               SPLIT: dsl.Tunable = dsl.choice(1, 2, 4, 8, 16, 32),
+               BD: dsl.Tunable = dsl.choice(128, 64, 256)):
     blocks = dsl.cdiv(kv.R, BN)
     if SPLIT == 1:
         for b in dsl.grid(q.B):
@@ -74,17 +79,17 @@ def mqa_decode(q: dsl.Tensor["B", "H", "D", dsl.bf16], kv: dsl.Tensor["B", "R", 
         inv = dsl.where(seen, 1.0 / row_sum, 0.0)
         dsl.store(part_o[s, b, 0, 0], acc * inv[:, None])
         dsl.store(part_lse[s, b, 0], dsl.where(seen, row_max + dsl.log2(row_sum), float("-inf")))
-    for b in dsl.grid(q.B):
+    for b, j in dsl.grid(q.B, dsl.cdiv(q.D, BD)):  # BD output columns a block
         top = dsl.full((q.H,), float("-inf"), dsl.f32)
         for s in dsl.range(SPLIT):
             top[:] = dsl.maximum(top, dsl.load(part_lse[s, b, 0], (q.H,)))
         total = dsl.zeros((q.H,), dsl.f32)
-        out = dsl.zeros((q.H, q.D), dsl.f32)
+        out = dsl.zeros((q.H, BD), dsl.f32)
         for s in dsl.range(SPLIT):  # in range order: the same sum at every batch size
             w = dsl.exp2(dsl.load(part_lse[s, b, 0], (q.H,)) - top)
             total[:] = total + w
-            out[:] = out + dsl.load(part_o[s, b, 0, 0], (q.H, q.D)) * w[:, None]
-        dsl.store(o[b, 0, 0], (out * (1.0 / total)[:, None]).to(dsl.bf16))
+            out[:] = out + dsl.load(part_o[s, b, 0, j * BD], (q.H, BD)) * w[:, None]
+        dsl.store(o[b, 0, j * BD], (out * (1.0 / total)[:, None]).to(dsl.bf16))
 
 
 def mqa_decode_reference(q, kv) -> dict:
