@@ -47,16 +47,17 @@ def nt_operands(module: Module) -> Module:
             if any(u.name != "gemm" for u in uses):
                 raise unsupported(f"tile {v!r} is read as-is by a {next(u.name for u in uses if u.name != 'gemm')} "
                                   "and transposed by a gemm; L1 gemm is NT only", op)
+            op.attrs[key] = want
             if v.id in done:  # already loaded transposed for an earlier gemm
-                pass
-            elif all(u.args[idx] is v and u.attrs[key] != want for u in uses):  # every use wants it turned
+                continue
+            if all(u.args[idx] is v and (u is op or u.attrs[key] != want) for u in uses):  # every use turns it
                 src.attrs["transpose"] = True
                 v.type = TileType(v.type.shape[::-1], v.type.dtype, v.type.role)
                 done.add(v.id)
-            else:  # also used as-is: a second, transposed load for this gemm
-                turned = twins.get(v.id) or twins.setdefault(v.id, _transposed_twin(module, src))
-                op.args = tuple(turned if i == idx else a for i, a in enumerate(op.args))
-            op.attrs[key] = want
+                continue
+            if v.id not in twins:  # also used as-is: a second, transposed load for the gemms that turn it
+                twins[v.id] = _transposed_twin(module, src)
+            op.args = tuple(twins[v.id] if i == idx else a for i, a in enumerate(op.args))
     return module
 
 

@@ -153,7 +153,7 @@ class Constraints:
         exempt = {self.kernel.batch_dim} if self.kernel.batch_dim else set()
         needed: dict[str, int] = {}
         for phase, usage in zip(phases, usages):  # each phase is a launch of its own
-            limits = tgt.tuning_limits(usage, {**tgt.default_knobs(), **knobs})
+            limits = tgt.tuning_limits(usage, tgt.phase_knobs(phase, {**tgt.default_knobs(), **knobs}))
             reasons += [lim.reason() for lim in limits if not lim.ok()]
             reasons += mma_reasons(usage, self.target, tgt.mma_atom)
             reasons += waste_reasons(phase, exempt)
