@@ -188,3 +188,18 @@ def test_ptxas_spills_are_recorded_and_shown():
     serial = report + "\nptxas info    : (C7514) Potential Performance Loss: wgmma.mma_async instructions are " \
                       "serialized"
     assert ptxas_stats(serial)["wgmma_serialized"] == 1
+
+
+@pytest.mark.parametrize("name,case_name", [(n, c) for n in ("gemm_splitk", "mqa_decode") for c in load_all()[n].cases])
+def test_split_kernel_test_cases_build_for_sm90(name, case_name):
+    """The -m gpu tests run these cases on the H200; building them here finds what would fail to
+    compile there first. Regression: a loop over one split range starts at floor(s * blocks /
+    SPLIT), and the gemm's clear_accum test printed it as sympy's `floor(...)`, which TileLang
+    cannot read."""
+    spec = load_all()[name]
+    case = spec.cases[case_name]
+    r = build_case(spec, case_name, case, "sm90", config=spec.config_of(case), use_tuned=False)
+    assert r.ok, r.error
+    for a in r.artifacts:
+        assert a.files["cubin"].endswith(".cubin") and "floor" not in a.stages["tilelang"]
+        assert a.meta["ptxas"]["spill_stores"] == 0

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 
 from ...dsl.ir import Module, Op, Role, Value
 from .arch import Arch
+from .exprs import index
 
 
 @dataclass
@@ -87,8 +88,9 @@ def _find_gemm_clears(module: Module, plan: Plan) -> None:
             elif nxt.name == "for":
                 first = next((o for o in nxt.regions[0].ops if _touches(o, vid)), None)
                 if first is not None and first.name == "gemm" and first.args[2].id == vid:
-                    start = nxt.attrs["start"]
-                    plan.clear_by_gemm[id(first)] = f"{nxt.attrs['var']} == {start}"
+                    # the start as TIR text: sympy's own printing leaves `floor(...)`, which TileLang
+                    # cannot read (a loop over one split range starts at floor(s * blocks / SPLIT))
+                    plan.clear_by_gemm[id(first)] = f"{nxt.attrs['var']} == {index(nxt.attrs['start'])}"
                     plan.skip_fill[vid] = "loop"
 
 
