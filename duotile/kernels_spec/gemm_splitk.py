@@ -11,6 +11,8 @@ Model shape (model.md): ``attn.wo_b`` 8192 -> 4096, at decode ``T = B`` rows.
 
 from __future__ import annotations
 
+import torch
+
 from .. import dsl
 from .gemm import _tolerance, gemm_reference
 from .registry import Spec, register
@@ -60,8 +62,6 @@ def gemm_splitk(a: dsl.Tensor["M", "K", dsl.bf16], b: dsl.Tensor["N", "K", dsl.b
 
 
 def _inputs(case, device, seed):
-    import torch
-
     g = torch.Generator().manual_seed(seed)
     m, n, k = case["M"], case["N"], case["K"]
     return {"a": torch.randn(m, k, generator=g).to(torch.bfloat16).to(device),
