@@ -203,3 +203,18 @@ def test_split_kernel_test_cases_build_for_sm90(name, case_name):
     for a in r.artifacts:
         assert a.files["cubin"].endswith(".cubin") and "floor" not in a.stages["tilelang"]
         assert a.meta["ptxas"]["spill_stores"] == 0
+
+
+def test_sm100_refuses_a_gemm_tile_without_a_tcgen05_atom_naming_the_line():
+    """Regression: a 64 x 32 scores tile (64 heads, 32-row blocks) reached TileLang's sm100
+    lowering, which stopped with "TCGEN05 meta not initialized"; the target now asks TileLang's
+    atom table first and names the gemm's line, so a sweep prunes the config with a reason."""
+    from duotile.codegen.compile import specialize_phases
+    from duotile.dsl.errors import UnsupportedError
+
+    spec = load_all()["mqa_decode"]
+    case = spec.cases["one_phase"]
+    sig = spec.kernel.bind(spec.meta_inputs(case))
+    with pytest.raises(UnsupportedError, match=r"mqa_decode\.py:\d+.*no tcgen05 instruction lowers a 64 x 32 x 128"):
+        specialize_phases(spec.kernel, sig, "sm100", {**spec.config_of(case), "BN": 32})
+    specialize_phases(spec.kernel, sig, "sm100", {**spec.config_of(case), "BN": 64})  # N 64: the .ws atom

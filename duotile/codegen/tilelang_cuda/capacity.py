@@ -73,3 +73,29 @@ def check_warp_rows(module: Module, arch: Arch, knobs: dict) -> None:
                 fix = f"use threads of at most {max(128, rows * 2)} or a taller tile"
                 raise UnsupportedError(f"{arch.name}: a {rows}-row accumulator read row-wise cannot be split over "
                                        f"{warps} warps (16 rows each); {fix} (config {module.config})", op.loc)
+
+
+def check_tcgen05_atoms(module: Module, arch: Arch) -> None:
+    """sm100: every gemm tile needs a tcgen05 atom that TileLang 0.1.15 can lower in one CTA
+    (a 64-row tile takes the .ws atom, whose N is a multiple of 64 for 16-bit inputs). TileLang
+    itself would fail late with "TCGEN05 meta not initialized"; this names the gemm's line."""
+    if not arch.has_tmem:
+        return
+    from .toolchain import tcgen05_atom
+
+    for op in module.walk():
+        if op.name != "gemm":
+            continue
+        a, b, _ = op.args
+        m, k = (a.type.shape[1], a.type.shape[0]) if op.attrs["transpose_a"] else a.type.shape
+        n = b.type.shape[0] if op.attrs["transpose_b"] else b.type.shape[1]
+        if tcgen05_atom(int(m), int(n), int(k), a.type.dtype.tilelang_name) is False:
+            raise UnsupportedError(f"{arch.name}: no tcgen05 instruction lowers a {int(m)} x {int(n)} x {int(k)} "
+                                   f"{a.type.dtype.name} gemm tile in one CTA (TileLang {_tilelang()}); a 64-row "
+                                   "tile needs N a multiple of 64 for 16-bit inputs, or use 128 rows", op.loc)
+
+
+def _tilelang() -> str:
+    from .toolchain import tilelang_version
+
+    return tilelang_version()

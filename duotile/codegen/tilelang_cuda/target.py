@@ -14,7 +14,7 @@ from ...passes.fuse_elementwise import fuse_elementwise
 from ..target import Artifact, Target, register_target
 from . import toolchain
 from .arch import SM90, SM100, Arch
-from .capacity import check_capacity, check_warp_rows
+from .capacity import check_capacity, check_tcgen05_atoms, check_warp_rows
 from .emit import emit_module, ws_mode
 from .overlap import check_overlap
 from .persistent import check_persistent
@@ -103,6 +103,7 @@ class TileLangCuda(Target):
         module = forward_copies(fold_bounds(fuse_elementwise(module)))
         check_capacity(module, self.arch, knobs)
         check_warp_rows(module, self.arch, knobs)
+        check_tcgen05_atoms(module, self.arch)
         check_overlap(module, self.name, knobs, ws_mode(knobs))
         check_persistent(module, self.name, knobs, ws_mode(knobs), self.arch.has_tmem)
         return module

@@ -57,6 +57,19 @@ def lower_to_cuda(prim_func, sm: str, configs: dict | None = None) -> str:
     return artifact.kernel_source
 
 
+@functools.cache
+def tcgen05_atom(m: int, n: int, k: int, in_dtype: str) -> bool | None:
+    """Whether TileLang's sm100 lowering has a single-CTA tcgen05 atom for an M x N x K gemm tile
+    with ``in_dtype`` inputs and fp32 accumulation (it fails late, with "TCGEN05 meta not
+    initialized", where it has none); None where TileLang cannot be asked here."""
+    try:
+        from tilelang import _ffi_api, tvm
+    except ImportError:
+        return None
+    meta = _ffi_api.get_tcgen5_mma_meta(m, n, k, tvm.DataType(in_dtype), tvm.DataType("float32"), True, False)
+    return len(meta) > 0
+
+
 def include_dirs() -> list[str]:
     import tilelang
 
