@@ -98,3 +98,14 @@ def test_sm90_schedule_knobs_reach_the_pipelined_phase_only():
     assert "T.Kernel(128, threads=384)" in p0 and "for k0 in T.serial(32 * s, (32 * s + 32))" in p0
     assert "T.barrier_wait" not in p1 and "T.Kernel(32, 1, threads=256)" in p1
     assert all(a.files["cubin"].endswith(".cubin") for a in r.artifacts)
+
+
+def test_the_cache_key_covers_both_phases():
+    """The tuning cache hashes the trace at the default config: for a kernel that branches on its
+    split count, that default must be the two-phase form, or an edit to the combine would leave
+    stale tuned configs trusted."""
+    for name in ("gemm_splitk", "mqa_decode"):
+        kernel = get(name).kernel
+        assert kernel.default_config()["SPLIT"] > 1
+        module = kernel.trace()
+        assert len(module.body.ops) == 2 and module.workspaces, name
