@@ -48,6 +48,14 @@ def scaled_mm_peer(inputs: dict, config: dict) -> tuple[str, object]:
                                      use_fast_accum=fast))
 
 
+def mqa_peer(inputs: dict):
+    """torch's SDPA over the heads that share one K = V row (grouped-query form)."""
+    import torch.nn.functional as F
+
+    q, kv = inputs["q"].unsqueeze(2), inputs["kv"].unsqueeze(1)
+    return lambda: F.scaled_dot_product_attention(q, kv, kv, enable_gqa=True)
+
+
 def copy_bandwidth(nbytes: int) -> float:
     """Measured device-to-device copy bandwidth (TB/s, read + write counted) for ``nbytes``."""
     src = torch.empty(nbytes // 2, dtype=torch.bfloat16, device="cuda").normal_()

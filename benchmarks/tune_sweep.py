@@ -59,8 +59,8 @@ def peer(name, inputs, config):
         q, k, v = inputs["q"], inputs["k"], inputs["v"]
         return "F.scaled_dot_product_attention", lambda: F.scaled_dot_product_attention(q, k, v)
     if name == "mqa_decode_hca":
-        from benchmarks.bench_kernels import _mqa_peer
-        return "F.scaled_dot_product_attention, enable_gqa", _mqa_peer(inputs)
+        from benchmarks.common import mqa_peer
+        return "F.scaled_dot_product_attention, enable_gqa", mqa_peer(inputs)
     if name == "rmsnorm_16M":
         x = inputs["x"]
         y = torch.empty_like(x)

@@ -67,3 +67,17 @@ def test_tune_table_row_counts_a_sweep_where_nothing_passed():
     res = SimpleNamespace(best=None, metric="model", counts=lambda: {"pruned": 90, "compile_error": 2})
     row = tune_sweep._row("mqa_decode_hca", res, {"sweep_wall_s": 12.0})
     assert "no candidate passed" in row and "| 90/2/0 | 12 s |" in row
+
+
+def test_mqa_peer_is_the_decode_attention_it_is_timed_against():
+    """The split-KV decode kernel's peer (SDPA in grouped-query form) computes the same thing as
+    the kernel's reference, so the bench compares like with like."""
+    import torch
+
+    from duotile.kernels_spec import get
+
+    spec = get("mqa_decode")
+    case = {"B": 2, "H": 64, "R": 40, "D": 64}
+    x = {k: v.float() for k, v in spec.make_inputs(case, torch.device("cpu"), 0).items()}
+    got = common.mqa_peer(x)().squeeze(2)
+    assert torch.allclose(got, spec.run_reference(x, case)["o"].float(), atol=2e-2, rtol=2e-2)

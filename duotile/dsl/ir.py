@@ -115,6 +115,13 @@ class Op:
         into = self.attrs.get("into")
         return [into] if isinstance(into, Value) else []
 
+    def gemm_mnk(self) -> tuple[Expr, Expr, Expr]:
+        """A gemm's M, N and K, its operands' transposes taken into account."""
+        a, b, _ = self.args
+        m, k = (a.type.shape[1], a.type.shape[0]) if self.attrs["transpose_a"] else a.type.shape
+        n = b.type.shape[0] if self.attrs["transpose_b"] else b.type.shape[1]
+        return m, n, k
+
     def written_ids(self) -> set[int]:
         """Ids of the buffers this op or any op in its regions writes."""
         return {v.id for o in self.walk() for v in o.writes()}

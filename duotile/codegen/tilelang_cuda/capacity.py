@@ -81,21 +81,14 @@ def check_tcgen05_atoms(module: Module, arch: Arch) -> None:
     itself would fail late with "TCGEN05 meta not initialized"; this names the gemm's line."""
     if not arch.has_tmem:
         return
-    from .toolchain import tcgen05_atom
+    from .toolchain import tcgen05_atom, tilelang_version
 
     for op in module.walk():
         if op.name != "gemm":
             continue
-        a, b, _ = op.args
-        m, k = (a.type.shape[1], a.type.shape[0]) if op.attrs["transpose_a"] else a.type.shape
-        n = b.type.shape[0] if op.attrs["transpose_b"] else b.type.shape[1]
-        if tcgen05_atom(int(m), int(n), int(k), a.type.dtype.tilelang_name) is False:
-            raise UnsupportedError(f"{arch.name}: no tcgen05 instruction lowers a {int(m)} x {int(n)} x {int(k)} "
-                                   f"{a.type.dtype.name} gemm tile in one CTA (TileLang {_tilelang()}); a 64-row "
-                                   "tile needs N a multiple of 64 for 16-bit inputs, or use 128 rows", op.loc)
-
-
-def _tilelang() -> str:
-    from .toolchain import tilelang_version
-
-    return tilelang_version()
+        m, n, k = (int(d) for d in op.gemm_mnk())
+        dtype = op.args[0].type.dtype
+        if tcgen05_atom(m, n, k, dtype.tilelang_name) is False:
+            raise UnsupportedError(f"{arch.name}: no tcgen05 instruction lowers a {m} x {n} x {k} {dtype.name} gemm "
+                                   f"tile in one CTA (TileLang {tilelang_version()}); a 64-row tile needs N a "
+                                   "multiple of 64 for 16-bit inputs, or use 128 rows", op.loc)

@@ -47,11 +47,8 @@ def mma_reasons(u: TileUsage, target: str, atom: tuple[int, int, int] | None) ->
         return []
     out = []
     for op in u.gemms:
-        a, b, _ = op.args
-        ta, tb = op.attrs.get("transpose_a"), op.attrs.get("transpose_b")
-        m, k = (a.type.shape[1], a.type.shape[0]) if ta else a.type.shape
-        n = b.type.shape[0] if tb else b.type.shape[1]
-        kbytes = int(k) * a.type.dtype.bits // 8
+        m, n, k = op.gemm_mnk()
+        kbytes = int(k) * op.args[0].type.dtype.bits // 8
         for what, size, mult in (("M", m, atom[0]), ("N", n, atom[1]), ("K bytes", kbytes, atom[2])):
             if sympy.Mod(sympy.Integer(int(size)), mult) != 0:
                 where = f" ({op.loc})" if op.loc else ""
