@@ -32,7 +32,8 @@ FP8_WIDE = {**FP8, "BN": 256, "fp8_promote_k": 0, **MANUAL}  # 128x256 tiles: no
 SWEEP = {
     "gemm_bf16": [{}, {"BM": 128, "BN": 256, "BK": 64, "STAGES": 4, "raster": 8, "warp_specialize": "auto"},
                   {"BM": 128, "BN": 256, "BK": 64, "STAGES": 4, "raster": 8, **PERSISTENT},
-                  {"BM": 128, "BN": 192, "BK": 64, "STAGES": 4, "raster": 8, **PERSISTENT}],
+                  {"BM": 128, "BN": 192, "BK": 64, "STAGES": 4, "raster": 8, **PERSISTENT},
+                  {"BM": 256, "BN": 192, "BK": 64, "STAGES": 4, "raster": 8, **MANUAL, "full_row": True}],
     # fp8_promote_k N: the fp8 partial sums join the fp32 accumulator every N elements of K (0: never)
     "gemm_fp8": [{}, {**FP8, "fp8_promote_k": 0}, FP8_WIDE, {**FP8_WIDE, "persistent": True},
                  {**FP8, "BM": 256, "fp8_promote_k": 0, **PERSISTENT},
@@ -43,7 +44,10 @@ SWEEP = {
                  # (wave quantisation); one step fragment fits beside the accumulator (TileLang's
                  # pipeline promotes synchronously; the manual schedule's two step fragments spill)
                  {**FP8, "BN": 192, "fp8_promote_k": 0, **PERSISTENT}, {**FP8, "BN": 192, "fp8_promote_k": 256},
-                 {**FP8, "BN": 192, "fp8_promote_k": 256, "STAGES": 5}],
+                 {**FP8, "BN": 192, "fp8_promote_k": 256, "STAGES": 5},
+                 # full_row: one m64nBN wgmma per warp group instead of two m64n(BN/2)
+                 {**FP8_WIDE, "persistent": True, "full_row": True}, {**FP8, "BN": 192, "fp8_promote_k": 256,
+                                                                      "full_row": True}],
     # attention rows start from the build case's config: manual + overlap + persistent, 192-key blocks
     "attention": [{}, {"ftz": False}, {"BN": 128}, {"BN": 128, "STAGES": 3}, {"BN": 176},
                   {"BN": 128, "persistent": False},

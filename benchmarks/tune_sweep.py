@@ -32,8 +32,11 @@ MANUAL = {"warp_specialize": "manual"}
 # adds its manual warp specialisation): what the bench sweeps found fastest, several knob steps
 # away from the case config, where a quick search would not reach (tune(also_try=...))
 ALSO_TRY = {
-    "gemm_bf16": [{"warp_specialize": "auto"}],
-    "gemm_fp8": [{"BN": 192, "fp8_promote_k": 0, "persistent": True, **MANUAL},
+    "gemm_bf16": [{"warp_specialize": "auto"}, {"full_row": True, **MANUAL},
+                  {"BM": 256, "BN": 192, "BK": 64, "full_row": True, **MANUAL}],
+    "gemm_fp8": [{"BN": 256, "fp8_promote_k": 0, "persistent": True, "full_row": True, **MANUAL},
+                 {"full_row": True},
+                 {"BN": 192, "fp8_promote_k": 0, "persistent": True, **MANUAL},
                  {"BN": 256, "fp8_promote_k": 0, **MANUAL},
                  {"BN": 256, "fp8_promote_k": 0, "persistent": True, **MANUAL},
                  {"BM": 256, "fp8_promote_k": 0, "persistent": True, **MANUAL}],

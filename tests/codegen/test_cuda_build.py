@@ -137,6 +137,41 @@ def test_row_split_accumulator_needs_16_rows_a_warp_on_sm90():
     specialize(spec.kernel, sig, "sm90", {"BM": 64, "threads": 128})  # 4 warps x 16 rows: fine
 
 
+def test_full_row_knob_issues_one_wgmma_as_wide_as_the_tile_on_sm90():
+    """A 128x256 fp8 tile over two warp groups: the default square split gives each group
+    128 x 128 (two m64n128k32 a step, the A tile read twice); full_row gives each group 64 rows of
+    the full width (one m64n256k32). Checked in the PTX; the same registers, no spills."""
+    spec = load_all()["gemm"]
+    case = spec.build_cases["fp8_8192"]
+    cfg = {"BM": 128, "BN": 256, "BK": 128, "fp8_promote_k": 0, "warp_specialize": "manual", "persistent": True}
+    shapes = {}
+    for full_row in (False, True):
+        r = build_case(spec, "fp8_8192", case, "sm90", config={**cfg, "full_row": full_row}, use_tuned=False)
+        assert r.ok, r.error
+        shapes[full_row] = set(re.findall(r"wgmma\.mma_async\.sync\.aligned\.(m64n\d+k32)", r.artifact.stages["ptx"]))
+        assert r.artifact.meta["ptxas"]["spill_stores"] == 0
+        assert ("GemmWarpPolicy.FullRow" in r.artifact.stages["tilelang"]) == full_row
+    assert shapes == {False: {"m64n128k32"}, True: {"m64n256k32"}}
+
+
+def test_full_row_knob_needs_64_rows_a_warp_group_and_only_exists_with_a_gemm():
+    from duotile.codegen.compile import specialize
+    from duotile.codegen.target import get_target
+    from duotile.dsl.errors import UnsupportedError
+
+    spec = load_all()["gemm"]
+    case = spec.build_cases["bf16_8192"]
+    sig = spec.kernel.bind(spec.meta_inputs(case))
+    with pytest.raises(UnsupportedError, match=r"gemm\.py:\d+.*64-row accumulator split by rows \(full_row\).*8 warps"):
+        specialize(spec.kernel, sig, "sm90", {"BM": 64, "threads": 256, "full_row": True})
+    module = specialize(spec.kernel, sig, "sm90", {"BM": 64, "threads": 128, "full_row": True})[0]
+    assert "full_row" in get_target("sm90").knobs_for(module)
+    norm = load_all()["rmsnorm"]
+    nsig = norm.kernel.bind(norm.meta_inputs(norm.build_cases["hidden"]))
+    assert "full_row" not in get_target("sm90").knobs_for(specialize(norm.kernel, nsig, "sm90", {})[0])
+    assert "full_row" not in get_target("sm100").knobs
+
+
 def test_warp_specialize_knob_switches_tilelangs_producer_warp_group_on_sm90():
     """The knob travels in the generated file (PASS_CONFIGS), so the build and the GPU launcher
     lower the same kernel: with it off, every warp issues cp.async and no register split exists."""

@@ -67,11 +67,12 @@ def check_warp_rows(module: Module, arch: Arch, knobs: dict) -> None:
     plan = make_plan(module, arch)
     warps = int(knobs.get("threads", 128)) // 32
     for op in module.walk():
-        if op.name == "gemm" and op.args[2].id in plan.full_row:
+        if op.name == "gemm" and (op.args[2].id in plan.full_row or knobs.get("full_row")):
             rows = int(op.args[2].type.shape[0])
             if rows % (16 * warps):
                 fix = f"use threads of at most {max(128, rows * 2)} or a taller tile"
-                raise UnsupportedError(f"{arch.name}: a {rows}-row accumulator read row-wise cannot be split over "
+                how = "read row-wise" if op.args[2].id in plan.full_row else "split by rows (full_row)"
+                raise UnsupportedError(f"{arch.name}: a {rows}-row accumulator {how} cannot be split over "
                                        f"{warps} warps (16 rows each); {fix} (config {module.config})", op.loc)
 
 

@@ -77,7 +77,8 @@ class Emitter:
 
     def policy(self, acc: Value) -> str:
         """The gemm argument that splits an accumulator's rows over the warp groups, if it does."""
-        return ", policy=T.GemmWarpPolicy.FullRow" if acc.id in self.plan.full_row else ""
+        full = acc.id in self.plan.full_row or self.knobs.get("full_row")
+        return ", policy=T.GemmWarpPolicy.FullRow" if full else ""
 
     def new_barrier(self) -> str:
         self.barriers += 1

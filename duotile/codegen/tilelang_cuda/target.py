@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import time
 from pathlib import Path
 from typing import Any
@@ -18,6 +19,7 @@ from .capacity import check_capacity, check_tcgen05_atoms, check_warp_rows
 from .emit import emit_module, ws_mode
 from .overlap import check_overlap
 from .persistent import check_persistent
+from .plan import make_plan
 
 
 class TileLangCuda(Target):
@@ -45,16 +47,25 @@ class TileLangCuda(Target):
             # persistent: one block per SM walks the output tiles (persistent.py; manual only);
             # an integer is a block count
             self.knobs["persistent"] = choice(False, True)
+            # full_row: every gemm tile split by rows over the warp groups (TileLang's FullRow policy),
+            # so each warp group issues wgmma as wide as the tile's N (one m64n256 where the default
+            # square split issues two m64n128 and reads the A tile twice from shared memory)
+            self.knobs["full_row"] = choice(False, True)
 
     def knobs_for(self, module: Module) -> dict:
         """fp8_promote_k only matters with an fp8 gemm, overlap only with two gemms in a pipelined loop,
-        warp_specialize only with a pipelined loop; ftz is a numerics choice, set by hand, never searched."""
+        warp_specialize only with a pipelined loop, full_row only with a gemm whose accumulator is not
+        split by rows anyway; ftz is a numerics choice, set by hand, never searched."""
         ops = list(module.walk())
         fp8 = any(op.name == "gemm" and op.args[0].type.dtype.bits == 8 for op in ops)
         pipelined = [op for op in ops if op.name == "for" and op.attrs.get("stages")]
         two_gemm_loop = any(sum(o.name == "gemm" for o in op.regions[0].ops) >= 2 for op in pipelined)
+        # the fusing passes rewrite blocks in place: plan on a copy
+        row_split = make_plan(self._fused(copy.deepcopy(module)), self.arch).full_row
+        gemm = any(op.name == "gemm" and op.args[2].id not in row_split for op in ops)
         drop = ({"fp8_promote_k"} if not fp8 else set()) | ({"overlap"} if not two_gemm_loop else set()) \
-            | ({"warp_specialize", "persistent"} if not pipelined else set()) | {"ftz"}
+            | ({"warp_specialize", "persistent"} if not pipelined else set()) | ({"full_row"} if not gemm else set()) \
+            | {"ftz"}
         return {k: s for k, s in self.knobs.items() if k not in drop}
 
     def phase_knobs(self, module: Module, knobs: dict) -> dict:
@@ -97,10 +108,14 @@ class TileLangCuda(Target):
     def toolchain(self) -> dict[str, str]:
         return {"tilelang": toolchain.tilelang_version(), "nvcc": toolchain.nvcc_version()}
 
-    def lower(self, module: Module, knobs: dict[str, Any]) -> Module:
+    @staticmethod
+    def _fused(module: Module) -> Module:
         # vector code reads an accumulator where it lives (sm90: the register fragment; sm100: one
         # tcgen05.ld drain into a fragment after each write), so a plain copy between them can go
-        module = forward_copies(fold_bounds(fuse_elementwise(module)))
+        return forward_copies(fold_bounds(fuse_elementwise(module)))
+
+    def lower(self, module: Module, knobs: dict[str, Any]) -> Module:
+        module = self._fused(module)
         check_capacity(module, self.arch, knobs)
         check_warp_rows(module, self.arch, knobs)
         check_tcgen05_atoms(module, self.arch)

@@ -112,8 +112,9 @@ def test_cuda_knobs_that_cannot_change_a_kernel_are_left_out():
         module = spec.kernel.trace(sig.dtypes, sig.present)
         return set(ConfigSpace.from_kernel(spec.kernel, tgt, module=module).params) - set(spec.kernel.tunables)
 
-    assert knobs(gemm, fp8) == {"threads", "raster", "fp8_promote_k", "warp_specialize", "persistent"}
-    assert knobs(gemm, bf16) == {"threads", "raster", "warp_specialize", "persistent"}
+    assert knobs(gemm, fp8) == {"threads", "raster", "fp8_promote_k", "warp_specialize", "persistent", "full_row"}
+    assert knobs(gemm, bf16) == {"threads", "raster", "warp_specialize", "persistent", "full_row"}
+    # attention's accumulators are split by rows already (row reductions, rescaling): no full_row
     assert knobs(fa, fa_sig) == {"threads", "raster", "overlap", "warp_specialize", "persistent"}
     norm = registry.get("rmsnorm")  # no pipelined loop: nothing to specialise warps for
     norm_sig = norm.kernel.bind(norm.meta_inputs({"T": 4, "D": 64}))
