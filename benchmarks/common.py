@@ -81,13 +81,17 @@ def write_results(name: str, rows: list[dict], header: list[str]) -> Path:
 
 
 def attention_build(case_name: str, overrides: list[str]):
-    """(kernel, inputs on the GPU, config) for an attention build case on sm90, its config with
-    ``NAME=VALUE`` overrides on top (what ``duotile show --config`` takes)."""
+    return case_build("flash_attention", case_name, overrides)
+
+
+def case_build(kernel_name: str, case_name: str, overrides: list[str]):
+    """(kernel, inputs on the GPU, config) for a build case on sm90, its config with ``NAME=VALUE``
+    overrides on top (what ``duotile show --config`` takes)."""
     from duotile import codegen
     from duotile.codegen.cli import _assignment
     from duotile.kernels_spec import get
 
-    spec = get("flash_attention")
+    spec = get(kernel_name)
     case = spec.build_cases[case_name]
     cfg = {**spec.config_of(case, "sm90"), **dict(map(_assignment, overrides))}
     kernel = codegen.compile(spec.kernel, "sm90", config=cfg, constants=spec.constants_of(case))

@@ -3,7 +3,8 @@
 #   source .device/activate && bash benchmarks/gpu_run.sh tests [ARGS] # pytest -m gpu [ARGS] (about 5 min)
 #   source .device/activate && bash benchmarks/gpu_run.sh bench        # bench_kernels.py --sweep (about 3 min)
 #   source .device/activate && bash benchmarks/gpu_run.sh tune NAMES   # tune_sweep.py --budget quick --only NAMES
-#   source .device/activate && bash benchmarks/gpu_run.sh profile [ARGS] # ncu: our attention and SDPA, one launch each
+#   source .device/activate && bash benchmarks/gpu_run.sh profile [ARGS] # ncu: a kernel and its peer, one launch each
+#                                                                        # (profile_kernel.py --kernel attention|gemm_fp8)
 # Phases may be chained: `bash benchmarks/gpu_run.sh bench && bash benchmarks/gpu_run.sh tune gemm_fp8`.
 # Each phase runs under `timeout $PHASE_LIMIT` (default 540 s), writes into $WORK, and then packs
 # everything into $OUT/<phase>.tgz (tune: tune_<NAMES>.tgz, its tables under $WORK/tune_<NAMES>/, so
@@ -28,8 +29,8 @@ case "$phase" in
   tune)  timeout "$limit" python3 benchmarks/tune_sweep.py --budget quick --cache-dir "$WORK" --out "$WORK/$tag" \
            --only "${1:-gemm_fp8}" 2>&1 | tr '\r' '\n' | grep -v "TileLang:" >>"$log" ;;  # progress kept: a stall shows where
   profile) timeout "$limit" ncu --clock-control none --profile-from-start off --set full --import-source no \
-             -f -o "$WORK/attention" python3 benchmarks/profile_attention.py "$@" 2>&1 | grep -v "TileLang:" >>"$log"
-           ncu --import "$WORK/attention.ncu-rep" --page details >"$WORK/profile_details.txt" 2>&1
+             -f -o "$WORK/profile" python3 benchmarks/profile_kernel.py "$@" 2>&1 | grep -v "TileLang:" >>"$log"
+           ncu --import "$WORK/profile.ncu-rep" --page details >"$WORK/profile_details.txt" 2>&1
            cp "$WORK/profile_details.txt" "$OUT/" ;;
   *) echo "unknown phase $phase (tests | bench | tune NAMES | profile [ARGS])"; exit 2 ;;
 esac
