@@ -47,7 +47,9 @@ SWEEP = {
                  {**FP8, "BN": 192, "fp8_promote_k": 256, "STAGES": 5},
                  # full_row: one m64nBN wgmma per warp group instead of two m64n(BN/2)
                  {**FP8_WIDE, "persistent": True, "full_row": True}, {**FP8, "BN": 192, "fp8_promote_k": 256,
-                                                                      "full_row": True}],
+                                                                      "full_row": True},
+                 # clusters of two blocks: the B tile multicast to both (persistent.py)
+                 {**FP8_WIDE, "persistent": True, "cluster": 2}],
     # attention rows start from the build case's config: manual + overlap + persistent, 192-key blocks
     "attention": [{}, {"ftz": False}, {"BN": 128}, {"BN": 128, "STAGES": 3}, {"BN": 176},
                   {"BN": 128, "persistent": False},

@@ -32,10 +32,12 @@ MANUAL = {"warp_specialize": "manual"}
 # adds its manual warp specialisation): what the bench sweeps found fastest, several knob steps
 # away from the case config, where a quick search would not reach (tune(also_try=...))
 ALSO_TRY = {
-    "gemm_bf16": [{"warp_specialize": "auto"}, {"full_row": True, **MANUAL},
-                  {"BM": 256, "BN": 192, "BK": 64, "full_row": True, **MANUAL}],
-    "gemm_fp8": [{"BN": 256, "fp8_promote_k": 0, "persistent": True, "full_row": True, **MANUAL},
-                 {"full_row": True},
+    "gemm_bf16": [{"BM": 256, "BN": 192, "BK": 64, "full_row": True, "persistent": True, "cluster": 2, **MANUAL},
+                  {"BM": 128, "BN": 256, "BK": 64, "persistent": True, "cluster": 2, **MANUAL},
+                  {"warp_specialize": "auto"}, {"BM": 256, "BN": 192, "BK": 64, "full_row": True, **MANUAL}],
+    "gemm_fp8": [{"BN": 256, "fp8_promote_k": 0, "persistent": True, "cluster": 2, **MANUAL},
+                 {"BN": 192, "fp8_promote_k": 0, "persistent": True, "cluster": 2, **MANUAL},
+                 {"BN": 256, "fp8_promote_k": 0, "persistent": True, "full_row": True, **MANUAL},
                  {"BN": 192, "fp8_promote_k": 0, "persistent": True, **MANUAL},
                  {"BN": 256, "fp8_promote_k": 0, **MANUAL},
                  {"BN": 256, "fp8_promote_k": 0, "persistent": True, **MANUAL},

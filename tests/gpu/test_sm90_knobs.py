@@ -46,6 +46,14 @@ KNOBS = [
     # S 256 in 176- and 192-key blocks: the last block's gemms cover its 80 / 64 keys (narrow_tail.py)
     ("flash_attention", "d128", {"warp_specialize": "manual", "overlap": True, "BN": 176}),
     ("flash_attention", "d128", {"warp_specialize": "manual", "overlap": True, "BN": 192, "persistent": 1}),
+    # clusters of two persistent blocks sharing the B tile by TMA multicast (persistent.py): one
+    # cluster walking every pair of tiles (ring phases and the pair's barriers across tiles), a
+    # ragged last row block, panels; and one cluster per pair
+    ("gemm", "fp8_scaled", {"warp_specialize": "manual", "persistent": 2, "cluster": 2, "fp8_promote_k": 0,
+                            "BK": 128, "BN": 128}),
+    ("gemm", "bf16_ragged", {"warp_specialize": "manual", "persistent": 2, "cluster": 2, "BM": 64, "BN": 64,
+                             "raster": 8}),
+    ("gemm", "bf16_ragged", {"warp_specialize": "manual", "persistent": True, "cluster": 2, "BM": 64, "BN": 64}),
     # split-K in two launches: a K range per block (its loop starts past 0), then the combine phase,
     # which keeps TileLang's default schedule (phase_knobs)
     ("gemm_splitk", "ragged", {"warp_specialize": "manual"}),

@@ -77,6 +77,7 @@ class Ring:
     readers: list[Op] = field(default_factory=list)  # the gemms reading it
 
     base: str = ""  # persistent grids: the iterations of the tiles finished before (persistent.BASE)
+    multicast: bool = False  # cluster=2: rank 0 loads it into both blocks of the pair (persistent.py)
 
     def _rel(self, it: str, start: str) -> str:
         rel = it if start == "0" else f"({it} - {start})"
@@ -156,9 +157,14 @@ class ManualWarpSpecialization:
             src.decl(f"{name}_full = T.alloc_barrier({PRODUCER_THREADS})")
             if self.tiles:
                 src.decl(f"{name}_empty = T.alloc_barrier({self.threads})")
+        pair = self.tiles.pair_var if self.tiles else None
         for r in self.rings.values():
+            r.multicast = pair is not None and persistent.shares(r.op, pair)
             src.decl(f"{r.name}_full = T.alloc_barrier([{PRODUCER_THREADS}] * {r.slots})")
-            src.decl(f"{r.name}_empty = T.alloc_barrier([{self.threads}] * {r.slots})")
+            if r.multicast:  # freed by one lane of every consumer warp of both blocks
+                src.decl(f"{r.name}_empty = T.alloc_cluster_barrier([{2 * self.threads // 32}] * {r.slots})")
+            else:
+                src.decl(f"{r.name}_empty = T.alloc_barrier([{self.threads}] * {r.slots})")
             r.base = BASE if self.tiles else ""
         if self.tiles:
             src.decl(f'{BASE.split("[")[0]} = T.alloc_local((1,), "int32")')
@@ -181,6 +187,8 @@ class ManualWarpSpecialization:
                 self._free_once(before_post=True)
                 e.block(self.post)
                 self._free_once(before_post=False)
+        if pair is not None:
+            src.line("T.cluster_sync()  # no block exits while its pair may still multicast into it")
         e.ws = None
         return self.tiles.head(self.threads + PRODUCER_THREADS) if self.tiles else None
 
@@ -272,8 +280,9 @@ class ManualWarpSpecialization:
         at = index(it)
         slot, phase = r.slot(at, self.start), r.phase(at, self.start)
         src.line(f"T.barrier_wait({r.name}_empty[{slot}], {phase} ^ 1)")
+        mask = ", cluster_mask=0b11" if r.multicast else ""
         src.line(f"T.tma_copy({e.global_region(r.op, {var: it})}, {r.name}[{slot}, :, :], "
-                 f"barrier={r.name}_full[{slot}])", r.op.loc)
+                 f"barrier={r.name}_full[{slot}]{mask})", r.op.loc)
         src.line(f"T.barrier_arrive({r.name}_full[{slot}])")
 
     # consumer side: loads become waits, gemm operands ring slots (the emitter asks these)
@@ -301,9 +310,17 @@ class ManualWarpSpecialization:
     def _release(self, gemm: Op, it: str | None = None):
         """Arrive on the empty barrier of every ring whose last reader is ``gemm``."""
         it = it or self.it
+        src = self.e.src
         for r in self.rings.values():
-            if r.readers and r.readers[-1] is gemm:
-                self.e.src.line(f"T.barrier_arrive({r.name}_empty[{r.slot(it, self.start)}])")
+            if not r.readers or r.readers[-1] is not gemm:
+                continue
+            slot = f"{r.name}_empty[{r.slot(it, self.start)}]"
+            if r.multicast:  # rank 0 refills the slot in both blocks: both must have freed it
+                src.line("if tx % 32 == 0:")
+                src.line(f"    T.mbarrier_arrive({slot}, 0)")
+                src.line(f"    T.mbarrier_arrive({slot}, 1)")
+            else:
+                src.line(f"T.barrier_arrive({slot})")
 
     def _issue(self, gemm: Op):
         self._wait_full(gemm)

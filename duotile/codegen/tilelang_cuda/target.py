@@ -18,7 +18,7 @@ from .arch import SM90, SM100, Arch
 from .capacity import check_capacity, check_tcgen05_atoms, check_warp_rows
 from .emit import emit_module, ws_mode
 from .overlap import check_overlap
-from .persistent import check_persistent
+from .persistent import check_persistent, shares
 from .plan import make_plan
 
 
@@ -51,11 +51,15 @@ class TileLangCuda(Target):
             # so each warp group issues wgmma as wide as the tile's N (one m64n256 where the default
             # square split issues two m64n128 and reads the A tile twice from shared memory)
             self.knobs["full_row"] = choice(False, True)
+            # cluster: with a persistent grid, blocks in pairs that share a tile (a gemm's B) by
+            # TMA multicast, so L2 serves it once for two tiles (persistent.py)
+            self.knobs["cluster"] = choice(1, 2)
 
     def knobs_for(self, module: Module) -> dict:
         """fp8_promote_k only matters with an fp8 gemm, overlap only with two gemms in a pipelined loop,
         warp_specialize only with a pipelined loop, full_row only with a gemm whose accumulator is not
-        split by rows anyway; ftz is a numerics choice, set by hand, never searched."""
+        split by rows anyway, cluster only where a pair of blocks shares a loaded tile; ftz is a
+        numerics choice, set by hand, never searched."""
         ops = list(module.walk())
         fp8 = any(op.name == "gemm" and op.args[0].type.dtype.bits == 8 for op in ops)
         pipelined = [op for op in ops if op.name == "for" and op.attrs.get("stages")]
@@ -64,16 +68,27 @@ class TileLangCuda(Target):
         row_split = make_plan(self._fused(copy.deepcopy(module)), self.arch).full_row
         gemm = any(op.name == "gemm" and op.args[2].id not in row_split for op in ops)
         drop = ({"fp8_promote_k"} if not fp8 else set()) | ({"overlap"} if not two_gemm_loop else set()) \
-            | ({"warp_specialize", "persistent"} if not pipelined else set()) | ({"full_row"} if not gemm else set()) \
+            | ({"warp_specialize", "persistent", "cluster"} if not pipelined else set()) \
+            | ({"full_row"} if not gemm else set()) \
+            | ({"cluster"} if not self._pairable(module, pipelined) else set()) \
             | {"ftz"}
         return {k: s for k, s in self.knobs.items() if k not in drop}
+
+    @staticmethod
+    def _pairable(module: Module, pipelined: list) -> bool:
+        """cluster=2 can share a tile: a pipelined load free of the grid's second-innermost axis."""
+        grid_vars = module.grid.attrs["vars"]
+        if len(grid_vars) < 2:
+            return False
+        loads = [o for lp in pipelined for o in lp.regions[0].ops if o.name == "load"]
+        return any(shares(o, str(grid_vars[-2])) for o in loads)
 
     def phase_knobs(self, module: Module, knobs: dict) -> dict:
         """A phase without a pipelined loop (a split reduction's combine) keeps the default schedule:
         warp specialisation, the two-gemm rotation and persistence are schedules of such a loop."""
         if module.phase is None or any(op.name == "for" and op.attrs.get("stages") for op in module.walk()):
             return knobs
-        schedule = {"warp_specialize", "overlap", "persistent"}
+        schedule = {"warp_specialize", "overlap", "persistent", "cluster"}
         return {k: (self.knobs[k].default if k in schedule and k in self.knobs else v) for k, v in knobs.items()}
 
     def start_points(self, module: Module) -> list[dict]:
