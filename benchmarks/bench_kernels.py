@@ -1,15 +1,19 @@
 """Benchmarks of the foundation kernels and the split decode kernels on the H200 (sm90 build), against PyTorch peers
 measured in the same run. Usage:
 
-    python benchmarks/bench_kernels.py [--kernels gemm_bf16,gemm_fp8,attention,rmsnorm,gemm_decode,mqa_decode] [--sweep]
+    python benchmarks/bench_kernels.py [--kernels gemm_bf16,gemm_fp8,attention,rmsnorm,gemm_decode,mqa_decode]
+                                       [--sweep] [--interleave [ROUNDS]]
 
 ``--sweep`` also times a few hand-picked configs per kernel (the full search is `duotile tune`).
-Every timed config is first checked against the reference on the same inputs.
+Every timed config is first checked against the reference on the same inputs. Each row is timed in
+alternation with its peer; ``--interleave`` times all of a kernel's rows and peers in turn, round
+after round (12 by default), so the rows also compare with each other under the same clocks.
 """
 
 from __future__ import annotations
 
 import argparse
+import statistics
 import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -20,11 +24,23 @@ import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks.common import MEASURED, PEAK, bench, copy_bandwidth, mqa_peer, paired, scaled_mm_peer, write_results  # noqa: E402
+from benchmarks.common import (  # noqa: E402
+    MEASURED,
+    PEAK,
+    bench,
+    copy_bandwidth,
+    interleaved,
+    mqa_peer,
+    paired,
+    round_ratio,
+    scaled_mm_peer,
+    write_results,
+)
 from duotile import codegen  # noqa: E402
 from duotile.kernels_spec import get  # noqa: E402
 from duotile.passes.autotune.cache import best_config  # noqa: E402
 
+INTERLEAVE, ROUNDS = False, 12  # --interleave [ROUNDS] (main)
 FP8 = {"BM": 128, "BN": 128, "BK": 128, "STAGES": 4, "raster": 16}
 MANUAL = {"warp_specialize": "manual"}  # duotile's producer / consumer roles (manual_ws.py)
 PERSISTENT = {**MANUAL, "persistent": True}  # one block per SM walks the tiles (persistent.py)
@@ -103,10 +119,12 @@ def verified(spec, case, inputs):
 
 def time_configs(label, spec, case, configs, work, unit, peer_fn, peak, peer_for=None):
     """Verify, then time each config in alternation with the peer (``paired``), so the ratio is
-    taken under the same clocks and temperature (these drift between rows). ``peer_for(config)``,
-    when given, picks the like-for-like peer of a config: (name, function)."""
+    taken under the same clocks and temperature (these drift between rows); with ``--interleave``
+    every verified config and every peer take turns in one loop (``common.interleaved``), so the
+    rows compare with each other too. ``peer_for(config)``, when given, picks the like-for-like
+    peer of a config: (name, function)."""
     inputs = spec.make_inputs(case, torch.device("cuda"), 0)
-    rows = []
+    rows, timed = [], []
     # {}: the case's own config (what duotile build uses untuned); None: the tuned config that
     # codegen.compile finds in the tuning cache or the shipped table (duotile/tuned/tuning.json)
     tuned = _tuned(spec, case, inputs) if None in configs else None
@@ -116,28 +134,47 @@ def time_configs(label, spec, case, configs, work, unit, peer_fn, peak, peer_for
     full = [tuned if cfg is None else {**spec.config_of(case, "sm90"), **cfg} for cfg in configs]
     for cfg, run_cfg, built in zip(configs, full, precompile(spec, case, full, inputs)):
         row = {"kernel": label, "config": f"tuned {run_cfg}" if cfg is None else (cfg or "default")}
+        rows.append(row)
         try:
             if isinstance(built, Exception):
                 raise built
             k, compile_s = built
             k(**inputs)
             ok, why = verified(spec, case, inputs)
-            row["error"] = why
+            row.update(error=why, compile_s=round(compile_s, 1))
             if not ok:
                 row.update(status=f"WRONG ({why})")
-                rows.append(row)
                 continue
             peer_name, peer = peer_for(run_cfg) if peer_for else (None, peer_fn)
-            peer_ms, ms, ratio, spread = paired(peer, lambda k=k: k(**inputs))
-            rate = work / (ms * 1e-3) / 1e12
-            row.update(status="ok", ms=round(ms, 4), **{unit: round(rate, 1)}, roofline=f"{rate / peak:.0%}",
-                       peer_ms=round(peer_ms, 4), vs_peer=round(ratio, 3), spread=spread,
-                       compile_s=round(compile_s, 1), **({"peer": peer_name} if peer_name else {}))
+            timed.append((row, lambda k=k: k(**inputs), peer_name, peer))
+            if not INTERLEAVE:
+                peer_ms, ms, ratio, spread = paired(peer, timed[-1][1])
+                _fill(row, ms, peer_ms, ratio, spread, work, unit, peak, peer_name)
         except Exception as err:  # keep sweeping
             row.update(status=f"FAIL {type(err).__name__}: {str(err)[:160]}")
-        rows.append(row)
         print(row, flush=True)
+    if INTERLEAVE and timed:
+        _time_interleaved(timed, work, unit, peak)
     return rows
+
+
+def _time_interleaved(timed, work, unit, peak):
+    """Every verified config and each distinct peer, timed in turn round after round."""
+    peers = {name: fn for _, _, name, fn in timed}
+    fns = {**{("peer", name): fn for name, fn in peers.items()}, **{i: t[1] for i, t in enumerate(timed)}}
+    times = interleaved(fns, ROUNDS)
+    for i, (row, _, peer_name, _) in enumerate(timed):
+        ratio, spread = round_ratio(times[("peer", peer_name)], times[i])
+        _fill(row, statistics.median(times[i]), statistics.median(times[("peer", peer_name)]), ratio, spread,
+              work, unit, peak, peer_name)
+        print(row, flush=True)
+
+
+def _fill(row, ms, peer_ms, ratio, spread, work, unit, peak, peer_name):
+    rate = work / (ms * 1e-3) / 1e12
+    row.update(status="ok", ms=round(ms, 4), **{unit: round(rate, 1)}, roofline=f"{rate / peak:.0%}",
+               peer_ms=round(peer_ms, 4), vs_peer=round(ratio, 3), spread=spread,
+               **({"peer": peer_name} if peer_name else {}))
 
 
 def gemm_bf16(sweep):
@@ -241,7 +278,11 @@ def main(argv=None):
     p.add_argument("--kernels", default="gemm_bf16,gemm_fp8,attention,attention_causal,rmsnorm,gemm_decode,"
                                         "mqa_decode")
     p.add_argument("--sweep", action="store_true")
+    p.add_argument("--interleave", nargs="?", type=int, const=12, default=0, metavar="ROUNDS",
+                   help="time every row and peer in turn, ROUNDS rounds (default 12)")
     args = p.parse_args(argv)
+    global INTERLEAVE, ROUNDS
+    INTERLEAVE, ROUNDS = bool(args.interleave), args.interleave or ROUNDS
     torch.backends.cuda.matmul.allow_tf32 = False
     fns = {"gemm_bf16": gemm_bf16, "gemm_fp8": gemm_fp8, "attention": attention,
            "attention_causal": lambda s: attention(s, causal=True), "rmsnorm": rmsnorm, "gemm_decode": gemm_decode,

@@ -27,13 +27,26 @@ def paired(peer_fn, fn, rounds: int = 5, device: str = "cuda") -> tuple[float, f
     warm-up): (median peer ms, median candidate ms, median of the per-round ratios, their range).
     Clocks drift with temperature and the board's power cap; a ratio of neighbouring timings
     cancels most of it, where a peer timed once on a cool board does not."""
-    peers, mine = [], []
+    t = interleaved({"peer": peer_fn, "mine": fn}, rounds, device)
+    ratio, spread = round_ratio(t["peer"], t["mine"])
+    return statistics.median(t["peer"]), statistics.median(t["mine"]), ratio, spread
+
+
+def interleaved(fns: dict, rounds: int = 12, device: str = "cuda") -> dict[str, list[float]]:
+    """Every function timed once a round (10 timed calls), in the same order, ``rounds`` times:
+    the per-round medians by name. Ratios taken round by round compare configs under the same
+    clocks, where configs timed one after another see the board warm up between them."""
+    times = {name: [] for name in fns}
     for _ in range(rounds):
-        peers.append(bench(peer_fn, reps=10, device=device))
-        mine.append(bench(fn, reps=10, device=device))
-    ratios = sorted(p / m for p, m in zip(peers, mine))
-    return statistics.median(peers), statistics.median(mine), statistics.median(ratios), \
-        f"{ratios[0]:.3f}-{ratios[-1]:.3f}"
+        for name, fn in fns.items():
+            times[name].append(bench(fn, reps=10, device=device))
+    return times
+
+
+def round_ratio(peer: list[float], mine: list[float]) -> tuple[float, str]:
+    """The median of the per-round ratios peer / mine (above 1: mine is faster), and their range."""
+    ratios = sorted(p / m for p, m in zip(peer, mine))
+    return statistics.median(ratios), f"{ratios[0]:.3f}-{ratios[-1]:.3f}"
 
 
 def scaled_mm_peer(inputs: dict, config: dict) -> tuple[str, object]:

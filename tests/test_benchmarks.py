@@ -81,3 +81,30 @@ def test_mqa_peer_is_the_decode_attention_it_is_timed_against():
     x = {k: v.float() for k, v in spec.make_inputs(case, torch.device("cpu"), 0).items()}
     got = common.mqa_peer(x)().squeeze(2)
     assert torch.allclose(got, spec.run_reference(x, case)["o"].float(), atol=2e-2, rtol=2e-2)
+
+
+def test_interleaved_rows_take_ratios_against_their_own_peer_within_each_round(monkeypatch):
+    """--interleave: every row and each distinct peer is timed once a round, in one order; a row's
+    ratio is against its own peer (fast accumulation or not) in the same round."""
+    from benchmarks import bench_kernels
+
+    fast, slow = object(), object()
+    a, b = object(), object()
+    clocks = iter([1.0, 2.0])  # round 1 at full clocks, round 2 at half
+    base = {fast: 0.8, slow: 0.9, a: 1.0, b: 0.9}
+    order, scale = [], {}
+
+    def fake_bench(fn, reps, device):
+        if fn is fast:  # the first timed in a round: the board's state for that round
+            scale["now"] = next(clocks)
+        order.append(fn)
+        return base[fn] * scale["now"]
+
+    monkeypatch.setattr(common, "bench", fake_bench)
+    rows = [{"kernel": "k", "config": "A"}, {"kernel": "k", "config": "B"}]
+    timed = [(rows[0], a, "fast", fast), (rows[1], b, "default", slow)]
+    monkeypatch.setattr(bench_kernels, "ROUNDS", 2)
+    bench_kernels._time_interleaved(timed, work=1e9, unit="TFLOP/s", peak=1.0)
+    assert order == [fast, slow, a, b] * 2
+    assert rows[0]["vs_peer"] == 0.8 and rows[0]["peer"] == "fast" and rows[0]["spread"] == "0.800-0.800"
+    assert rows[1]["vs_peer"] == 1.0 and rows[1]["peer_ms"] == 1.35 and rows[1]["ms"] == 1.35
