@@ -68,6 +68,7 @@ SWEEP = {
                  {**FP8_WIDE, "persistent": True, "cluster": 2}],
     # attention rows start from the build case's config: manual + overlap + persistent, 192-key blocks
     "attention": [{}, {"ftz": False}, {"BN": 128}, {"BN": 128, "STAGES": 3}, {"BN": 176},
+                  {"cluster": 2}, {"BN": 176, "cluster": 2},  # pairs of query blocks share K and V
                   {"BN": 128, "persistent": False},
                   {"BN": 128, "warp_specialize": "auto", "overlap": False, "persistent": False}],
     "attention_causal": [{}, {"warp_specialize": "auto", "overlap": False}, {"persistent": True}],

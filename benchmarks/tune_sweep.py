@@ -42,7 +42,8 @@ ALSO_TRY = {
                  {"BN": 256, "fp8_promote_k": 0, **MANUAL},
                  {"BN": 256, "fp8_promote_k": 0, "persistent": True, **MANUAL},
                  {"BM": 256, "fp8_promote_k": 0, "persistent": True, **MANUAL}],
-    "flash_attention_d128": [{"BN": 176}, {"BN": 128}, {"persistent": False}],
+    "flash_attention_d128": [{"BN": 176}, {"BN": 176, "cluster": 2}, {"cluster": 2}, {"BN": 128},
+                             {"persistent": False}],
 }
 TARGETS = {"gemm_bf16": "0.95x torch.matmul", "gemm_fp8": "0.95x torch._scaled_mm",
            "flash_attention_d128": "1.0x SDPA", "rmsnorm_16M": "85% of copy bandwidth",

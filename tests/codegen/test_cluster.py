@@ -49,18 +49,52 @@ def test_cluster_1_is_the_persistent_grid_unchanged():
     assert "Cluster" not in one.artifact.stages["tilelang"]
 
 
+def test_attention_pairs_query_blocks_and_multicasts_k_and_v():
+    """Attention's K and V name the batch and head, not the query block: clusters pair query
+    blocks (the innermost grid axis) and multicast both; each block loads its own Q."""
+    spec = load_all()["flash_attention"]
+    case = spec.build_cases["d128"]
+    r = build_case(spec, "d128", case, "sm90", config={"cluster": 2}, use_tuned=False)
+    assert r.ok, r.error
+    text = r.artifact.stages["tilelang"]
+    assert "m = (tile_id % 16) * 2 + cta % 2" in text  # 32 query blocks: 16 pairs a head
+    loads = [line.split("T.tma_copy(")[1][0] + ("*" if "cluster_mask=0b11" in line else "")
+             for line in text.splitlines() if "T.tma_copy(" in line]
+    assert set(loads) == {"q", "k*", "v*"}
+    assert "q0_smem_empty = T.alloc_barrier(256)" in text and "v2_smem_empty = T.alloc_cluster_barrier(" in text
+    assert r.artifact.meta["ptxas"]["spill_stores"] == 0
+
+
+def test_clusters_pair_the_axis_whose_pairs_share_more_bytes():
+    """A 128x64 gemm tile reads a 128-row A and a 64-row B a step: pairs along N share A."""
+    from duotile.codegen.tilelang_cuda.persistent import pair_axis
+
+    spec = load_all()["gemm"]
+    sig = spec.kernel.bind(spec.meta_inputs({"M": 256, "N": 256, "K": 256}))
+    wide = specialize(spec.kernel, sig, "sm90", {"BM": 128, "BN": 256})[0]
+    tall = specialize(spec.kernel, sig, "sm90", {"BM": 128, "BN": 64})[0]
+    assert (pair_axis(wide.grid), pair_axis(tall.grid)) == (-2, -1)
+    cfg = {"BM": 128, "BN": 64, "warp_specialize": "manual", "persistent": True, "cluster": 2}
+    r = build_case(spec, "x", {"M": 256, "N": 256, "K": 256}, "sm90", config=cfg, use_tuned=False)
+    assert r.ok, r.error
+    text = r.artifact.stages["tilelang"]
+    assert "n = (tile_id % 2) * 2 + cta % 2" in text
+    assert [("cluster_mask=0b11" in line) for line in text.splitlines() if "T.tma_copy(" in line] == [True, False]
+
+
 @pytest.mark.parametrize("name,case,config,reason", [
     ("gemm", {"M": 256, "N": 256, "K": 256}, {"warp_specialize": "manual", "cluster": 2},
      "schedule of the persistent grid"),
     ("gemm", {"M": 256, "N": 256, "K": 256}, {"warp_specialize": "manual", "persistent": 3, "cluster": 2},
      r"even block count \(persistent=3\)"),
     ("gemm", {"M": 384, "N": 256, "K": 256}, {"warp_specialize": "manual", "persistent": True, "BM": 128, "cluster": 2},
-     "even extent"),
-    ("flash_attention", {"B": 1, "H": 2, "S": 256, "D": 64},
-     {"warp_specialize": "manual", "persistent": True, "cluster": 2}, "none is free of"),
+     r"even extent on the grid axis it pairs \(m: 3\)"),
+    ("flash_attention", {"B": 1, "H": 2, "S": 256, "D": 64, "causal": True},
+     {"warp_specialize": "manual", "persistent": True, "cluster": 2}, "one trip count for both blocks"),
+    ("rmsnorm", {"T": 8, "D": 64}, {"persistent": True, "cluster": 2}, "none is free of a grid axis"),
 ])
 def test_cluster_is_refused_where_it_cannot_pair_blocks_naming_the_grid_line(name, case, config, reason):
     spec = load_all()[name]
     sig = spec.kernel.bind(spec.meta_inputs(case))
     with pytest.raises(UnsupportedError, match=rf"{name}\.py:\d+.*cluster=2 needs .*{reason}"):
-        specialize(spec.kernel, sig, "sm90", config)
+        specialize(spec.kernel, sig, "sm90", config, spec.constants_of(case))

@@ -54,6 +54,11 @@ KNOBS = [
     ("gemm", "bf16_ragged", {"warp_specialize": "manual", "persistent": 2, "cluster": 2, "BM": 64, "BN": 64,
                              "raster": 8}),
     ("gemm", "bf16_ragged", {"warp_specialize": "manual", "persistent": True, "cluster": 2, "BM": 64, "BN": 64}),
+    ("gemm", "bf16_128", {"warp_specialize": "manual", "persistent": 2, "cluster": 2, "BN": 64}),  # pairs share A
+    # attention: pairs of query blocks share K and V (rotation + ping-pong; a narrowed ragged last block)
+    ("flash_attention", "d128", {"warp_specialize": "manual", "overlap": True, "persistent": 2, "cluster": 2}),
+    ("flash_attention", "d128_tail", {"warp_specialize": "manual", "overlap": True, "BN": 64, "persistent": True,
+                                      "cluster": 2}),
     # split-K in two launches: a K range per block (its loop starts past 0), then the combine phase,
     # which keeps TileLang's default schedule (phase_knobs)
     ("gemm_splitk", "ragged", {"warp_specialize": "manual"}),

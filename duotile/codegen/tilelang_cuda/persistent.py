@@ -20,10 +20,13 @@ What the manual schedule needs for it (``manual_ws.py``):
 it to put several tiles, and so several ring rounds, in one block).
 
 With ``cluster=2`` the blocks run in clusters of two (``T.ClusterKernel``) that walk pairs of
-tiles, neighbours along the grid's second-innermost axis (a gemm's row blocks): rank ``r`` of a
-cluster takes row ``2 * p + r`` of pair ``p``. A tile the pair shares (one whose offsets do not
-name that axis: a gemm's B tile) is loaded once by rank 0 and multicast by TMA into both blocks'
-shared memory (``manual_ws.py`` frees its slots in both), so L2 serves it once for two tiles.
+tiles, neighbours along one of the grid's two innermost axes (``pair_axis``: the one whose pairs
+share the most bytes a step; a gemm's row blocks, attention's query blocks): rank ``r`` of a
+cluster takes index ``2 * p + r`` of pair ``p``. A tile the pair shares (one whose offsets do not
+name that axis: a gemm's B tile, attention's K and V) is loaded once by rank 0 and multicast by
+TMA into both blocks' shared memory (``manual_ws.py`` frees its slots in both), so L2 serves it
+once for two tiles. Both blocks must then walk the same loop: its trip count may not depend on
+the pair axis (causal attention's does).
 """
 
 from __future__ import annotations
@@ -45,27 +48,30 @@ def tile_loop(grid: Op, knobs: dict, sms: int) -> TileLoop | None:
     p = knobs.get("persistent")
     if not p:
         return None
-    return TileLoop(grid, sms if p is True else int(p), int(knobs.get("raster", 0) or 0),
-                    int(knobs.get("cluster", 1) or 1))
+    cluster = int(knobs.get("cluster", 1) or 1)
+    return TileLoop(grid, sms if p is True else int(p), int(knobs.get("raster", 0) or 0), cluster,
+                    pair_axis(grid) if cluster > 1 else None)
 
 
 class TileLoop:
     """Emits the persistent loop over tiles around one role's body, and the grid decode."""
 
-    def __init__(self, grid: Op, blocks: int, raster: int, cluster: int = 1):
+    def __init__(self, grid: Op, blocks: int, raster: int, cluster: int = 1, pair: int | None = None):
         self.vars = [str(v) for v in grid.attrs["vars"]]
         self.extents = [int(x) for x in grid.attrs["extents"]]
-        self.cluster = cluster
+        self.cluster, self.pair = cluster, pair
         if cluster > 1:  # the loop walks pairs of tiles: the pair axis counts pairs
-            self.extents[-2] //= cluster
+            self.extents[pair] //= cluster
         self.tiles = math.prod(self.extents)
-        self.ctas, self.raster = min(self.tiles, blocks // cluster), max(raster // cluster, 1) if raster else 0
+        # a raster panel spans rows of the second-innermost axis: in pairs when clusters pair that axis
+        panel_rows = max(raster // cluster, 1) if raster and cluster > 1 and pair == -2 else raster
+        self.ctas, self.raster = min(self.tiles, blocks // cluster), panel_rows
         self.rounds = -(-self.tiles // self.ctas)
 
     @property
     def pair_var(self) -> str | None:
         """The grid variable a cluster's blocks differ in (None without clusters)."""
-        return self.vars[-2] if self.cluster > 1 else None
+        return self.vars[self.pair] if self.cluster > 1 else None
 
     def head(self, threads: int) -> str:
         if self.cluster > 1:
@@ -88,23 +94,23 @@ class TileLoop:
             src.line(f"panel_row = tile_id % {rows * cols} // {p * cols} * {p}")
             src.line(f"panel_rows = T.min({p}, {rows} - panel_row)")
             src.line(f"in_panel = tile_id % {rows * cols} - panel_row * {cols}")
-            src.line(f"{names[-2]} = {self._mine('panel_row + in_panel % panel_rows')}")
-            src.line(f"{names[-1]} = in_panel // panel_rows")
+            src.line(f"{names[-2]} = {self._mine(names[-2], 'panel_row + in_panel % panel_rows')}")
+            src.line(f"{names[-1]} = {self._mine(names[-1], 'in_panel // panel_rows')}")
             inner, outer = rows * cols, names[:-2]
         else:
-            src.line(f"{names[-1]} = tile_id % {ext[-1]}")
+            src.line(f"{names[-1]} = {self._mine(names[-1], f'tile_id % {ext[-1]}')}")
             inner, outer = ext[-1], names[:-1]
         for k in range(len(outer) - 1, -1, -1):
             span = f" % {ext[k]}" if k else ""
             at = f"tile_id // {inner}{span}"
-            src.line(f"{outer[k]} = {self._mine(at) if outer[k] == self.pair_var else at}")
+            src.line(f"{outer[k]} = {self._mine(outer[k], at)}")
             inner *= ext[k]
 
-    def _mine(self, pair_index: str) -> str:
-        """This block's row of the pair at ``pair_index`` (itself without clusters)."""
-        if self.cluster == 1:
-            return pair_index
-        return f"({pair_index}) * {self.cluster} + cta % {self.cluster}"
+    def _mine(self, var: str, at: str) -> str:
+        """Grid variable ``var`` decoded as ``at``; on the pair axis, this block's index of the pair."""
+        if var != self.pair_var:
+            return at
+        return f"({at}) * {self.cluster} + cta % {self.cluster}"
 
     @staticmethod
     def advance(src, loop: Op) -> None:
@@ -131,27 +137,59 @@ def shares(load: Op, pair_var: str) -> bool:
     return all(pair_var not in {str(x) for x in sympy.sympify(o).free_symbols} for o in load.attrs["offsets"])
 
 
+def _pipelined(grid: Op) -> list[Op]:
+    return [op for op in grid.regions[0].ops if op.name == "for" and op.attrs.get("stages")]
+
+
+def _shared_loads(grid: Op, axis: int) -> list[Op]:
+    """The pipelined loop's loads that both blocks of a pair along grid ``axis`` would read."""
+    var = str(grid.attrs["vars"][axis])
+    return [o for lp in _pipelined(grid) for o in lp.regions[0].ops if o.name == "load" and shares(o, var)]
+
+
+def _pair_axes(grid: Op) -> list[int]:
+    return [-2, -1] if len(grid.attrs["vars"]) >= 2 else [-1]
+
+
+def shareable(grid: Op) -> bool:
+    """Some pipelined load is free of one of the two innermost grid axes (shapes may be unbound)."""
+    return any(_shared_loads(grid, a) for a in _pair_axes(grid))
+
+
+def pair_axis(grid: Op) -> int | None:
+    """The grid axis clusters pair blocks along: of the two innermost, the one whose pairs share
+    the most bytes a step (the second-innermost on a tie); None when no pipelined load can be shared."""
+    def shared_bytes(axis: int) -> int:
+        return sum(math.prod(int(d) for d in o.attrs["shape"]) * o.result.type.dtype.bits // 8
+                   for o in _shared_loads(grid, axis))
+
+    best = max(_pair_axes(grid), key=shared_bytes)
+    return best if shared_bytes(best) else None
+
+
 def check_cluster(module: Module, arch_name: str, knobs: dict) -> None:
     """``cluster=2`` pairs persistent blocks; refused where it cannot pair them or share a tile."""
     c = int(knobs.get("cluster", 1) or 1)
     if c == 1:
         return
     grid, loc = module.grid, module.grid.loc
+    p, axis = knobs.get("persistent"), pair_axis(grid)
     why = None
-    p = knobs.get("persistent")
     if c != 2:
         why = "clusters of 2 blocks only"
     elif not p:
         why = "it is a schedule of the persistent grid (persistent=true, warp_specialize=manual)"
     elif p is not True and int(p) % 2:
         why = f"an even block count (persistent={p})"
-    elif len(grid.attrs["extents"]) < 2 or int(grid.attrs["extents"][-2]) % 2:
-        why = "a grid whose second-innermost axis has an even extent (pairs of row blocks)"
+    elif axis is None:
+        why = "a tile loaded in the pipelined loop that both blocks of a pair read (none is free of a grid axis)"
+    elif int(grid.attrs["extents"][axis]) % 2:
+        why = f"an even extent on the grid axis it pairs ({grid.attrs['vars'][axis]}: {grid.attrs['extents'][axis]})"
     else:
-        pair = str(grid.attrs["vars"][-2])
-        loops = [op for op in grid.regions[0].ops if op.name == "for" and op.attrs.get("stages")]
-        loads = [o for lp in loops for o in lp.regions[0].ops if o.name == "load"]
-        if not any(shares(o, pair) for o in loads):
-            why = f"a tile loaded in the pipelined loop that both blocks of a pair read (none is free of {pair})"
+        var = str(grid.attrs["vars"][axis])
+        lp = _pipelined(grid)[0]
+        bounds = {str(x) for e in (lp.attrs["start"], lp.attrs["extent"]) for x in sympy.sympify(e).free_symbols}
+        if var in bounds:
+            why = f"one trip count for both blocks of a pair (the pipelined loop's bounds depend on {var})"
     if why:
         raise UnsupportedError(f"{arch_name}: cluster={c} needs {why} (config {module.config})", loc)

@@ -18,7 +18,7 @@ from .arch import SM90, SM100, Arch
 from .capacity import check_capacity, check_tcgen05_atoms, check_warp_rows
 from .emit import emit_module, ws_mode
 from .overlap import check_overlap
-from .persistent import check_persistent, shares
+from .persistent import check_persistent, shareable
 from .plan import make_plan
 
 
@@ -51,8 +51,8 @@ class TileLangCuda(Target):
             # so each warp group issues wgmma as wide as the tile's N (one m64n256 where the default
             # square split issues two m64n128 and reads the A tile twice from shared memory)
             self.knobs["full_row"] = choice(False, True)
-            # cluster: with a persistent grid, blocks in pairs that share a tile (a gemm's B) by
-            # TMA multicast, so L2 serves it once for two tiles (persistent.py)
+            # cluster: with a persistent grid, blocks in pairs that share a tile (a gemm's B or A,
+            # attention's K and V) by TMA multicast, so L2 serves it once for two tiles (persistent.py)
             self.knobs["cluster"] = choice(1, 2)
 
     def knobs_for(self, module: Module) -> dict:
@@ -70,18 +70,9 @@ class TileLangCuda(Target):
         drop = ({"fp8_promote_k"} if not fp8 else set()) | ({"overlap"} if not two_gemm_loop else set()) \
             | ({"warp_specialize", "persistent", "cluster"} if not pipelined else set()) \
             | ({"full_row"} if not gemm else set()) \
-            | ({"cluster"} if not self._pairable(module, pipelined) else set()) \
+            | ({"cluster"} if not shareable(module.grid) else set()) \
             | {"ftz"}
         return {k: s for k, s in self.knobs.items() if k not in drop}
-
-    @staticmethod
-    def _pairable(module: Module, pipelined: list) -> bool:
-        """cluster=2 can share a tile: a pipelined load free of the grid's second-innermost axis."""
-        grid_vars = module.grid.attrs["vars"]
-        if len(grid_vars) < 2:
-            return False
-        loads = [o for lp in pipelined for o in lp.regions[0].ops if o.name == "load"]
-        return any(shares(o, str(grid_vars[-2])) for o in loads)
 
     def phase_knobs(self, module: Module, knobs: dict) -> dict:
         """A phase without a pipelined loop (a split reduction's combine) keeps the default schedule:

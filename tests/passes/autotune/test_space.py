@@ -115,9 +115,8 @@ def test_cuda_knobs_that_cannot_change_a_kernel_are_left_out():
     assert knobs(gemm, fp8) == {"threads", "raster", "fp8_promote_k", "warp_specialize", "persistent", "full_row",
                                 "cluster"}
     assert knobs(gemm, bf16) == {"threads", "raster", "warp_specialize", "persistent", "full_row", "cluster"}
-    # attention's accumulators are split by rows already (row reductions, rescaling): no full_row;
-    # its K / V tiles name the grid's second-innermost axis (the head): no pair shares them, no cluster
-    assert knobs(fa, fa_sig) == {"threads", "raster", "overlap", "warp_specialize", "persistent"}
+    # attention's accumulators are split by rows already (row reductions, rescaling): no full_row
+    assert knobs(fa, fa_sig) == {"threads", "raster", "overlap", "warp_specialize", "persistent", "cluster"}
     norm = registry.get("rmsnorm")  # no pipelined loop: nothing to specialise warps for
     norm_sig = norm.kernel.bind(norm.meta_inputs({"T": 4, "D": 64}))
     assert knobs(norm, norm_sig) == {"threads", "raster"}
