@@ -76,7 +76,9 @@ SWEEP = {
     # the split count: 32 output tiles of 64x128 fill a quarter of the SMs unsplit
     "gemm_decode": [{}, {"SPLIT": 1}, {"SPLIT": 2}, {"SPLIT": 8}, {"SPLIT": 16},
                     {"warp_specialize": "manual"}, {"warp_specialize": "manual", "SPLIT": 8}],
-    "mqa_decode": [{}, {"SPLIT": 1}, {"SPLIT": 8}, {"SPLIT": 32}],
+    "mqa_decode": [{}, {"SPLIT": 1}, {"SPLIT": 8}, {"SPLIT": 32},
+                   # two warp groups, the 64 x 512 accumulator split by columns: no spills (plan.py)
+                   {"threads": 256}, {"threads": 256, "SPLIT": 32}],
 }
 for _name in ("gemm_bf16", "gemm_fp8", "attention", "gemm_decode"):
     SWEEP[_name].insert(1, None)  # the tuned config, as codegen.compile picks it

@@ -42,6 +42,7 @@ ALSO_TRY = {
                  {"BN": 256, "fp8_promote_k": 0, **MANUAL},
                  {"BN": 256, "fp8_promote_k": 0, "persistent": True, **MANUAL},
                  {"BM": 256, "fp8_promote_k": 0, "persistent": True, **MANUAL}],
+    "mqa_decode_hca": [{"threads": 256}, {"threads": 256, "SPLIT": 32}],
     "flash_attention_d128": [{"BN": 176}, {"BN": 176, "cluster": 2}, {"cluster": 2}, {"BN": 128},
                              {"persistent": False}],
 }

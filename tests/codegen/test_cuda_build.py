@@ -123,18 +123,46 @@ def test_overlap_leaves_single_gemm_loops_alone():
     assert r.ok and "order=" not in r.artifact.stages["tilelang"]
 
 
-def test_row_split_accumulator_needs_16_rows_a_warp_on_sm90():
+def test_row_split_accumulator_needs_16_rows_a_warp_or_the_column_split_on_sm90():
     """Regression: BM=64 with 256 threads reached TileLang and failed there ("Layout infer
-    conflict"); the sm90 lowering now rejects it up front, naming the gemm's line."""
+    conflict"). Such a tile is now split by columns (plan.py); one that neither split can lay out
+    (176 columns over four warp groups) is rejected up front, naming the gemm's line."""
     from duotile.codegen.compile import specialize
+    from duotile.codegen.tilelang_cuda.arch import SM90
+    from duotile.codegen.tilelang_cuda.plan import make_plan
     from duotile.dsl.errors import UnsupportedError
 
     spec = load_all()["flash_attention"]
     case = spec.build_cases["d128"]
     sig = spec.kernel.bind(spec.meta_inputs(case))
-    with pytest.raises(UnsupportedError, match=r"flash_attention\.py:\d+.*64-row accumulator.*8 warps"):
-        specialize(spec.kernel, sig, "sm90", {"BM": 64, "threads": 256})
-    specialize(spec.kernel, sig, "sm90", {"BM": 64, "threads": 128})  # 4 warps x 16 rows: fine
+    with pytest.raises(UnsupportedError, match=r"flash_attention\.py:\d+.*64-row accumulator.*16 warps"):
+        specialize(spec.kernel, sig, "sm90", {"BM": 64, "threads": 512, "BN": 176})
+    module, _ = specialize(spec.kernel, sig, "sm90", {"BM": 64, "threads": 256})
+    assert len(make_plan(module, SM90, 256).col_split) == 2  # scores and output, by columns
+    module, _ = specialize(spec.kernel, sig, "sm90", {"BM": 64, "threads": 128})  # 4 warps x 16 rows
+    assert not make_plan(module, SM90, 128).col_split
+
+
+def test_column_split_keeps_head_dim_512_decode_in_registers_on_sm90():
+    """Decode MQA at head dim 512: 64 heads x 512 fp32 is 256 registers a thread over one warp
+    group (ptxas spills 2.5 KiB and serialises wgmma). Over two groups split by columns, each holds
+    64 x 256: the scores' row max and sum cross the groups through shared memory, P reaches the
+    second gemm through shared memory, and the partial output is written from the expression
+    without a second 64 x 512 fragment. Built here; its results on the H200 are a -m gpu row."""
+    spec = load_all()["mqa_decode"]
+    case = spec.build_cases["hca_1m"]
+    wide = build_case(spec, "hca_1m", case, "sm90", config={"threads": 256}, use_tuned=False)
+    assert wide.ok, wide.error
+    split = wide.artifacts[0]
+    text = split.stages["tilelang"]
+    assert text.count("policy=T.GemmWarpPolicy.FullCol") == 2 and "FullRow" not in text
+    assert re.search(r"T\.copy\((t\d+)_frag, \1_frag_smem\)", text)  # P staged for the second gemm
+    assert re.search(r"part_o\[s, b, i0, i1\] = ", text)
+    assert text.count('T.alloc_fragment((64, 512,), "float32")') == 1  # the accumulator only
+    assert "tl::AllReduce<tl::MaxOp, 256" in split.stages["cuda"]  # across both warp groups
+    assert split.meta["ptxas"]["spill_stores"] == 0 and not split.meta["ptxas"]["wgmma_serialized"]
+    narrow = build_case(spec, "hca_1m", case, "sm90", config={"threads": 128}, use_tuned=False)
+    assert narrow.ok and narrow.artifacts[0].meta["ptxas"]["spill_stores"] > 0
 
 
 def test_full_row_knob_issues_one_wgmma_as_wide_as_the_tile_on_sm90():

@@ -59,6 +59,15 @@ KNOBS = [
     ("flash_attention", "d128", {"warp_specialize": "manual", "overlap": True, "persistent": 2, "cluster": 2}),
     ("flash_attention", "d128_tail", {"warp_specialize": "manual", "overlap": True, "BN": 64, "persistent": True,
                                       "cluster": 2}),
+    # 64-row tiles over two warp groups: split by columns, row reductions across the groups through
+    # shared memory, P staged for the second gemm, stores written from the expression (plan.py);
+    # head dim 512 at 256 threads, where 128 threads spill
+    ("mqa_decode", "split4", {"threads": 256}),
+    ("mqa_decode", "empty_ranges", {"threads": 256}),
+    ("mqa_decode", "one_phase", {"threads": 256}),
+    ("flash_attention", "d512", {"threads": 256}),
+    ("flash_attention", "d512_causal", {"threads": 256}),  # a ragged last row block: guarded stores
+    ("flash_attention", "d128", {"BM": 64, "threads": 256}),
     # split-K in two launches: a K range per block (its loop starts past 0), then the combine phase,
     # which keeps TileLang's default schedule (phase_knobs)
     ("gemm_splitk", "ragged", {"warp_specialize": "manual"}),

@@ -28,8 +28,8 @@ def _stages_of(module: Module) -> dict[int, int]:
     return depth
 
 
-def usage(module: Module, arch: Arch) -> dict[str, int]:
-    plan = make_plan(module, arch)
+def usage(module: Module, arch: Arch, threads: int | None = None) -> dict[str, int]:
+    plan = make_plan(module, arch, threads)
     stages = _stages_of(module)
     smem = tmem_cols = 0
     for op in module.walk():
@@ -48,7 +48,7 @@ def usage(module: Module, arch: Arch) -> dict[str, int]:
 
 
 def check_capacity(module: Module, arch: Arch, knobs: dict) -> dict[str, int]:
-    use = usage(module, arch)
+    use = usage(module, arch, int(knobs.get("threads", 128)))
     detail = f"kernel {module.name} config {module.config}"
     if use["shared"] > arch.smem_bytes:
         raise CapacityError(arch.name, "shared memory", use["shared"], arch.smem_bytes, detail)
@@ -61,12 +61,15 @@ def check_capacity(module: Module, arch: Arch, knobs: dict) -> dict[str, int]:
 def check_warp_rows(module: Module, arch: Arch, knobs: dict) -> None:
     """On sm90 an accumulator that vector code reads row-wise is split by rows over every warp
     (TileLang's FullRow policy), 16 rows a warp; a tile with fewer rows than that cannot be laid
-    out (TileLang fails late with "Layout infer conflict")."""
+    out (TileLang fails late with "Layout infer conflict") unless the column split takes it
+    (``plan.col_splittable``: whole m64 rows and 8-column multiples per warp group)."""
     if arch.has_tmem:
         return
-    plan = make_plan(module, arch)
     warps = int(knobs.get("threads", 128)) // 32
+    plan = make_plan(module, arch, warps * 32)
     for op in module.walk():
+        if op.args and op.name == "gemm" and op.args[2].id in plan.col_split:
+            continue  # split by columns instead (plan.py)
         if op.name == "gemm" and (op.args[2].id in plan.full_row or knobs.get("full_row")):
             rows = int(op.args[2].type.shape[0])
             if rows % (16 * warps):

@@ -11,6 +11,7 @@ import sympy
 
 from ...dsl.errors import UnsupportedError
 from ...dsl.ir import Module, Op, Value
+from ...passes.fold_bounds import grid_env, interval
 from ..handlers import OpHandlers
 from . import overlap
 from .arch import Arch
@@ -27,7 +28,8 @@ handles = HANDLERS.on
 class Emitter:
     def __init__(self, module: Module, arch: Arch, knobs: dict):
         self.m, self.arch, self.knobs = module, arch, knobs
-        self.plan: Plan = make_plan(module, arch)
+        self.plan: Plan = make_plan(module, arch, int(knobs.get("threads", 128)))
+        self.deferred: dict[int, Op] = {}  # map ops written by the store that reads them (plan.store_direct)
         self.src = Source()
         self.names: dict[int, str] = {}
         self.dirty: set[int] = set()  # TMEM accumulators written since their last drain
@@ -77,6 +79,8 @@ class Emitter:
 
     def policy(self, acc: Value) -> str:
         """The gemm argument that splits an accumulator's rows over the warp groups, if it does."""
+        if acc.id in self.plan.col_split:
+            return ", policy=T.GemmWarpPolicy.FullCol"
         full = acc.id in self.plan.full_row or self.knobs.get("full_row")
         return ", policy=T.GemmWarpPolicy.FullRow" if full else ""
 
@@ -205,17 +209,22 @@ def region(tensor: str, offsets, shape, ndim: int) -> str:
     return f"{tensor}[{', '.join(parts)}]"
 
 
-def _in_bounds(e: Emitter, op: Op, loop_vars: list[str]) -> tuple[str, list[str]]:
-    """A bounds condition and the element's global indices for a tile at ``op``'s corner."""
+def _in_bounds(e: Emitter, op: Op, loop_vars: list[str], static: bool = False) -> tuple[str, list[str]]:
+    """A bounds condition and the element's global indices for a tile at ``op``'s corner;
+    ``static``: without the conditions the grid's extents already decide (``fold_bounds``)."""
     p = e.m.param(op.attrs["tensor"])
     shape, offsets = op.attrs["shape"], op.attrs["offsets"]
     lead = len(p.shape) - len(shape)
+    env = grid_env(e.m.grid) if static else {}
     conds, idx = [], []
     for d, off in enumerate(offsets):
-        g = index(off) if d < lead else f"{index(off)} + {loop_vars[d - lead]}"
+        o = index(off)
+        g = o if d < lead else (loop_vars[d - lead] if o == "0" and static else f"{o} + {loop_vars[d - lead]}")
         idx.append(g)
         if d >= lead:
-            conds.append(f"{g} < {int(p.shape[d])}")
+            span = interval(sympy.sympify(off), env) if static else None
+            if span is None or span[1] + int(shape[d - lead]) > int(p.shape[d]):
+                conds.append(f"{g} < {int(p.shape[d])}")
     return " and ".join(conds) or "True", idx
 
 
@@ -272,6 +281,12 @@ def _gather(e: Emitter, op: Op):
 @handles("store")
 def _store(e: Emitter, op: Op):
     v = op.args[0]
+    if v.id in e.deferred:  # the map's elements go straight to global memory, in bounds
+        lv = [f"i{d}" for d in range(len(op.attrs["shape"]))]
+        cond, idx = _in_bounds(e, op, lv, static=True)
+        dst = f"{e.m.param(op.attrs['tensor']).name}[{', '.join(idx)}]"
+        _map(e, e.deferred.pop(v.id), dst=dst if cond == "True" else None, guarded=(cond, dst))
+        return
     src = e.readable(v, op)
     p = e.m.param(op.attrs["tensor"])
     e.src.line(f"T.copy({src}, {region(p.name, op.attrs['offsets'], op.attrs['shape'], len(p.shape))})", op.loc)
@@ -286,12 +301,17 @@ def _reduce(e: Emitter, op: Op):
 
 
 @handles("map")
-def _map(e: Emitter, op: Op):
+def _map(e: Emitter, op: Op, dst: str | None = None, guarded: tuple[str, str] | None = None):
+    """``dst`` / ``guarded``: a store writes the elements to global memory (``_store``)."""
     into = op.attrs.get("into")
     out = into if into is not None else op.result
-    dst = e.readable(out, op) if into is not None else e.name(out)
+    if dst is None and guarded is None and op.result is not None and op.result.id in e.plan.store_direct:
+        e.deferred[op.result.id] = op
+        return
     shape = [int(d) for d in out.type.shape]
     lv = tuple(f"i{d}" for d in range(len(shape)))
+    if dst is None and guarded is None:
+        dst = (e.readable(out, op) if into is not None else e.name(out)) + f"[{', '.join(lv)}]"
     bufs = [e.readable(a, op) for a in op.args]
 
     def read(k, idx):
@@ -304,9 +324,14 @@ def _map(e: Emitter, op: Op):
         if len(root.shape) == len(shape) else lv
     text = ElementPrinter(read, lv).expr(root, root_idx)
     e.src.line(f"for {', '.join(lv)} in T.Parallel({', '.join(map(str, shape))}):", op.loc)
-    e.src.line(f"    {dst}[{', '.join(lv)}] = {text}", op.loc)
+    if dst is None:
+        cond, target = guarded
+        e.src.line(f"    if {_tl_and(cond)}:", op.loc)
+        e.src.line(f"        {target} = {text}", op.loc)
+    else:
+        e.src.line(f"    {dst} = {text}", op.loc)
     if into is not None and e.plan.scope[into.id] == "tmem":
-        e.src.line(f"T.copy({dst}, {e.name(into)})", op.loc)
+        e.src.line(f"T.copy({e.readable(out, op)}, {e.name(into)})", op.loc)
 
 
 @handles("gemm")

@@ -8,6 +8,13 @@ Rules (each a target lowering rule any kernel can hit, never a kernel special ca
   then it stays a fragment and each gemm into it goes through a fresh TMEM tile that is added in.
 - a gemm whose accumulator is reduced or rewritten by vector work gets the FullRow warp policy,
   so that each row lives within one warp group and row reductions stay in registers.
+- sm90, where such an accumulator has too few rows for that (16 a warp: a 64-row tile over two
+  warp groups) but whole wgmma tiles per group by columns: it is split by columns instead
+  (FullCol; the column split). Row reductions then cross warp groups through a shared-memory
+  workspace (TileLang's AllReduce), a fragment derived from it that feeds a gemm as ``a`` is
+  staged through shared memory (its layout is not wgmma's A layout), and a map result that only
+  a store reads is written straight to global memory instead of into a fragment: the column
+  split is for accumulators too big for one warp group's registers (head dim 512).
 - a zero-filled accumulator consumed first by a gemm is cleared by the gemm (``clear_accum``).
 """
 
@@ -28,9 +35,12 @@ class Plan:
     clear_by_gemm: dict[int, str] = field(default_factory=dict)  # gemm op id -> clear_accum expr
     skip_fill: dict[int, str] = field(default_factory=dict)  # alloc id -> 'same' | 'loop': a gemm clears it
     staged: set[int] = field(default_factory=set)  # fragment values copied to shared for a gemm
+    col_split: set[int] = field(default_factory=set)  # accumulators split by columns (FullCol)
+    store_direct: set[int] = field(default_factory=set)  # map results written by their store, no fragment
 
 
-def make_plan(module: Module, arch: Arch) -> Plan:
+def make_plan(module: Module, arch: Arch, threads: int | None = None) -> Plan:
+    """``threads``: the consumer threads (the ``threads`` knob); the column split is decided with it."""
     plan = Plan()
     ops = list(module.walk())
     sources: dict[int, set[int]] = {}  # value id -> the buffers it was computed from
@@ -42,18 +52,46 @@ def make_plan(module: Module, arch: Arch) -> Plan:
         if op.name == "reduce":
             plan.full_row |= sources.get(op.args[0].id, set())
     plan.full_row |= plan.mutated
+    if threads and not arch.has_tmem:
+        _split_by_columns(ops, plan, threads // 32)
     gemm_b = {op.args[1].id for op in ops if op.name == "gemm"}
     gemm_a = {op.args[0].id for op in ops if op.name == "gemm"}
+    if plan.col_split:  # fragments derived from a column-split accumulator come through shared memory
+        gemm_a = {v for v in gemm_a if sources.get(v, {v}) & plan.col_split}
     for op in ops:
         v = op.result
         if v is None:
             continue
         plan.scope[v.id] = _scope(op, v, arch, plan, v.id in gemm_b, v.id in gemm_a)
         if op.name != "load" and plan.scope[v.id] == "fragment":
-            if v.id in gemm_b or (v.id in gemm_a and arch.has_tmem):
+            if v.id in gemm_b or (v.id in gemm_a and (arch.has_tmem or plan.col_split)):
                 plan.staged.add(v.id)
     _find_gemm_clears(module, plan)
     return plan
+
+
+def col_splittable(rows: int, cols: int, warps: int) -> bool:
+    """A tile FullRow cannot lay out (16 rows a warp) that FullCol can: one m64 wgmma per warp
+    group by rows, and a multiple of 8 columns per group."""
+    groups = max(warps // 4, 1)
+    return rows % (16 * warps) != 0 and rows % 64 == 0 and cols % (8 * groups) == 0
+
+
+def _split_by_columns(ops: list[Op], plan: Plan, warps: int) -> None:
+    for op in ops:
+        if op.name == "gemm" and op.args[2].id in plan.full_row:
+            rows, cols = (int(d) for d in op.args[2].type.shape[-2:])
+            if col_splittable(rows, cols, warps):
+                plan.col_split.add(op.args[2].id)
+    if not plan.col_split:
+        return
+    uses: dict[int, int] = {}
+    for op in ops:
+        for a in op.values():
+            uses[a.id] = uses.get(a.id, 0) + 1
+    stored = {op.args[0].id for op in ops if op.name == "store"}
+    plan.store_direct = {op.result.id for op in ops if op.name == "map" and op.result is not None
+                         and op.attrs.get("into") is None and op.result.id in stored and uses[op.result.id] == 1}
 
 
 def _scope(op: Op, v: Value, arch: Arch, plan: Plan, feeds_b: bool, feeds_a: bool) -> str:
