@@ -143,28 +143,6 @@ def test_row_split_accumulator_needs_16_rows_a_warp_or_the_column_split_on_sm90(
     assert not make_plan(module, SM90, 128).col_split
 
 
-def test_column_split_keeps_head_dim_512_decode_in_registers_on_sm90():
-    """Decode MQA at head dim 512: 64 heads x 512 fp32 is 256 registers a thread over one warp
-    group (ptxas spills 2.5 KiB and serialises wgmma). Over two groups split by columns, each holds
-    64 x 256: the scores' row max and sum cross the groups through shared memory, P reaches the
-    second gemm through shared memory, and the partial output is written from the expression
-    without a second 64 x 512 fragment. Built here; its results on the H200 are a -m gpu row."""
-    spec = load_all()["mqa_decode"]
-    case = spec.build_cases["hca_1m"]
-    wide = build_case(spec, "hca_1m", case, "sm90", config={"threads": 256}, use_tuned=False)
-    assert wide.ok, wide.error
-    split = wide.artifacts[0]
-    text = split.stages["tilelang"]
-    assert text.count("policy=T.GemmWarpPolicy.FullCol") == 2 and "FullRow" not in text
-    assert re.search(r"T\.copy\((t\d+)_frag, \1_frag_smem\)", text)  # P staged for the second gemm
-    assert re.search(r"part_o\[s, b, i0, i1\] = ", text)
-    assert text.count('T.alloc_fragment((64, 512,), "float32")') == 1  # the accumulator only
-    assert "tl::AllReduce<tl::MaxOp, 256" in split.stages["cuda"]  # across both warp groups
-    assert split.meta["ptxas"]["spill_stores"] == 0 and not split.meta["ptxas"]["wgmma_serialized"]
-    narrow = build_case(spec, "hca_1m", case, "sm90", config={"threads": 128}, use_tuned=False)
-    assert narrow.ok and narrow.artifacts[0].meta["ptxas"]["spill_stores"] > 0
-
-
 def test_full_row_knob_issues_one_wgmma_as_wide_as_the_tile_on_sm90():
     """A 128x256 fp8 tile over two warp groups: the default square split gives each group
     128 x 128 (two m64n128k32 a step, the A tile read twice); full_row gives each group 64 rows of
@@ -281,3 +259,4 @@ def test_sm100_refuses_a_gemm_tile_without_a_tcgen05_atom_naming_the_line():
     with pytest.raises(UnsupportedError, match=r"mqa_decode\.py:\d+.*no tcgen05 instruction lowers a 64 x 32 x 128"):
         specialize_phases(spec.kernel, sig, "sm100", {**spec.config_of(case), "BN": 32})
     specialize_phases(spec.kernel, sig, "sm100", {**spec.config_of(case), "BN": 64})  # N 64: the .ws atom
+

@@ -89,6 +89,8 @@ def _split_by_columns(ops: list[Op], plan: Plan, warps: int) -> None:
     for op in ops:
         for a in op.values():
             uses[a.id] = uses.get(a.id, 0) + 1
+    # a map result is never written again (only dsl.zeros / full / empty buffers are): read once,
+    # by its store, it needs no fragment
     stored = {op.args[0].id for op in ops if op.name == "store"}
     plan.store_direct = {op.result.id for op in ops if op.name == "map" and op.result is not None
                          and op.attrs.get("into") is None and op.result.id in stored and uses[op.result.id] == 1}
