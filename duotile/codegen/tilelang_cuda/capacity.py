@@ -68,7 +68,7 @@ def check_warp_rows(module: Module, arch: Arch, knobs: dict) -> None:
     warps = int(knobs.get("threads", 128)) // 32
     plan = make_plan(module, arch, warps * 32)
     for op in module.walk():
-        if op.args and op.name == "gemm" and op.args[2].id in plan.col_split:
+        if op.name == "gemm" and op.args[2].id in plan.col_split:
             continue  # split by columns instead (plan.py)
         if op.name == "gemm" and (op.args[2].id in plan.full_row or knobs.get("full_row")):
             rows = int(op.args[2].type.shape[0])
