@@ -65,7 +65,9 @@ SWEEP = {
                  {**FP8_WIDE, "persistent": True, "full_row": True}, {**FP8, "BN": 192, "fp8_promote_k": 256,
                                                                       "full_row": True},
                  # clusters of two blocks: the B tile multicast to both (persistent.py)
-                 {**FP8_WIDE, "persistent": True, "cluster": 2}],
+                 {**FP8_WIDE, "persistent": True, "cluster": 2},
+                 # and the output through shared memory and TMA stores (tma_store.py)
+                 {**FP8_WIDE, "persistent": True, "cluster": 2, "tma_store": True}],
     # attention rows start from the build case's config: manual + overlap + persistent, 192-key blocks
     "attention": [{}, {"ftz": False}, {"BN": 128}, {"BN": 128, "STAGES": 3}, {"BN": 176},
                   {"cluster": 2}, {"BN": 176, "cluster": 2},  # pairs of query blocks share K and V

@@ -36,6 +36,7 @@ ALSO_TRY = {
                   {"BM": 128, "BN": 256, "BK": 64, "persistent": True, "cluster": 2, **MANUAL},
                   {"warp_specialize": "auto"}, {"BM": 256, "BN": 192, "BK": 64, "full_row": True, **MANUAL}],
     "gemm_fp8": [{"BN": 256, "fp8_promote_k": 0, "persistent": True, "cluster": 2, **MANUAL},
+                 {"BN": 256, "fp8_promote_k": 0, "persistent": True, "cluster": 2, "tma_store": True, **MANUAL},
                  {"BN": 192, "fp8_promote_k": 0, "persistent": True, "cluster": 2, **MANUAL},
                  {"BN": 256, "fp8_promote_k": 0, "persistent": True, "full_row": True, **MANUAL},
                  {"BN": 192, "fp8_promote_k": 0, "persistent": True, **MANUAL},

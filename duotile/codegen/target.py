@@ -21,7 +21,8 @@ _TARGETS: dict[str, Target] = {}
 # Every target knob's name. A config may carry knobs of several targets (a spec case pins
 # `threads` for CUDA and `cores` for Ascend); each target takes its own and ignores the rest.
 KNOB_NAMES = frozenset({"threads", "raster", "fp8_promote_k", "overlap", "warp_specialize", "cores",
-                        "vector_split", "persistent", "ftz", "full_row", "cluster"})
+                        "vector_split", "persistent", "ftz", "full_row", "cluster",
+                        "tma_store"})
 
 
 @dataclass

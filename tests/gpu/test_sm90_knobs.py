@@ -59,6 +59,12 @@ KNOBS = [
     ("flash_attention", "d128", {"warp_specialize": "manual", "overlap": True, "persistent": 2, "cluster": 2}),
     ("flash_attention", "d128_tail", {"warp_specialize": "manual", "overlap": True, "BN": 64, "persistent": True,
                                       "cluster": 2}),
+    # the output through shared memory and TMA stores (tma_store.py): ragged edge tiles (the TMA
+    # engine clips them), several tiles a block, with clusters
+    ("gemm", "bf16_ragged", {"warp_specialize": "manual", "persistent": 2, "BM": 64, "BN": 64, "tma_store": True}),
+    ("gemm", "bf16_ragged", {"warp_specialize": "manual", "tma_store": True}),
+    ("gemm", "fp8_scaled", {"warp_specialize": "manual", "persistent": 2, "cluster": 2, "fp8_promote_k": 0,
+                            "BK": 128, "BN": 128, "tma_store": True}),
     # 64-row tiles over two warp groups: split by columns, row reductions across the groups through
     # shared memory, P staged for the second gemm, stores written from the expression (plan.py);
     # head dim 512 at 256 threads, where 128 threads spill

@@ -13,7 +13,7 @@ from ...dsl.errors import UnsupportedError
 from ...dsl.ir import Module, Op, Value
 from ...passes.fold_bounds import grid_env, interval
 from ..handlers import OpHandlers
-from . import overlap
+from . import overlap, tma_store
 from .arch import Arch
 from .exprs import ElementPrinter, index, literal
 from .manual_ws import PRODUCER_THREADS, ManualWarpSpecialization
@@ -289,6 +289,9 @@ def _store(e: Emitter, op: Op):
         return
     src = e.readable(v, op)
     p = e.m.param(op.attrs["tensor"])
+    if e.knobs.get("tma_store") and e.ws is not None and len(op.attrs["shape"]) == 2:
+        tma_store.emit(e, op, src, p.name, [index(o) for o in op.attrs["offsets"]], int(e.knobs["threads"]))
+        return
     e.src.line(f"T.copy({src}, {region(p.name, op.attrs['offsets'], op.attrs['shape'], len(p.shape))})", op.loc)
 
 

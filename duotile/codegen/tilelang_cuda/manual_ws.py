@@ -187,6 +187,8 @@ class ManualWarpSpecialization:
                 self._free_once(before_post=True)
                 e.block(self.post)
                 self._free_once(before_post=False)
+            if e.knobs.get("tma_store"):
+                src.line("T.tma_store_wait()  # no exit while the TMA engine reads the output buffer")
         if pair is not None:
             src.line("T.cluster_sync()  # no block exits while its pair may still multicast into it")
         e.ws = None

@@ -13,7 +13,7 @@ from ...passes.fold_bounds import fold_bounds
 from ...passes.forward_copies import forward_copies
 from ...passes.fuse_elementwise import fuse_elementwise
 from ..target import Artifact, Target, register_target
-from . import toolchain
+from . import tma_store, toolchain
 from .arch import SM90, SM100, Arch
 from .capacity import check_capacity, check_tcgen05_atoms, check_warp_rows
 from .emit import emit_module, ws_mode
@@ -54,6 +54,9 @@ class TileLangCuda(Target):
             # cluster: with a persistent grid, blocks in pairs that share a tile (a gemm's B or A,
             # attention's K and V) by TMA multicast, so L2 serves it once for two tiles (persistent.py)
             self.knobs["cluster"] = choice(1, 2)
+            # tma_store: with manual, the output tile goes out through shared memory and a TMA
+            # store, in column chunks that fit beside the rings (tma_store.py)
+            self.knobs["tma_store"] = choice(False, True)
 
     def knobs_for(self, module: Module) -> dict:
         """fp8_promote_k only matters with an fp8 gemm, overlap only with two gemms in a pipelined loop,
@@ -68,7 +71,7 @@ class TileLangCuda(Target):
         row_split = make_plan(self._fused(copy.deepcopy(module)), self.arch).full_row
         gemm = any(op.name == "gemm" and op.args[2].id not in row_split for op in ops)
         drop = ({"fp8_promote_k"} if not fp8 else set()) | ({"overlap"} if not two_gemm_loop else set()) \
-            | ({"warp_specialize", "persistent", "cluster"} if not pipelined else set()) \
+            | ({"warp_specialize", "persistent", "cluster", "tma_store"} if not pipelined else set()) \
             | ({"full_row"} if not gemm else set()) \
             | ({"cluster"} if not shareable(module.grid) else set()) \
             | {"ftz"}
@@ -79,7 +82,7 @@ class TileLangCuda(Target):
         warp specialisation, the two-gemm rotation and persistence are schedules of such a loop."""
         if module.phase is None or any(op.name == "for" and op.attrs.get("stages") for op in module.walk()):
             return knobs
-        schedule = {"warp_specialize", "overlap", "persistent", "cluster"}
+        schedule = {"warp_specialize", "overlap", "persistent", "cluster", "tma_store"}
         return {k: (self.knobs[k].default if k in schedule and k in self.knobs else v) for k, v in knobs.items()}
 
     def start_points(self, module: Module) -> list[dict]:
@@ -127,6 +130,7 @@ class TileLangCuda(Target):
         check_tcgen05_atoms(module, self.arch)
         check_overlap(module, self.name, knobs, ws_mode(knobs))
         check_persistent(module, self.name, knobs, ws_mode(knobs), self.arch.has_tmem)
+        tma_store.check(module, self.name, knobs, ws_mode(knobs))
         return module
 
     def generate(self, module: Module, knobs: dict[str, Any]) -> Artifact:

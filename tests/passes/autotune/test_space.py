@@ -113,10 +113,12 @@ def test_cuda_knobs_that_cannot_change_a_kernel_are_left_out():
         return set(ConfigSpace.from_kernel(spec.kernel, tgt, module=module).params) - set(spec.kernel.tunables)
 
     assert knobs(gemm, fp8) == {"threads", "raster", "fp8_promote_k", "warp_specialize", "persistent", "full_row",
-                                "cluster"}
-    assert knobs(gemm, bf16) == {"threads", "raster", "warp_specialize", "persistent", "full_row", "cluster"}
+                                "cluster", "tma_store"}
+    assert knobs(gemm, bf16) == {"threads", "raster", "warp_specialize", "persistent", "full_row", "cluster",
+                                 "tma_store"}
     # attention's accumulators are split by rows already (row reductions, rescaling): no full_row
-    assert knobs(fa, fa_sig) == {"threads", "raster", "overlap", "warp_specialize", "persistent", "cluster"}
+    assert knobs(fa, fa_sig) == {"threads", "raster", "overlap", "warp_specialize", "persistent", "cluster",
+                                 "tma_store"}
     norm = registry.get("rmsnorm")  # no pipelined loop: nothing to specialise warps for
     norm_sig = norm.kernel.bind(norm.meta_inputs({"T": 4, "D": 64}))
     assert knobs(norm, norm_sig) == {"threads", "raster"}
