@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Device calls for the H200, one phase per call (each fits the 10-minute limit). Usage on the H200:
 #   source .device/activate && bash benchmarks/gpu_run.sh tests [ARGS] # pytest -m gpu [ARGS] (about 5 min)
-#   source .device/activate && bash benchmarks/gpu_run.sh bench        # bench_kernels.py --sweep (about 3 min)
+#   source .device/activate && bash benchmarks/gpu_run.sh bench [ARGS] # bench_kernels.py --sweep [ARGS], e.g. --kernels gemm_fp8 --interleave
 #   source .device/activate && bash benchmarks/gpu_run.sh tune NAMES   # tune_sweep.py --budget quick --only NAMES
 #   source .device/activate && bash benchmarks/gpu_run.sh profile [ARGS] # ncu: a kernel and its peer, one launch each
 #                                                                        # (profile_kernel.py --kernel attention|gemm_fp8)
