@@ -93,10 +93,6 @@ def write_results(name: str, rows: list[dict], header: list[str]) -> Path:
     return out / f"{name}.md"
 
 
-def attention_build(case_name: str, overrides: list[str]):
-    return case_build("flash_attention", case_name, overrides)
-
-
 def case_build(kernel_name: str, case_name: str, overrides: list[str]):
     """(kernel, inputs on the GPU, config) for a build case on sm90, its config with ``NAME=VALUE``
     overrides on top (what ``duotile show --config`` takes)."""

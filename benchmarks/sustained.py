@@ -20,7 +20,7 @@ import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks.common import attention_build  # noqa: E402
+from benchmarks.common import case_build  # noqa: E402
 
 
 def sustained(fn, seconds: float) -> dict:
@@ -55,7 +55,7 @@ def main(argv=None):
     p.add_argument("--rounds", type=int, default=2)
     p.add_argument("--config", nargs="*", default=[])
     args = p.parse_args(argv)
-    kernel, x, cfg = attention_build("d128", args.config)
+    kernel, x, cfg = case_build("flash_attention", "d128", args.config)
     flops = 4.0 * 4 * 32 * 4096 * 4096 * 128
     fns = {"torch SDPA": lambda: F.scaled_dot_product_attention(x["q"], x["k"], x["v"]),
            f"duotile {cfg}": lambda: kernel(**x)}

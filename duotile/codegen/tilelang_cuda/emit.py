@@ -284,8 +284,7 @@ def _store(e: Emitter, op: Op):
     if v.id in e.deferred:  # the map's elements go straight to global memory, in bounds
         lv = [f"i{d}" for d in range(len(op.attrs["shape"]))]
         cond, idx = _in_bounds(e, op, lv, static=True)
-        dst = f"{e.m.param(op.attrs['tensor']).name}[{', '.join(idx)}]"
-        _map(e, e.deferred.pop(v.id), dst=dst if cond == "True" else None, guarded=(cond, dst))
+        _map(e, e.deferred.pop(v.id), store=(cond, f"{e.m.param(op.attrs['tensor']).name}[{', '.join(idx)}]"))
         return
     src = e.readable(v, op)
     p = e.m.param(op.attrs["tensor"])
@@ -304,17 +303,17 @@ def _reduce(e: Emitter, op: Op):
 
 
 @handles("map")
-def _map(e: Emitter, op: Op, dst: str | None = None, guarded: tuple[str, str] | None = None):
-    """``dst`` / ``guarded``: a store writes the elements to global memory (``_store``)."""
+def _map(e: Emitter, op: Op, store: tuple[str, str] | None = None):
+    """``store``: (bounds condition, element of global memory) where a store writes the elements
+    straight out (``_store``, plan.store_direct)."""
     into = op.attrs.get("into")
     out = into if into is not None else op.result
-    if dst is None and guarded is None and op.result is not None and op.result.id in e.plan.store_direct:
+    if store is None and op.result is not None and op.result.id in e.plan.store_direct:
         e.deferred[op.result.id] = op
         return
     shape = [int(d) for d in out.type.shape]
     lv = tuple(f"i{d}" for d in range(len(shape)))
-    if dst is None and guarded is None:
-        dst = (e.readable(out, op) if into is not None else e.name(out)) + f"[{', '.join(lv)}]"
+    cond, dst = store or ("True", (e.readable(out, op) if into is not None else e.name(out)) + f"[{', '.join(lv)}]")
     bufs = [e.readable(a, op) for a in op.args]
 
     def read(k, idx):
@@ -327,12 +326,11 @@ def _map(e: Emitter, op: Op, dst: str | None = None, guarded: tuple[str, str] | 
         if len(root.shape) == len(shape) else lv
     text = ElementPrinter(read, lv).expr(root, root_idx)
     e.src.line(f"for {', '.join(lv)} in T.Parallel({', '.join(map(str, shape))}):", op.loc)
-    if dst is None:
-        cond, target = guarded
-        e.src.line(f"    if {_tl_and(cond)}:", op.loc)
-        e.src.line(f"        {target} = {text}", op.loc)
-    else:
+    if cond == "True":
         e.src.line(f"    {dst} = {text}", op.loc)
+    else:
+        e.src.line(f"    if {_tl_and(cond)}:", op.loc)
+        e.src.line(f"        {dst} = {text}", op.loc)
     if into is not None and e.plan.scope[into.id] == "tmem":
         e.src.line(f"T.copy({e.readable(out, op)}, {e.name(into)})", op.loc)
 

@@ -55,7 +55,7 @@ class TileLangCuda(Target):
             # attention's K and V) by TMA multicast, so L2 serves it once for two tiles (persistent.py)
             self.knobs["cluster"] = choice(1, 2)
             # tma_store: with manual, the output tile goes out through shared memory and a TMA
-            # store, in column chunks that fit beside the rings (tma_store.py)
+            # store, in chunks of whole rows that fit beside the rings (tma_store.py)
             self.knobs["tma_store"] = choice(False, True)
 
     def knobs_for(self, module: Module) -> dict:
