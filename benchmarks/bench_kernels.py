@@ -49,7 +49,11 @@ SWEEP = {
     "gemm_bf16": [{}, {"BM": 128, "BN": 256, "BK": 64, "STAGES": 4, "raster": 8, "warp_specialize": "auto"},
                   {"BM": 128, "BN": 256, "BK": 64, "STAGES": 4, "raster": 8, **PERSISTENT},
                   {"BM": 128, "BN": 192, "BK": 64, "STAGES": 4, "raster": 8, **PERSISTENT},
-                  {"BM": 256, "BN": 192, "BK": 64, "STAGES": 4, "raster": 8, **MANUAL, "full_row": True}],
+                  {"BM": 256, "BN": 192, "BK": 64, "STAGES": 4, "raster": 8, **MANUAL, "full_row": True},
+                  # the output through shared memory and TMA stores (tma_store.py), with and without clusters
+                  {"BM": 128, "BN": 256, "BK": 64, "STAGES": 4, "raster": 8, **PERSISTENT, "tma_store": True},
+                  {"BM": 128, "BN": 256, "BK": 64, "STAGES": 4, "raster": 8, **PERSISTENT, "cluster": 2,
+                   "tma_store": True}],
     # fp8_promote_k N: the fp8 partial sums join the fp32 accumulator every N elements of K (0: never)
     "gemm_fp8": [{}, {**FP8, "fp8_promote_k": 0}, FP8_WIDE, {**FP8_WIDE, "persistent": True},
                  {**FP8, "BM": 256, "fp8_promote_k": 0, **PERSISTENT},
@@ -146,7 +150,7 @@ def time_configs(label, spec, case, configs, work, unit, peer_fn, peak, peer_for
             k, compile_s = built
             k(**inputs)
             ok, why = verified(spec, case, inputs)
-            row.update(error=why, compile_s=round(compile_s, 1))
+            row.update(check=why, compile_s=round(compile_s, 1))
             if not ok:
                 row.update(status=f"WRONG ({why})")
                 continue
@@ -297,7 +301,7 @@ def main(argv=None):
         rows += fns[name](args.sweep)
     print(f"measured ceilings from the brief: {MEASURED}")
     write_results("kernels_sm90", rows, ["kernel", "config", "status", "ms", "TFLOP/s", "TB/s", "roofline",
-                                         "peer", "peer_ms", "vs_peer", "spread", "vs_copy", "compile_s", "error"])
+                                         "peer", "peer_ms", "vs_peer", "spread", "vs_copy", "compile_s", "check"])
 
 
 if __name__ == "__main__":

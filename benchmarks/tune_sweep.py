@@ -34,6 +34,8 @@ MANUAL = {"warp_specialize": "manual"}
 ALSO_TRY = {
     "gemm_bf16": [{"BM": 256, "BN": 192, "BK": 64, "full_row": True, "persistent": True, "cluster": 2, **MANUAL},
                   {"BM": 128, "BN": 256, "BK": 64, "persistent": True, "cluster": 2, **MANUAL},
+                  {"BM": 128, "BN": 256, "BK": 64, "persistent": True, "cluster": 2, "tma_store": True, **MANUAL},
+                  {"BM": 128, "BN": 256, "BK": 64, "persistent": True, "tma_store": True, **MANUAL},
                   {"warp_specialize": "auto"}, {"BM": 256, "BN": 192, "BK": 64, "full_row": True, **MANUAL}],
     "gemm_fp8": [{"BN": 256, "fp8_promote_k": 0, "persistent": True, "cluster": 2, **MANUAL},
                  {"BN": 256, "fp8_promote_k": 0, "persistent": True, "cluster": 2, "tma_store": True, **MANUAL},
