@@ -7,7 +7,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 from ..kernels_spec.registry import load_all
 from .build import cache_root
-from .driver import build_case
+from .driver import build_case, generate_case
 from .target import target_names
 
 BUILD_TARGETS = ("sm90", "sm100", "ascend950")
@@ -99,19 +99,33 @@ def cmd_show(args) -> int:
     except ValueError as err:
         print(f"duotile: {err}", file=sys.stderr)
         return 2
-    r = build_case(spec, cname, spec.build_cases[cname], args.target, config=config or None)
-    if not r.ok:
-        print(f"duotile: build failed: {r.error}", file=sys.stderr)
+    artifacts = _stages(spec, cname, args.target, config, args.stage)
+    if isinstance(artifacts, str):
+        print(f"duotile: {artifacts}", file=sys.stderr)
         return 1
-    if args.stage not in r.artifact.stages:
+    if args.stage not in artifacts[0].stages:
         print(f"duotile: target {args.target} has no stage {args.stage!r}; it has: "
-              f"{', '.join(sorted(r.artifact.stages))}", file=sys.stderr)
+              f"{', '.join(sorted(artifacts[0].stages))}", file=sys.stderr)
         return 2
-    for i, artifact in enumerate(r.artifacts):  # a kernel of several phases: each launch in turn
-        if len(r.artifacts) > 1:
-            print(f"{'' if i == 0 else chr(10)}# ---- phase {i} of {len(r.artifacts)}: {artifact.kernel} ----")
+    for i, artifact in enumerate(artifacts):  # a kernel of several phases: each launch in turn
+        if len(artifacts) > 1:
+            print(f"{'' if i == 0 else chr(10)}# ---- phase {i} of {len(artifacts)}: {artifact.kernel} ----")
         print(artifact.stages[args.stage], end="")
     return 0
+
+
+def _stages(spec, cname: str, target: str, config: dict, stage: str):
+    """The artifacts holding ``stage``, or an error message. Generated stages (Tile IR, TileLang
+    source) come from generation alone, so they print even when the toolchain fails on them."""
+    case = spec.build_cases[cname]
+    try:
+        generated = generate_case(spec, case, target, config=config or None)
+    except Exception as err:  # the same error the build would report
+        return f"build failed: {type(err).__name__}: {err}"
+    if stage in generated[0].stages:
+        return generated
+    r = build_case(spec, cname, case, target, config=config or None)
+    return r.artifacts if r.ok else f"build failed: {r.error}"
 
 
 def _assignment(text: str) -> tuple[str, object]:

@@ -55,10 +55,7 @@ def build_case(spec: Spec, case_name: str, case: Case, target: str, config: dict
     t0 = time.perf_counter()
     try:
         tgt = get_target(target)
-        sig = spec.kernel.bind(spec.meta_inputs(case))
-        tuned = tuned_config(spec, sig, target, spec.constants_of(case)) if use_tuned else None
-        cfg = {**spec.config_of(case, target), **(tuned or {}), **(config or {})}
-        phases, knobs = specialize_phases(spec.kernel, sig, tgt, cfg, spec.constants_of(case))
+        phases, knobs, tuned = _specialize(spec, case, target, config, use_tuned)
         artifacts = build_phases(spec.kernel, phases, tgt, knobs, use_cache=use_cache)
         for a in artifacts:
             a.meta["config_source"] = "tuned" if tuned else "default"
@@ -67,3 +64,21 @@ def build_case(spec: Spec, case_name: str, case: Case, target: str, config: dict
         msg = f"{type(err).__name__}: {err}"
         return BuildResult(spec.name, case_name, target, False, time.perf_counter() - t0, error=msg,
                            rejected=isinstance(err, CapacityError))
+
+
+def generate_case(spec: Spec, case: Case, target: str, config: dict[str, Any] | None = None,
+                  use_tuned: bool = True) -> list[Artifact]:
+    """The generated stages of one case (Tile IR, the target's source), one per phase, without
+    compiling them: what ``duotile show`` prints even where the toolchain then fails on them."""
+    tgt = get_target(target)
+    phases, knobs, _ = _specialize(spec, case, target, config, use_tuned)
+    return [tgt.generate(m, tgt.phase_knobs(m, knobs)) for m in phases]
+
+
+def _specialize(spec: Spec, case: Case, target: str, config: dict[str, Any] | None, use_tuned: bool):
+    """(phases, knobs, the tuned config or None) under the precedence ``build_case`` states."""
+    sig = spec.kernel.bind(spec.meta_inputs(case))
+    tuned = tuned_config(spec, sig, target, spec.constants_of(case)) if use_tuned else None
+    cfg = {**spec.config_of(case, target), **(tuned or {}), **(config or {})}
+    phases, knobs = specialize_phases(spec.kernel, sig, get_target(target), cfg, spec.constants_of(case))
+    return phases, knobs, tuned

@@ -44,3 +44,14 @@ class CapacityError(DslError):
 
 class UnsupportedError(DslError):
     """An op or a config is not supported by a target."""
+
+
+class LoweringError(DslError):
+    """A target's toolchain failed on code duotile generated: a generator or toolchain limit, not a
+    fault of the kernel. The message names the kernel, its config and how to print the source."""
+
+    def __init__(self, target: str, toolchain: str, kernel: str, config: dict, cause: Exception):
+        first = (str(cause).strip().splitlines() or [""])[0][:400]
+        super().__init__(f"{target}: {toolchain} could not lower the generated {kernel} (config {config}); print "
+                         f"the source with `duotile show {kernel} --target {target} --stage tilelang` and the "
+                         f"same --config: {type(cause).__name__}: {first}")

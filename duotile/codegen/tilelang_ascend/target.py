@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from ...dsl.errors import CapacityError, LoweringError
 from ...dsl.ir import Module
 from ...dsl.printer import format_module
 from ...dsl.tunables import choice
@@ -72,7 +73,13 @@ class AscendTarget(Target):
     def build(self, artifact: Artifact, workdir: str) -> Artifact:
         path = Path(workdir) / "kernel_tilelang.py"
         path.write_text(artifact.stages["tilelang"])
-        artifact.stages["ascend"], artifact.timings["lower"] = lower_file(path)
+        try:
+            artifact.stages["ascend"], artifact.timings["lower"] = lower_file(path)
+        except CapacityError:
+            raise
+        except Exception as err:  # TileLang's own errors name its passes, not the config or the source
+            raise LoweringError(self.name, f"TileLang {tilelang_version()} (Ascend)", artifact.kernel,
+                                {**artifact.meta.get("config", {}), **artifact.meta.get("knobs", {})}, err) from err
         artifact.meta["binary"] = "none: no bisheng/CANN on this machine; Ascend C++ source only"
         return artifact
 

@@ -7,6 +7,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from ...dsl.errors import LoweringError
 from ...dsl.ir import Module
 from ...dsl.tunables import choice
 from ...passes.fold_bounds import fold_bounds
@@ -146,7 +147,11 @@ class TileLangCuda(Target):
         py.write_text(artifact.stages["tilelang"])
         t0 = time.perf_counter()
         prim, configs = toolchain.load_generated(str(py), artifact.meta["entry"])
-        cuda = toolchain.lower_to_cuda(prim, self.arch.sm, configs)
+        try:
+            cuda = toolchain.lower_to_cuda(prim, self.arch.sm, configs)
+        except Exception as err:  # TileLang's own errors name its passes, not the config or the source
+            raise LoweringError(self.name, f"TileLang {toolchain.tilelang_version()}", artifact.kernel,
+                                {**artifact.meta.get("config", {}), **artifact.meta.get("knobs", {})}, err) from err
         artifact.timings["tilelang_lower"] = time.perf_counter() - t0
         artifact.stages["cuda"] = cuda
         cu = work / "kernel.cu"
