@@ -56,3 +56,19 @@ def test_tma_store_is_refused_without_the_manual_schedule_naming_the_grid_line()
     sig = spec.kernel.bind(spec.meta_inputs({"M": 256, "N": 256, "K": 256}))
     with pytest.raises(UnsupportedError, match=r"gemm\.py:\d+.*tma_store needs warp_specialize=manual"):
         specialize(spec.kernel, sig, "sm90", {"warp_specialize": "auto", "tma_store": True})
+
+
+def test_full_row_tiles_of_128_rows_a_warp_group_are_refused_naming_the_store_line():
+    """Regression: 256 x 128 under full_row and 4 stages reached TileLang, whose layout inversion
+    failed with an InternalError that named neither the kernel line nor the config."""
+    spec = load_all()["gemm"]
+    cfg = {"BM": 256, "BN": 128, "BK": 64, "STAGES": 4, "warp_specialize": "manual", "persistent": True,
+           "full_row": True, "tma_store": True}
+    r = build_case(spec, "bf16_8192", spec.build_cases["bf16_8192"], "sm90", config=cfg, use_tuned=False)
+    assert not r.ok and r.error.startswith("UnsupportedError")
+    assert "gemm.py:46" in r.error and "each warp group holds 128 rows" in r.error
+    # the same tile split the other way still goes out in two 128-row chunks
+    r = build_case(spec, "bf16_8192", spec.build_cases["bf16_8192"], "sm90", config={**cfg, "full_row": False},
+                   use_tuned=False)
+    assert r.ok, r.error
+    assert r.artifacts[0].stages["tilelang"].count("T.tma_copy(t3_frag_out") == 2

@@ -34,17 +34,23 @@ STORE_BARRIER = 10  # named barrier id: TileLang's own syncs use the low ids, th
 
 def chunk_rows(e, op: Op) -> int:
     """The tallest chunk of whole rows of the stored tile (all of them, then halves...), a multiple
-    of 64, whose buffer fits in the shared memory the kernel leaves free; refused when none does."""
+    of 64, whose buffer fits in the shared memory the kernel leaves free; refused when none does.
+    Under ``full_row`` with more than 64 rows a warp group, only the whole tile: TileLang 0.1.15
+    cannot invert a row slice of that layout (256 x 128 and 256 x 192 tiles, every chunk height)."""
     rows, cols = (int(d) for d in op.attrs["shape"][-2:])
     nbytes = op.args[0].type.dtype.bits // 8
-    free = e.arch.smem_bytes - usage(e.m, e.arch, int(e.knobs.get("threads", 128)))["shared"]
-    for parts in (1, 2, 4, 8):
+    threads = int(e.knobs.get("threads", 128))
+    free = e.arch.smem_bytes - usage(e.m, e.arch, threads)["shared"]
+    whole_only = bool(e.knobs.get("full_row")) and rows // max(1, threads // 128) > 64
+    for parts in (1,) if whole_only else (1, 2, 4, 8):
         chunk = rows // parts
         if rows % parts == 0 and chunk % 64 == 0 and chunk * cols * nbytes <= free:
             return chunk
-    raise UnsupportedError(f"{e.arch.name}: tma_store: no chunk of 64-row multiples of the {rows}x{cols} output "
-                           f"tile fits the {free} bytes of shared memory the loads leave (config {e.m.config})",
-                           op.loc)
+    why = (f"with full_row each warp group holds {rows // max(1, threads // 128)} rows, a layout TileLang "
+           f"0.1.15 cannot slice by rows, and the whole {rows}x{cols} output tile does not fit"
+           if whole_only else f"no chunk of 64-row multiples of the {rows}x{cols} output tile fits")
+    raise UnsupportedError(f"{e.arch.name}: tma_store: {why} the {free} bytes of shared memory the loads leave "
+                           f"(config {e.m.config})", op.loc)
 
 
 def emit(e, op: Op, src_buf: str, tensor: str, offsets: list[str], threads: int) -> None:
