@@ -115,17 +115,17 @@ def cmd_show(args) -> int:
 
 
 def _stages(spec, cname: str, target: str, config: dict, stage: str):
-    """The artifacts holding ``stage``, or an error message. Generated stages (Tile IR, TileLang
-    source) come from generation alone, so they print even when the toolchain fails on them."""
+    """The artifacts holding ``stage``, or an error message. Where the build fails, the generated
+    stages (Tile IR, TileLang source) still print: they come from generation alone."""
     case = spec.build_cases[cname]
+    r = build_case(spec, cname, case, target, config=config or None)
+    if r.ok:
+        return r.artifacts
     try:
         generated = generate_case(spec, case, target, config=config or None)
-    except Exception as err:  # the same error the build would report
-        return f"build failed: {type(err).__name__}: {err}"
-    if stage in generated[0].stages:
-        return generated
-    r = build_case(spec, cname, case, target, config=config or None)
-    return r.artifacts if r.ok else f"build failed: {r.error}"
+    except Exception:  # generation itself failed: the build's error says why
+        return f"build failed: {r.error}"
+    return generated if stage in generated[0].stages else f"build failed: {r.error}"
 
 
 def _assignment(text: str) -> tuple[str, object]:

@@ -7,6 +7,7 @@ import importlib
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..dsl.errors import LoweringError
 from ..dsl.ir import Module
 from ..dsl.tunables import Space
 
@@ -90,6 +91,13 @@ class Target:
     def tuning_limits(self, usage, knobs: dict[str, Any]) -> list:
         """``Limit``s of a config's estimated ``TileUsage``: its memories and register budget."""
         return []
+
+
+def lowering_error(target: str, toolchain: str, artifact: Artifact, cause: Exception) -> LoweringError:
+    """The error for a toolchain that failed on ``artifact``'s generated code: it names the kernel and
+    the config it was built with (tunables and knobs, as ``build_module`` records them)."""
+    config = {**artifact.meta.get("config", {}), **artifact.meta.get("knobs", {})}
+    return LoweringError(target, toolchain, artifact.kernel, config, cause)
 
 
 def register_target(target: Target) -> Target:

@@ -4,14 +4,14 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ...dsl.errors import CapacityError, LoweringError
+from ...dsl.errors import CapacityError
 from ...dsl.ir import Module
 from ...dsl.printer import format_module
 from ...dsl.tunables import choice
 from ...passes.assign_memory import assign_memory
 from ...passes.fold_bounds import fold_bounds
 from ...passes.fuse_elementwise import fuse_elementwise
-from ..target import Artifact, Target, register_target
+from ..target import Artifact, Target, lowering_error, register_target
 from .capacity import AscendMemoryModel
 from .check_whole_tiles import check_whole_tiles
 from .emit import generate_source
@@ -78,8 +78,7 @@ class AscendTarget(Target):
         except CapacityError:
             raise
         except Exception as err:  # TileLang's own errors name its passes, not the config or the source
-            raise LoweringError(self.name, f"TileLang {tilelang_version()} (Ascend)", artifact.kernel,
-                                {**artifact.meta.get("config", {}), **artifact.meta.get("knobs", {})}, err) from err
+            raise lowering_error(self.name, f"TileLang {tilelang_version()} (Ascend)", artifact, err) from err
         artifact.meta["binary"] = "none: no bisheng/CANN on this machine; Ascend C++ source only"
         return artifact
 

@@ -7,13 +7,12 @@ import time
 from pathlib import Path
 from typing import Any
 
-from ...dsl.errors import LoweringError
 from ...dsl.ir import Module
 from ...dsl.tunables import choice
 from ...passes.fold_bounds import fold_bounds
 from ...passes.forward_copies import forward_copies
 from ...passes.fuse_elementwise import fuse_elementwise
-from ..target import Artifact, Target, register_target
+from ..target import Artifact, Target, lowering_error, register_target
 from . import tma_store, toolchain
 from .arch import SM90, SM100, Arch
 from .capacity import check_capacity, check_tcgen05_atoms, check_warp_rows
@@ -150,8 +149,7 @@ class TileLangCuda(Target):
         try:
             cuda = toolchain.lower_to_cuda(prim, self.arch.sm, configs)
         except Exception as err:  # TileLang's own errors name its passes, not the config or the source
-            raise LoweringError(self.name, f"TileLang {toolchain.tilelang_version()}", artifact.kernel,
-                                {**artifact.meta.get("config", {}), **artifact.meta.get("knobs", {})}, err) from err
+            raise lowering_error(self.name, f"TileLang {toolchain.tilelang_version()}", artifact, err) from err
         artifact.timings["tilelang_lower"] = time.perf_counter() - t0
         artifact.stages["cuda"] = cuda
         cu = work / "kernel.cu"

@@ -41,12 +41,13 @@ def chunk_rows(e, op: Op) -> int:
     nbytes = op.args[0].type.dtype.bits // 8
     threads = int(e.knobs.get("threads", 128))
     free = e.arch.smem_bytes - usage(e.m, e.arch, threads)["shared"]
-    whole_only = bool(e.knobs.get("full_row")) and rows // max(1, threads // 128) > 64
+    group_rows = rows // max(1, threads // 128)
+    whole_only = bool(e.knobs.get("full_row")) and group_rows > 64
     for parts in (1,) if whole_only else (1, 2, 4, 8):
         chunk = rows // parts
         if rows % parts == 0 and chunk % 64 == 0 and chunk * cols * nbytes <= free:
             return chunk
-    why = (f"with full_row each warp group holds {rows // max(1, threads // 128)} rows, a layout TileLang "
+    why = (f"with full_row each warp group holds {group_rows} rows, a layout TileLang "
            f"0.1.15 cannot slice by rows, and the whole {rows}x{cols} output tile does not fit"
            if whole_only else f"no chunk of 64-row multiples of the {rows}x{cols} output tile fits")
     raise UnsupportedError(f"{e.arch.name}: tma_store: {why} the {free} bytes of shared memory the loads leave "
