@@ -299,7 +299,7 @@ def main(argv=None):
     rows = []
     for name in args.kernels.split(","):
         rows += fns[name](args.sweep)
-    print(f"measured ceilings from the brief: {MEASURED}")
+    print(f"ceilings torch reaches on an H200: {MEASURED}")
     write_results("kernels_sm90", rows, ["kernel", "config", "status", "ms", "TFLOP/s", "TB/s", "roofline",
                                          "peer", "peer_ms", "vs_peer", "spread", "vs_copy", "compile_s", "check"])
 
