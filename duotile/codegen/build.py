@@ -4,7 +4,9 @@ An artifact lives in ``<cache>/artifacts/<kernel>/<target>/<key>/`` with one fil
 ``meta.json``. The key hashes the lowered Tile IR text (which holds the shapes, dtypes, config
 and constants), the target's knobs, the toolchain versions and duotile's own compiler sources
 (the DSL, the passes and the generators), so a change to any of them builds anew. A directory
-whose ``meta.json`` is missing or unreadable is rebuilt, never trusted.
+whose ``meta.json`` is missing or unreadable, or whose files do not match the digests it
+records, is rebuilt, never loaded (``artifact_store.py``: atomic writes, concurrent builders,
+abandoned temporary directories).
 """
 
 from __future__ import annotations
@@ -14,13 +16,13 @@ import hashlib
 import json
 import os
 import shutil
-import tempfile
 import time
 from pathlib import Path
 
 from ..dsl.ir import Module
 from ..dsl.kernel import KernelDef
 from ..dsl.printer import canonical_text
+from . import artifact_store as store
 from .target import Artifact, Target
 
 STAGE_FILES = {"ir": "kernel.ir", "tilelang": "kernel_tilelang.py", "cuda": "kernel.cu", "ptx": "kernel.ptx",
@@ -53,15 +55,18 @@ def artifact_key(module: Module, target: Target, knobs: dict) -> str:
 
 def build_module(kernel: KernelDef, module: Module, target: Target, knobs: dict,
                  workdir: str | None = None, use_cache: bool = True) -> Artifact:
+    """The artifact of ``module``: a verified cache entry (``meta["cache"]`` "hit"), else a new build
+    ("miss", or "stale->rebuilt" with ``meta["cache_problem"]`` saying what did not match)."""
     key = artifact_key(module, target, knobs)
     final = Path(workdir) if workdir else cache_root() / "artifacts" / module.name / target.name / key
+    store.sweep(final.parent)
+    problem = "absent"
     if use_cache:
-        cached = _read(final)
+        cached, problem = _read(final)
         if cached is not None:
             cached.meta["cache"] = "hit"
             return cached
-    final.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{key}.", dir=final.parent))
+    tmp = store.new_temp(final.parent, key)
     try:
         t0 = time.perf_counter()
         artifact = target.generate(module, knobs)
@@ -70,14 +75,20 @@ def build_module(kernel: KernelDef, module: Module, target: Target, knobs: dict,
                              toolchain=target.toolchain(), shapes=module.shapes, config=module.config)
         artifact = target.build(artifact, str(tmp))
         _write(tmp, artifact)
-        if final.exists():
-            shutil.rmtree(final)
-        os.replace(tmp, final)
+        ours = store.publish(tmp, final, replace=not use_cache)
     finally:
         if tmp.exists():
             shutil.rmtree(tmp, ignore_errors=True)
+    if not ours:  # another process built it at the same time: its verified entry stands
+        theirs, why = _read(final)
+        if theirs is None:
+            raise OSError(f"the artifact another build placed at {final} does not verify: {why}")
+        artifact = theirs
     artifact.files = {k: str(final / Path(v).name) for k, v in artifact.files.items()}
-    artifact.meta["cache"] = "miss"
+    if problem == "absent" or not use_cache:
+        artifact.meta["cache"] = "miss"
+    else:
+        artifact.meta.update(cache="stale->rebuilt", cache_problem=problem)
     artifact.meta["dir"] = str(final)
     return artifact
 
@@ -90,17 +101,23 @@ def _write(d: Path, a: Artifact) -> None:
             shutil.copy(path, d / Path(path).name)
     meta = {"kernel": a.kernel, "target": a.target, "stages": sorted(a.stages),
             "files": {k: Path(v).name for k, v in a.files.items()}, "timings": a.timings, "meta": a.meta}
-    (d / "meta.json").write_text(json.dumps(meta, indent=1, default=str))
+    store.write_meta(d, meta)  # last: digests of everything above
 
 
-def _read(d: Path) -> Artifact | None:
+def _read(d: Path) -> tuple[Artifact | None, str]:
+    """The entry in ``d`` when every file matches its digest, else ``(None, why)``."""
+    meta, why = store.read(d)
+    if meta is None:
+        return None, why
     try:
-        meta = json.loads((d / "meta.json").read_text())
+        names = {STAGE_FILES.get(s, f"{s}.txt") for s in meta["stages"]} | set(meta["files"].values())
+        unsealed = sorted(names - set(meta["digests"]))
+        if unsealed:
+            return None, f"{unsealed[0]} is not covered by the entry's digests"
         stages = {s: (d / STAGE_FILES.get(s, f"{s}.txt")).read_text() for s in meta["stages"]}
         files = {k: str(d / v) for k, v in meta["files"].items()}
-        if not all(Path(f).exists() for f in files.values()):
-            return None
-    except (OSError, ValueError, KeyError, TypeError):
-        return None
-    meta["meta"]["dir"] = str(d)
-    return Artifact(meta["kernel"], meta["target"], stages, files, meta["timings"], meta["meta"])
+        info = dict(meta["meta"])
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as err:
+        return None, f"meta.json malformed ({type(err).__name__}: {err})"
+    info["dir"] = str(d)
+    return Artifact(meta["kernel"], meta["target"], stages, files, meta["timings"], info), ""

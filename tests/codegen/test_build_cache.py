@@ -49,4 +49,6 @@ def test_hit_then_corrupt_entry_is_rebuilt(tmp_path, monkeypatch):
     meta = tmp_path / "artifacts" / "rmsnorm" / "interpret" / first.meta["key"] / "meta.json"
     meta.write_text(json.dumps({"kernel": "rmsnorm"})[:-3])  # truncated JSON
     again = build_module(kernel, module, target, knobs)
-    assert again.meta["cache"] == "miss" and "ir" in again.stages
+    assert again.meta["cache"] == "stale->rebuilt" and "ir" in again.stages
+    assert "meta.json" in again.meta["cache_problem"]
+    assert build_module(kernel, module, target, knobs).meta["cache"] == "hit"
