@@ -15,6 +15,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from . import fields
+
 MODEL_TYPES = ("deepseek_v4", "deepseek_v41")
 
 # Keys a real config.json carries that do not change the text model's math.
@@ -147,7 +149,12 @@ class ModelConfig:
         if model_type not in MODEL_TYPES:
             raise ConfigError(f"model_type: unknown value {model_type!r}; expected one of {MODEL_TYPES}")
         text = dict(raw)
-        if model_type == "deepseek_v41" and isinstance(raw.get("text_config"), dict):
+        if model_type == "deepseek_v41":
+            if "text_config" not in raw:
+                raise ConfigError("text_config: missing; a deepseek_v41 config.json nests the text model's "
+                                  "fields under text_config")
+            if not isinstance(raw["text_config"], dict):
+                raise ConfigError(f"text_config: expected a JSON object, got {type(raw['text_config']).__name__}")
             text = {**{k: v for k, v in raw.items() if k != "text_config"}, **raw["text_config"]}
             text["model_type"] = model_type
         return _parse(text, model_type)
@@ -210,14 +217,20 @@ def _parse(text: dict[str, Any], model_type: str) -> ModelConfig:
     for key in known & set(text):
         kwargs[key] = text[key]
     kwargs["model_type"] = model_type
-    n_layers = int(kwargs.get("num_hidden_layers", ModelConfig.num_hidden_layers))
-    kwargs["compress_ratios"] = _compress_ratios(text, n_layers, int(kwargs.get("num_nextn_predict_layers", 0)))
+    _check_types(kwargs)
+    n_layers = kwargs.get("num_hidden_layers", ModelConfig.num_hidden_layers)
+    kwargs["compress_ratios"] = _compress_ratios(text, n_layers, kwargs.get("num_nextn_predict_layers", 0))
     kwargs.update(_rope_fields(text))
     kwargs.update(_quant_fields(text))
     if "qk_rope_head_dim" not in text and "partial_rotary_factor" in text:
-        kwargs["qk_rope_head_dim"] = round(float(text["partial_rotary_factor"]) * int(kwargs.get("head_dim", 512)))
+        factor = text["partial_rotary_factor"]
+        _require(fields.is_number(factor) and 0 < factor <= 1, "partial_rotary_factor",
+                 f"expected a number in (0, 1], got {factor!r}")
+        kwargs["qk_rope_head_dim"] = round(factor * kwargs.get("head_dim", 512))
     if model_type == "deepseek_v4" and "num_hash_layers" not in text and "mlp_layer_types" in text:
+        _require(isinstance(text["mlp_layer_types"], list), "mlp_layer_types", "expected a list")
         kwargs["num_hash_layers"] = sum(1 for t in text["mlp_layer_types"] if t == "hash_moe")
+    _check_types(kwargs)
     _check_fixed_values(text)
     for key, value in list(kwargs.items()):
         if isinstance(value, list):
@@ -236,8 +249,12 @@ def _compress_ratios(text: dict[str, Any], n_layers: int, n_extra: int) -> tuple
             raise ConfigError("compress_ratios: expected a list of non-negative integers")
         return tuple(ratios)
     if "layer_types" in text:
-        rates = {**_LAYER_TYPE_DEFAULT_RATES, **(text.get("compress_rates") or {}), **_LAYER_TYPE_RATIO}
-        bad = [t for t in text["layer_types"] if t not in rates]
+        _require(isinstance(text["layer_types"], list), "layer_types", "expected a list of layer type names")
+        given = text.get("compress_rates") or {}
+        _require(isinstance(given, dict) and all(fields.is_int(r) and r > 0 for r in given.values()),
+                 "compress_rates", f"expected an object of positive integers, got {given!r}")
+        rates = {**_LAYER_TYPE_DEFAULT_RATES, **given, **_LAYER_TYPE_RATIO}
+        bad = [t for t in text["layer_types"] if not isinstance(t, str) or t not in rates]
         if bad:
             raise ConfigError(f"layer_types: unknown layer type {bad[0]!r}")
         return tuple(rates[t] for t in text["layer_types"]) + (0,) * n_extra
@@ -245,18 +262,28 @@ def _compress_ratios(text: dict[str, Any], n_layers: int, n_extra: int) -> tuple
 
 
 def _rope_fields(text: dict[str, Any]) -> dict[str, Any]:
-    rope = text.get("rope_scaling") or text.get("rope_parameters") or {}
+    key = "rope_scaling" if text.get("rope_scaling") else "rope_parameters"
+    rope = text.get(key) or {}
+    _require(isinstance(rope, dict), key, f"expected a JSON object, got {rope!r}")
     if isinstance(rope.get("compress"), dict):
-        rope = rope["compress"]
+        rope, key = rope["compress"], key + ".compress"
     if not rope:
         return {}
     kind = rope.get("type", rope.get("rope_type", "yarn"))
     if kind != "yarn":
         raise ConfigError(f"rope_scaling.type: unsupported value {kind!r}; expected 'yarn'")
-    out = {"rope_factor": float(rope.get("factor", 16.0)),
-           "original_max_position_embeddings": int(rope.get("original_max_position_embeddings", 65536)),
-           "beta_fast": float(rope.get("beta_fast", 32.0)), "beta_slow": float(rope.get("beta_slow", 1.0))}
+    names = {"factor": ("rope_factor", 16.0), "original_max_position_embeddings":
+             ("original_max_position_embeddings", 65536), "beta_fast": ("beta_fast", 32.0),
+             "beta_slow": ("beta_slow", 1.0)}
+    out = {}
+    for src, (dst, default) in names.items():
+        value = rope.get(src, default)
+        problem = fields.check_field(dst, value)
+        _require(problem is None, f"{key}.{src}", problem or "")
+        out[dst] = value if fields.is_int(default) else float(value)
     if "rope_theta" in rope and "compress_rope_theta" not in text:
+        problem = fields.check_field("compress_rope_theta", rope["rope_theta"])
+        _require(problem is None, f"{key}.rope_theta", problem or "")
         out["compress_rope_theta"] = float(rope["rope_theta"])
     return out
 
@@ -264,6 +291,7 @@ def _rope_fields(text: dict[str, Any]) -> dict[str, Any]:
 def _quant_fields(text: dict[str, Any]) -> dict[str, Any]:
     out: dict[str, Any] = {}
     quant = text.get("quantization_config") or {}
+    _require(isinstance(quant, dict), "quantization_config", f"expected a JSON object, got {quant!r}")
     if quant:
         if quant.get("quant_method", "fp8") != "fp8":
             raise ConfigError(f"quantization_config.quant_method: unsupported value {quant['quant_method']!r}")
@@ -271,7 +299,8 @@ def _quant_fields(text: dict[str, Any]) -> dict[str, Any]:
             raise ConfigError(f"quantization_config.scale_fmt: unsupported value {quant['scale_fmt']!r}")
         if "weight_block_size" in quant:
             block = quant["weight_block_size"]
-            if not (isinstance(block, list) and len(block) == 2 and block[0] == block[1] and block[0] > 0):
+            if not (isinstance(block, list) and len(block) == 2 and fields.is_int(block[0]) and block[0] == block[1]
+                    and block[0] > 0):
                 raise ConfigError(f"quantization_config.weight_block_size: expected [b, b], got {block!r}")
             out["weight_block_size"] = tuple(block)
     expert = quant.get("expert_dtype", text.get("expert_dtype"))
@@ -293,15 +322,26 @@ def _require(cond: bool, name: str, message: str) -> None:
         raise ConfigError(f"{name}: {message}")
 
 
+def _check_types(values: dict[str, Any]) -> None:
+    """Every known field's type and range (fields.py); the first bad one raises, named."""
+    for name in [f.name for f in dataclasses.fields(ModelConfig) if f.name in values]:
+        problem = fields.check_field(name, values[name])
+        _require(problem is None, name, problem or "")
+
+
 def _validate(c: ModelConfig) -> ModelConfig:
-    """Check consistency; every failure names the offending field."""
-    for name in ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads", "head_dim",
-                 "q_lora_rank", "o_groups", "o_lora_rank", "sliding_window", "n_routed_experts",
-                 "num_experts_per_tok", "moe_intermediate_size", "hc_mult", "hc_sinkhorn_iters",
-                 "index_n_heads", "index_head_dim", "index_topk"):
-        value = getattr(c, name)
-        _require(isinstance(value, int) and not isinstance(value, bool) and value > 0, name,
-                 f"expected a positive integer, got {value!r}")
+    """Check types, ranges and consistency; every failure names the offending field."""
+    _check_types({f.name: getattr(c, f.name) for f in dataclasses.fields(c)})
+    for name in fields.float_fields():  # JSON integers (rope_theta: 10000) are stored as floats
+        object.__setattr__(c, name, float(getattr(c, name)))
+    for name in ("index_topk", "sliding_window"):
+        _require(getattr(c, name) <= c.max_position_embeddings, name,
+                 f"{getattr(c, name)} exceeds max_position_embeddings ({c.max_position_embeddings})")
+    if c.is_v41:
+        pool = c.candidate_topk_blocks * c.candidate_block_size
+        _require(pool <= c.max_position_embeddings, "candidate_topk_blocks",
+                 f"a pool of {c.candidate_topk_blocks} x candidate_block_size {c.candidate_block_size} = {pool} "
+                 f"positions exceeds max_position_embeddings ({c.max_position_embeddings})")
     _require(c.scoring_func == "sqrtsoftplus", "scoring_func", f"unsupported value {c.scoring_func!r}")
     _require(c.topk_method == "noaux_tc", "topk_method", f"unsupported value {c.topk_method!r}")
     _require(c.expert_dtype in ("fp4", "fp8"), "expert_dtype", f"unsupported value {c.expert_dtype!r}")
