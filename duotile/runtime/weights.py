@@ -2,11 +2,13 @@
 
 `Checkpoint.open(path)` reads `config.json`, the index (`model.safetensors.index.json`, or a single
 `model.safetensors`) and every shard's header - not the data. It checks, before anything is used, that
-each tensor of the inventory (inventory.py) is present with the right dtype and shape and that its bytes
-lie inside its file; any problem raises `CheckpointError` naming the tensor and the file. Tensor data is
-read lazily through safetensors' memory map, and `Checkpoint.get(name)` returns the dequantised FP32
-value (FP8 x UE8M0 block scale, packed FP4 x UE8M0 per 32). Every such product is exact in FP32 and in
-BF16, so dequantising loses nothing.
+the headers and the index are well formed (headers.py: offsets, overlaps, coverage, one shard per
+tensor), and that each tensor of the inventory (inventory.py) is present with the right dtype and shape;
+any problem raises `CheckpointError` naming the tensor and the file. Tensor data is read lazily through
+safetensors' memory map, and `Checkpoint.get(name)` checks the stored codes (scan.py: NaN e4m3 / UE8M0
+codes, non-finite floats, bad expert ids) and returns the dequantised FP32 value (FP8 x UE8M0 block
+scale, packed FP4 x UE8M0 per 32). Every such product is exact in FP32 and in BF16, so dequantising
+loses nothing. `Checkpoint.findings()` runs the same checks over every tensor (`duotile check-model`).
 
 `write_random_checkpoint(cfg, path)` produces a valid checkpoint for any config: random weights scaled
 so activations stay O(1), quantised to the released storage formats, split into shards with an index.
@@ -16,9 +18,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-import struct
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -27,67 +27,19 @@ from safetensors.torch import save_file
 
 from . import quant
 from .config import ModelConfig
+from .footprint import check_tensor_count
+from .headers import INDEX_NAME, SINGLE_NAME, CheckpointError, Entry, read_all_headers, read_header
 from .inventory import TensorSpec, tensor_specs
+from .scan import Finding, scan
 
-INDEX_NAME = "model.safetensors.index.json"
-SINGLE_NAME = "model.safetensors"
-_ST_DTYPES = {"F8_E4M3": torch.float8_e4m3fn, "F8_E8M0": torch.float8_e8m0fnu, "I8": torch.int8,
-              "BF16": torch.bfloat16, "F32": torch.float32, "I32": torch.int32, "I64": torch.int64,
-              "F16": torch.float16, "U8": torch.uint8}
-
-
-class CheckpointError(ValueError):
-    """A checkpoint is missing, truncated or inconsistent; the message names the tensor and the file."""
-
-
-@dataclass(frozen=True, slots=True)
-class _Entry:
-    file: Path
-    dtype: torch.dtype
-    shape: tuple[int, ...]
-
-
-def read_header(path: Path) -> dict[str, _Entry]:
-    """Parse one safetensors header and check that every tensor's bytes lie inside the file."""
-    try:
-        size = path.stat().st_size
-        with path.open("rb") as fh:
-            head = fh.read(8)
-            if len(head) < 8:
-                raise CheckpointError(f"{path}: truncated file (no safetensors header)")
-            (n,) = struct.unpack("<Q", head)
-            if n > size - 8:
-                raise CheckpointError(f"{path}: truncated file (header of {n} bytes, file has {size})")
-            header = json.loads(fh.read(n))
-    except OSError as err:
-        raise CheckpointError(f"{path}: cannot read: {err}") from err
-    except json.JSONDecodeError as err:
-        raise CheckpointError(f"{path}: corrupt safetensors header: {err}") from err
-    entries = {}
-    for name, info in header.items():
-        if name == "__metadata__":
-            continue
-        dtype = _ST_DTYPES.get(info["dtype"])
-        if dtype is None:
-            raise CheckpointError(f"tensor {name} in {path}: unsupported dtype {info['dtype']}")
-        begin, end = info["data_offsets"]
-        if 8 + n + end > size:
-            raise CheckpointError(f"tensor {name} in {path}: truncated file (data ends at byte {8 + n + end}, "
-                                  f"file has {size})")
-        shape = tuple(info["shape"])
-        numel = 1
-        for dim in shape:
-            numel *= dim
-        if end - begin != numel * dtype.itemsize:
-            raise CheckpointError(f"tensor {name} in {path}: {end - begin} bytes for shape {shape} {info['dtype']}")
-        entries[name] = _Entry(path, dtype, shape)
-    return entries
+__all__ = ["INDEX_NAME", "SINGLE_NAME", "Checkpoint", "CheckpointError", "read_header",
+           "write_random_checkpoint"]
 
 
 class Checkpoint:
     """A validated, lazily read checkpoint directory."""
 
-    def __init__(self, path: Path, config: ModelConfig, entries: dict[str, _Entry]):
+    def __init__(self, path: Path, config: ModelConfig, entries: dict[str, Entry]):
         self.path, self.config, self.entries = path, config, entries
         self.specs = {s.name: s for s in tensor_specs(config)}
         self._handles: dict[Path, object] = {}
@@ -98,9 +50,8 @@ class Checkpoint:
         if not (path / "config.json").is_file():
             raise CheckpointError(f"{path}: no config.json (not a checkpoint directory)")
         config = ModelConfig.from_file(path / "config.json")
-        entries: dict[str, _Entry] = {}
-        for shard in _shards(path):
-            entries.update(read_header(shard))
+        check_tensor_count(config)  # before the inventory is listed
+        entries = read_all_headers(path)
         ckpt = cls(path, config, entries)
         ckpt.validate()
         return ckpt
@@ -135,41 +86,42 @@ class Checkpoint:
         return handle.get_tensor(name)
 
     def get(self, name: str) -> torch.Tensor:
-        """The dequantised value of a logical tensor (FP32; integer tables stay integer)."""
+        """The dequantised value of a logical tensor (FP32; integer tables stay integer).
+
+        The stored codes are checked first (scan.py): a NaN / Inf code, an out-of-range expert id or an
+        all-zero embedding / final norm / head raises CheckpointError naming the tensor and the file."""
         spec = self.specs.get(name)
         if spec is None:
             raise KeyError(f"{name}: not a tensor of this checkpoint")
+        parts = self._stored(spec)
+        for finding in self._scan(parts):
+            if finding.level == "error":
+                entry = self.entries[finding.tensor]
+                raise CheckpointError(f"tensor {finding.tensor} in {entry.file}: {finding.message}")
         if spec.kind == "fp8":
-            return quant.dequantize_fp8_blocks(self.raw(f"{name}.weight"), self.raw(f"{name}.scale"),
+            return quant.dequantize_fp8_blocks(parts[f"{name}.weight"], parts[f"{name}.scale"],
                                                self.config.weight_block_size[0])
         if spec.kind == "fp4":
-            return quant.dequantize_fp4_rows(self.raw(f"{name}.weight"), self.raw(f"{name}.scale"))
+            return quant.dequantize_fp4_rows(parts[f"{name}.weight"], parts[f"{name}.scale"])
         if spec.kind == "fp8row":
-            return quant.dequantize_fp8_rows(self.raw(f"{name}.weight"), self.raw(f"{name}.scale"))
-        value = self.raw(name)
+            return quant.dequantize_fp8_rows(parts[f"{name}.weight"], parts[f"{name}.scale"])
+        value = parts[name]
         return value.long() if spec.kind == "int32" else value.float()
+
+    def _stored(self, spec: TensorSpec) -> dict[str, torch.Tensor]:
+        names = [spec.name] if spec.kind in ("bf16", "fp32", "int32") else [f"{spec.name}.weight", f"{spec.name}.scale"]
+        return {n: self.raw(n) for n in names}
+
+    def _scan(self, parts: dict[str, torch.Tensor]) -> list[Finding]:
+        return [f for n, t in parts.items() for f in scan(n, t, n_experts=self.config.n_routed_experts)]
+
+    def findings(self) -> list[Finding]:
+        """Every value finding (errors and warnings) over the whole checkpoint; reads every tensor."""
+        return [f for spec in self.specs.values() for f in self._scan(self._stored(spec))]
 
     def state_dict(self) -> dict[str, torch.Tensor]:
         """All logical tensors, dequantised (for small models and tests)."""
         return {name: self.get(name) for name in self.specs}
-
-
-def _shards(path: Path) -> list[Path]:
-    index = path / INDEX_NAME
-    if index.is_file():
-        try:
-            weight_map = json.loads(index.read_text())["weight_map"]
-        except (json.JSONDecodeError, KeyError) as err:
-            raise CheckpointError(f"{index}: corrupt index ({err})") from err
-        files = sorted(set(weight_map.values()))
-        missing = [f for f in files if not (path / f).is_file()]
-        if missing:
-            tensor = next(t for t, f in weight_map.items() if f == missing[0])
-            raise CheckpointError(f"tensor {tensor}: its shard {path / missing[0]} is missing")
-        return [path / f for f in files]
-    if (path / SINGLE_NAME).is_file():
-        return [path / SINGLE_NAME]
-    raise CheckpointError(f"{path}: neither {INDEX_NAME} nor {SINGLE_NAME} found")
 
 
 # ---- writer ---------------------------------------------------------------------------------------

@@ -129,7 +129,10 @@ def test_missing_tensor_and_missing_shard(small_v4, tmp_path):
 
 def test_unexpected_tensor_and_bad_directory(small_v4, tmp_path):
     path = _copy(small_v4, tmp_path / "c")
-    _rewrite(path, "norm.weight", lambda t: t.__setitem__("layers.0.attn.bogus", torch.zeros(3)))
+    shard = _rewrite(path, "norm.weight", lambda t: t.__setitem__("layers.0.attn.bogus", torch.zeros(3)))
+    index = json.loads((path / INDEX_NAME).read_text())
+    index["weight_map"]["layers.0.attn.bogus"] = shard.name
+    (path / INDEX_NAME).write_text(json.dumps(index))
     with pytest.raises(CheckpointError, match="tensor layers.0.attn.bogus in .*not part of"):
         Checkpoint.open(path)
     with pytest.raises(CheckpointError, match="no config.json"):
