@@ -13,7 +13,8 @@ import math
 import torch
 
 from .. import dsl
-from .registry import Spec, register
+from . import model_shapes as shapes
+from .registry import Dim, OneOf, Spec, register
 
 LOG2E = 1.4426950408889634
 LN2 = 0.6931471805599453
@@ -118,4 +119,12 @@ SPEC = register(Spec(
     tolerance=lambda case, out: (2e-2, 2e-2) if out == "o" else (1e-3, 1e-4),
     constants_of=lambda case: {"CAUSAL": bool(case.get("causal"))},
     flops=_flops,
+    # the build cases' pinned configs: d512 to fit, d128 the shipped starting points (and Ascend's UB)
+    model_shapes=shapes.with_config(shapes.with_config(shapes.with_config(
+        shapes.for_models(shapes.attention_shapes),
+        config=D512_CONFIG, config_for={"sm90": D512_SM90}, when=lambda c: c["D"] == 512),
+        config_for=D128_CONFIG_FOR, when=lambda c: c["D"] == 128 and not c.get("causal")),
+        config_for=D128_CAUSAL_CONFIG_FOR, when=lambda c: c["D"] == 128 and c.get("causal")),
+    sweep={"B": Dim(1, 2, large=4), "H": Dim(1, 3, large=8), "S": Dim(1, 200, large=4100),
+           "D": OneOf(64, 128), "causal": OneOf(False, True)},
 ))

@@ -10,7 +10,8 @@ from __future__ import annotations
 import torch
 
 from .. import dsl
-from .registry import Spec, register
+from . import model_shapes as shapes
+from .registry import Dim, OneOf, Spec, register
 
 
 @dsl.kernel(batch_dim="N")
@@ -56,4 +57,7 @@ SPEC = register(Spec(
     tolerance=lambda case, out: (0.0, 0.0),
     exact=True,
     bytes_moved=lambda c: 2 * 2 * c["N"] * c["D"] + 4 * c["N"],
+    model_shapes=shapes.for_models(shapes.gather_shapes),
+    sweep={"R": Dim(1, 500, large=300000), "N": Dim(1, 300, large=40000), "D": Dim(1, 700, large=6000),
+           "dtype": OneOf("bf16", "f32")},
 ))

@@ -10,7 +10,8 @@ from __future__ import annotations
 import torch
 
 from .. import dsl
-from .registry import Spec, register
+from . import model_shapes as shapes
+from .registry import Dim, OneOf, Spec, register
 
 FP8_MAX = 448.0
 # fp8 on sm90 keeps a second fp32 fragment for promotion (kernel default tiles would need 256
@@ -119,4 +120,12 @@ SPEC = register(Spec(
     tolerance=_tolerance,
     extra_error=_fp8_accumulation_error,
     flops=lambda c: 2.0 * c["M"] * c["N"] * c["K"],
+    # the build cases' sm90 starting points, by dtype
+    model_shapes=shapes.with_config(
+        shapes.with_config(shapes.for_models(shapes.gemm_shapes), config_for={"sm90": FP8_SM90},
+                           when=lambda c: c.get("dtype") == "f8e4m3"),
+        config_for={"sm90": BF16_SM90}, when=lambda c: "dtype" not in c),
+    # rows are free; a row of A, B (K) or C (N) is a whole number of 16 bytes, as TMA needs
+    sweep={"M": Dim(1, 300, large=4100), "N": Dim(8, 320, multiple=8, large=4104),
+           "K": Dim(16, 336, multiple=16, large=4112), "dtype": OneOf("bf16", "f8e4m3"), "scales": OneOf(False, True)},
 ))

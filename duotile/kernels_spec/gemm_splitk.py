@@ -14,8 +14,9 @@ from __future__ import annotations
 import torch
 
 from .. import dsl
+from . import model_shapes as shapes
 from .gemm import _tolerance, gemm_reference
-from .registry import Spec, register
+from .registry import Dim, OneOf, Spec, register
 
 # 4 ranges of K: 128 blocks for wo_b. CUDA: 64-row tiles (one wgmma row block; M is the batch),
 # 4 stages on sm90. Ascend 950: 16-row tiles (one cube fractal), since its lowering takes only
@@ -87,4 +88,11 @@ SPEC = register(Spec(
     flops=lambda c: 2.0 * c["M"] * c["N"] * c["K"],
     # compulsory bytes (A, B, C in bf16); the partial sums' round trip is the split's own cost
     bytes_moved=lambda c: 2.0 * (c["M"] * c["K"] + c["N"] * c["K"] + c["M"] * c["N"]),
+    model_shapes=shapes.with_config(
+        shapes.for_models(shapes.gemm_shapes, decode_m=shapes.SPLITK_M, prefill=False, dtype="bf16"),
+        config=DECODE, config_for=DECODE_FOR),
+    # decode rows; ranges of K from one block each to more ranges than blocks (empty ranges)
+    sweep={"M": Dim(1, 20, large=64), "N": Dim(8, 264, multiple=8, large=8200),
+           "K": Dim(8, 520, multiple=8, large=8200),
+           "config": {"SPLIT": OneOf(1, 2, 4, 8, 16), "BK": OneOf(64, 128), "BM": OneOf(16, 64)}},
 ))

@@ -21,7 +21,8 @@ import math
 import torch
 
 from .. import dsl
-from .registry import Spec, register
+from . import model_shapes as shapes
+from .registry import Dim, OneOf, Spec, register
 
 LOG2E = 1.4426950408889634
 # 64 heads x 512 in one warp group's 64 rows (like the d512 prefill config); 16 ranges of the
@@ -125,4 +126,8 @@ SPEC = register(Spec(
     tolerance=lambda case, out: (2e-2, 2e-2),
     flops=lambda c: 4.0 * c["B"] * c["H"] * c["R"] * c["D"],
     bytes_moved=lambda c: 2.0 * c["B"] * (c["R"] * c["D"] + 2 * c["H"] * c["D"]),
+    model_shapes=shapes.with_config(shapes.for_models(shapes.mqa_decode_shapes), config=DECODE, config_for=DECODE_FOR),
+    # the model's 64 heads; rows from one to several hundred blocks, ranges empty or full
+    sweep={"B": Dim(1, 5, large=64), "H": 64, "R": Dim(1, 300, large=9000), "D": OneOf(64, 128),
+           "config": {"SPLIT": OneOf(1, 2, 4, 8, 16), "BN": OneOf(32, 64)}},
 ))

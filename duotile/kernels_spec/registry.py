@@ -1,11 +1,14 @@
 """What the rest of duotile needs to know about a kernel spec, in one record.
 
 A ``Spec`` ties a DSL kernel to its PyTorch reference, a way to make inputs for a named
-case, the tolerances of its outputs and the shapes it must serve in the model.
+case, the tolerances of its outputs and the shapes it must serve in the model
+(``model_shapes``, built from ``model_shapes.py``), and says which of its sizes a random test
+may vary and how far (``sweep``).
 """
 
 from __future__ import annotations
 
+import random
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -15,6 +18,68 @@ import torch
 from ..dsl import KernelDef
 
 Case = dict[str, Any]
+
+def _is_prime(n: int) -> bool:
+    return n > 1 and all(n % p for p in range(2, int(n ** 0.5) + 1))
+
+
+@dataclass(frozen=True)
+class Dim:
+    """A size a random case may take: ``lo .. hi`` (inclusive) in steps of ``multiple``;
+    ``large`` raises ``hi`` for a large draw (on a GPU, where sizes cost little). A draw is a
+    bound, a power of two, a prime (where ``multiple`` is 1) or any value in range, so that sweeps
+    meet ragged edges, exact tiles and odd sizes alike."""
+
+    lo: int
+    hi: int
+    multiple: int = 1
+    large: int | None = None
+
+    def __post_init__(self):
+        if not (self.multiple >= 1 and self.lo % self.multiple == 0 and self.lo <= self.hi):
+            raise ValueError(f"Dim({self.lo}, {self.hi}, multiple={self.multiple}): lo must be a multiple "
+                             f"of multiple and at most hi")
+
+    def sample(self, rng: random.Random, large: bool = False) -> int:
+        hi = self.large if large and self.large else self.hi
+        steps = (hi - self.lo) // self.multiple
+        kind = rng.choice(("edge", "pow2", "prime", "any", "any"))
+        if kind == "edge":
+            return rng.choice((self.lo, self.lo + steps * self.multiple))
+        if kind == "pow2":
+            pows = [1 << i for i in range(31) if self.lo <= 1 << i <= hi and (1 << i) % self.multiple == 0]
+            if pows:
+                return rng.choice(pows)
+        if kind == "prime" and self.multiple == 1:
+            top = min(hi, self.lo + 4096)  # a prime near the low end too, not only large ones
+            start = rng.randint(self.lo, top)
+            for n in (*range(start, hi + 1), *range(start, self.lo - 1, -1)):
+                if _is_prime(n):
+                    return n
+        return self.lo + rng.randint(0, steps) * self.multiple
+
+
+@dataclass(frozen=True)
+class OneOf:
+    """A value a random case picks from a list (a dtype, a flag, a fixed set of widths)."""
+
+    values: tuple
+
+    def __init__(self, *values):
+        object.__setattr__(self, "values", tuple(values))
+
+    def sample(self, rng: random.Random, large: bool = False) -> Any:
+        return rng.choice(self.values)
+
+
+def draw(value: Any, rng: random.Random, large: bool = False) -> Any:
+    """A sweep entry's value: a ``Dim`` / ``OneOf`` samples, a dict draws each entry, anything else
+    is fixed."""
+    if isinstance(value, (Dim, OneOf)):
+        return value.sample(rng, large)
+    if isinstance(value, dict):
+        return {k: draw(v, rng, large) for k, v in value.items()}
+    return value
 
 
 @dataclass
@@ -33,6 +98,14 @@ class Spec:
     extra_error: Callable[[Case, str, dict], torch.Tensor] | None = None
     flops: Callable[[Case], float] | None = None
     bytes_moved: Callable[[Case], float] | None = None
+    # the shapes the models need, "<model>/<what>/<phase>" -> case (sizes, dtype, "model" tag;
+    # "config" / "config_for" where the spec pins one to fit): see model_shapes.py
+    model_shapes: dict[str, Case] = field(default_factory=dict)
+    # how random cases vary: case key -> Dim / OneOf / fixed value; "config" maps tunables the
+    # same way (the interpreter's sweep draws them; a GPU sweep builds with the user's config)
+    sweep: dict[str, Any] = field(default_factory=dict)
+    # a random case must satisfy this (e.g. a split count no larger than the blocks); redrawn else
+    sweep_valid: Callable[[Case], bool] | None = None
 
     @property
     def name(self) -> str:
@@ -47,6 +120,25 @@ class Spec:
         """A case may pin a config (tunables and target knobs), e.g. to fit a large head dim, and
         a per-target one on top (``"config_for": {"ascend950": {...}}``) where memories differ."""
         return {**case.get("config", {}), **case.get("config_for", {}).get(target, {})}
+
+    def model_cases(self, model: str | None = None) -> dict[str, Case]:
+        """The model shapes of one model (its tag ``v41-flash`` or short name ``v41``), or all."""
+        if model is None:
+            return dict(self.model_shapes)
+        from .model_shapes import model_named
+
+        tag = model_named(model).name
+        return {k: c for k, c in self.model_shapes.items() if c.get("model") == tag}
+
+    def random_case(self, rng: random.Random, large: bool = False) -> Case:
+        """A case drawn from ``sweep`` (``large``: up to each ``Dim``'s large bound)."""
+        if not self.sweep:
+            raise ValueError(f"kernel spec {self.name!r} declares no sweep")
+        for _ in range(1000):
+            case = {k: draw(v, rng, large) for k, v in self.sweep.items()}
+            if self.sweep_valid is None or self.sweep_valid(case):
+                return case
+        raise ValueError(f"kernel spec {self.name!r}: no valid random case in 1000 draws of its sweep")
 
     def allowed_error(self, case: Case, output: str, want: torch.Tensor, inputs: dict) -> torch.Tensor:
         """The largest |got - want| accepted for each element of ``output``."""

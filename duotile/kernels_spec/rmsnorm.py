@@ -10,7 +10,8 @@ from __future__ import annotations
 import torch
 
 from .. import dsl
-from .registry import Spec, register
+from . import model_shapes as shapes
+from .registry import Dim, OneOf, Spec, register
 
 
 @dsl.kernel(batch_dim="T")
@@ -58,4 +59,6 @@ SPEC = register(Spec(
     build_cases={"hidden": {"T": 4096, "D": 4096}, "mhc": {"T": 4096, "D": 16384}},
     tolerance=_tolerance,
     bytes_moved=lambda c: 2 * 2 * c["T"] * c["D"] + 2 * c["D"],
+    model_shapes=shapes.for_models(shapes.rmsnorm_shapes),
+    sweep={"T": Dim(1, 67, large=4099), "D": Dim(1, 777, large=20480), "dtype": OneOf("bf16", "f32")},
 ))
