@@ -8,6 +8,7 @@ from typing import Any
 from ..dsl.errors import DslError
 from ..dsl.ir import Module
 from ..dsl.kernel import KernelDef, Signature
+from ..dsl.tunables import ConfigValueError, same_value
 from ..passes.bind_shapes import bind_shapes
 from ..passes.check_batch_invariance import check_batch_invariance
 from ..passes.split_phases import split_phases
@@ -16,8 +17,10 @@ from .target import KNOB_NAMES, Artifact, Target, get_target
 
 
 def split_config(kernel: KernelDef, target: Target, config: dict[str, Any] | None):
-    """Separate a config into the kernel's tunables and the target's knobs."""
+    """Separate a config into the kernel's tunables and the target's knobs, refusing a name or a
+    value neither declares (``check_config``)."""
     config = dict(config or {})
+    check_config(kernel, target, config)
     knobs = target.default_knobs()
     for k in list(config):
         if k in target.knobs:
@@ -25,6 +28,48 @@ def split_config(kernel: KernelDef, target: Target, config: dict[str, Any] | Non
         elif k in KNOB_NAMES and k not in kernel.tunables:
             config.pop(k)  # another target's knob
     return kernel.resolve_config(config), knobs
+
+
+def check_config(kernel: KernelDef, target: Target, config: dict[str, Any]) -> None:
+    """A ``ConfigValueError`` for the first name that is neither a tunable of ``kernel`` nor a knob
+    of any target, or the first value its tunable or ``target``'s knob does not accept (the message
+    lists the allowed values). Another target's knobs pass through unjudged: a spec case pins
+    ``cores`` for Ascend beside ``threads`` for CUDA, and each target takes its own."""
+    where = f"{kernel.name} on {target.name}: "
+    for name, value in config.items():
+        if name in kernel.tunables:
+            space = kernel.tunables[name]
+            if space.accepts(value):
+                continue
+            pinned = [v for v in spec_pinned(kernel).get(name, ()) if not space.accepts(v)]
+            if any(same_value(v, value) for v in pinned):
+                continue
+            extra = f", or as the spec's cases pin it: {sorted(set(pinned), key=repr)}" if pinned else ""
+            raise ConfigValueError(f"{where}{name}={value!r} is not allowed: {name} takes {space.allowed()}{extra}")
+        elif name in target.knobs:
+            target.knobs[name].check(name, value, where)
+        elif name not in KNOB_NAMES:
+            knobs = ", ".join(target.knobs) or "none"
+            raise ConfigValueError(f"{where}kernel {kernel.name!r} has no tunable {name!r} and no target has a "
+                                   f"knob of that name; tunables: {', '.join(kernel.tunables) or 'none'}; "
+                                   f"{target.name} knobs: {knobs}")
+
+
+def spec_pinned(kernel: KernelDef) -> dict[str, list]:
+    """Values the kernel's own spec pins for its tunables in a case (``config`` / ``config_for``):
+    the spec file declares them beside the kernel, so a build accepts them although the search
+    never proposes them (small test shapes pin tiles smaller than any searched one)."""
+    from ..kernels_spec.registry import REGISTRY
+
+    spec = REGISTRY.get(kernel.name)
+    if spec is None or spec.kernel is not kernel:
+        return {}
+    out: dict[str, list] = {}
+    for case in (*spec.cases.values(), *spec.build_cases.values()):
+        for cfg in (case.get("config", {}), *case.get("config_for", {}).values()):
+            for k, v in cfg.items():
+                out.setdefault(k, []).append(v)
+    return out
 
 
 def specialize_phases(kernel: KernelDef, sig: Signature, target: str | Target = "interpret",

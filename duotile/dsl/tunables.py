@@ -3,14 +3,31 @@ numeric encoding, so every search strategy works on every kernel.
 
     BM: dsl.Tunable = dsl.choice(64, 128, 256)
     STAGES: dsl.Tunable = dsl.int_range(1, 4, default=2)
+
+A config may set a tunable only to a value its space accepts (``Space.check``): the searched
+values, matched by value and type (``True`` is not ``1``), and for a space declared with
+``also=`` the values that predicate admits beyond them (a block count, an older spelling), which
+are never searched. Anything else is a ``ConfigValueError`` that lists the allowed values.
 """
 
 from __future__ import annotations
 
 import math
 import random
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
+
+from .errors import DslError
+
+
+class ConfigValueError(DslError, ValueError):
+    """A config names a value (or a parameter) outside what a kernel and target declare."""
+
+
+def same_value(a: Any, b: Any) -> bool:
+    """Equal and of one kind: ``True`` is not ``1`` and ``64.0`` is not ``64`` here."""
+    return a == b and type(a) is type(b)
 
 
 @dataclass
@@ -41,7 +58,29 @@ class Space:
         return vals.index(value) / max(1, len(vals) - 1)
 
     def contains(self, value: Any) -> bool:
-        return value in self.values()
+        """Whether ``value`` is one of the searched values."""
+        return any(same_value(value, v) for v in self.values())
+
+    # what a config may set beyond the searched values: ``(predicate, what it admits in words)``
+    also: tuple[Callable[[Any], bool], str] | None = field(default=None, kw_only=True)
+
+    def accepts(self, value: Any) -> bool:
+        """Whether a config may set this value: a searched one, or one ``also`` admits."""
+        if self.contains(value):
+            return True
+        try:
+            return bool(self.also and self.also[0](value))
+        except Exception:  # noqa: BLE001 - a predicate that cannot judge a value refuses it
+            return False
+
+    def allowed(self) -> str:
+        """The accepted values in words, for an error message."""
+        return f"one of {self.values()}" + (f", or {self.also[1]}" if self.also else "")
+
+    def check(self, name: str, value: Any, where: str = "") -> None:
+        """Refuse a value this space does not accept, naming the allowed ones."""
+        if not self.accepts(value):
+            raise ConfigValueError(f"{where}{name}={value!r} is not allowed: {name} takes {self.allowed()}")
 
     def __len__(self) -> int:
         return len(self.values())
@@ -157,8 +196,9 @@ class IntRange(Space):
         return (value - self.lo) / max(1, self.hi - self.lo)
 
 
-def choice(*options, default=None) -> Choice:
-    return Choice(options=tuple(options), default_value=default)
+def choice(*options, default=None, also: tuple[Callable[[Any], bool], str] | None = None) -> Choice:
+    """``also=(predicate, words)``: values a config may set beyond ``options`` (never searched)."""
+    return Choice(options=tuple(options), default_value=default, also=also)
 
 
 def pow2(lo: int, hi: int, default: int | None = None) -> Pow2:

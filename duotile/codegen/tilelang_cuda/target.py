@@ -12,6 +12,7 @@ from ...dsl.tunables import choice
 from ...passes.fold_bounds import fold_bounds
 from ...passes.forward_copies import forward_copies
 from ...passes.fuse_elementwise import fuse_elementwise
+from ...passes.mark_short_loops import mark_short_loops
 from ..target import Artifact, Target, lowering_error, register_target
 from . import tma_store, toolchain
 from .arch import SM90, SM100, Arch
@@ -20,6 +21,16 @@ from .emit import emit_module, ws_mode
 from .overlap import check_overlap
 from .persistent import check_persistent, shareable
 from .plan import make_plan
+
+
+def _count(lo: int):
+    return lambda v: type(v) is int and v >= lo
+
+
+# what a config may set beyond the searched values (dsl.tunables: ``also``)
+_PANEL_ROWS = (_count(1), "any number of rows >= 1")
+_BLOCK_COUNT = (_count(1), "a block count >= 1")
+_WS_BOOLEANS = (lambda v: type(v) is bool, "True / False (older tables: auto / off)")
 
 
 class TileLangCuda(Target):
@@ -35,7 +46,8 @@ class TileLangCuda(Target):
         # (0: never); 128 is DeepGEMM's and CUTLASS's interval
         # ftz: fp32 denormals flushed to zero (nvcc --ftz=true), as FA3 and most LLM kernels build;
         # without it every exp2 is a range check and two predicated multiplies around MUFU.EX2
-        self.knobs = {"threads": choice(256, 128, 512), "raster": choice(0, 8, 16), "ftz": choice(True, False)}
+        self.knobs = {"threads": choice(256, 128, 512), "raster": choice(0, 8, 16, also=_PANEL_ROWS),
+                      "ftz": choice(True, False)}
         if not arch.has_tmem:
             self.knobs["fp8_promote_k"] = choice(128, 256, 512, 0)
             # overlap: run a dependent second gemm one iteration behind (FA3's schedule), see overlap.py
@@ -43,10 +55,10 @@ class TileLangCuda(Target):
             # warp_specialize: for a pipelined loop, TileLang's producer warp group issuing TMA ("auto"),
             # duotile's hand-scheduled producer / consumer roles with wgmma kept in flight ("manual",
             # manual_ws.py), or every warp loading and computing ("off": tl.disable_warp_specialized)
-            self.knobs["warp_specialize"] = choice("auto", "manual", "off")
+            self.knobs["warp_specialize"] = choice("auto", "manual", "off", also=_WS_BOOLEANS)
             # persistent: one block per SM walks the output tiles (persistent.py; manual only);
             # an integer is a block count
-            self.knobs["persistent"] = choice(False, True)
+            self.knobs["persistent"] = choice(False, True, also=_BLOCK_COUNT)
             # full_row: every gemm tile split by rows over the warp groups (TileLang's FullRow policy),
             # so each warp group issues wgmma as wide as the tile's N (one m64n256 where the default
             # square split issues two m64n128 and reads the A tile twice from shared memory)
@@ -121,7 +133,7 @@ class TileLangCuda(Target):
     def _fused(module: Module) -> Module:
         # vector code reads an accumulator where it lives (sm90: the register fragment; sm100: one
         # tcgen05.ld drain into a fragment after each write), so a plain copy between them can go
-        return forward_copies(fold_bounds(fuse_elementwise(module)))
+        return mark_short_loops(forward_copies(fold_bounds(fuse_elementwise(module))))
 
     def lower(self, module: Module, knobs: dict[str, Any]) -> Module:
         module = self._fused(module)
