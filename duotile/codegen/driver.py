@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+import warnings
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -41,10 +42,22 @@ class BuildResult:
 
 
 def tuned_config(spec: Spec, sig, target: str, constants: dict) -> dict[str, Any] | None:
-    """The autotuner's best config for this call, when the tuning cache has one."""
+    """The autotuner's best config for this call, when the tuning cache has one that today's
+    kernel and target accept (an entry they refuse is skipped with a warning)."""
     from ..passes.autotune.cache import best_config
 
     return best_config(spec.kernel, target, sig.shapes, dtypes=sig.dtypes, present=sig.present, constants=constants)
+
+
+def _tuned(spec: Spec, sig, target: str, constants: dict) -> tuple[dict[str, Any] | None, list[str]]:
+    """``tuned_config`` and the lines saying which cached entries were skipped and why."""
+    from ..passes.autotune.cache import lookup
+
+    config, skipped = lookup(spec.kernel, target, sig.shapes, dtypes=sig.dtypes, present=sig.present,
+                             constants=constants)
+    for msg in skipped:
+        warnings.warn(msg, stacklevel=3)
+    return config, skipped
 
 
 def build_case(spec: Spec, case_name: str, case: Case, target: str, config: dict[str, Any] | None = None,
@@ -55,10 +68,12 @@ def build_case(spec: Spec, case_name: str, case: Case, target: str, config: dict
     t0 = time.perf_counter()
     try:
         tgt = get_target(target)
-        phases, knobs, tuned = _specialize(spec, case, target, config, use_tuned)
+        phases, knobs, tuned, skipped = _specialize(spec, case, target, config, use_tuned)
         artifacts = build_phases(spec.kernel, phases, tgt, knobs, use_cache=use_cache)
         for a in artifacts:
             a.meta["config_source"] = "tuned" if tuned else "default"
+            if skipped:
+                a.meta["tuned_skipped"] = skipped
         return BuildResult(spec.name, case_name, target, True, time.perf_counter() - t0, artifacts, phases)
     except Exception as err:  # reported per row; the build goes on
         msg = f"{type(err).__name__}: {err}"
@@ -71,14 +86,16 @@ def generate_case(spec: Spec, case: Case, target: str, config: dict[str, Any] | 
     """The generated stages of one case (Tile IR, the target's source), one per phase, without
     compiling them: what ``duotile show`` prints even where the toolchain then fails on them."""
     tgt = get_target(target)
-    phases, knobs, _ = _specialize(spec, case, target, config, use_tuned)
+    phases, knobs, _, _ = _specialize(spec, case, target, config, use_tuned)
     return [tgt.generate(m, tgt.phase_knobs(m, knobs)) for m in phases]
 
 
 def _specialize(spec: Spec, case: Case, target: str, config: dict[str, Any] | None, use_tuned: bool):
-    """(phases, knobs, the tuned config or None) under the precedence ``build_case`` states."""
+    """(phases, knobs, the tuned config or None, the tuned entries skipped) under the precedence
+    ``build_case`` states. A skipped entry falls back to the next choice: the shipped table after
+    the user's cache, then the case's own config."""
     sig = spec.kernel.bind(spec.meta_inputs(case))
-    tuned = tuned_config(spec, sig, target, spec.constants_of(case)) if use_tuned else None
+    tuned, skipped = _tuned(spec, sig, target, spec.constants_of(case)) if use_tuned else (None, [])
     cfg = {**spec.config_of(case, target), **(tuned or {}), **(config or {})}
     phases, knobs = specialize_phases(spec.kernel, sig, get_target(target), cfg, spec.constants_of(case))
-    return phases, knobs, tuned
+    return phases, knobs, tuned, skipped

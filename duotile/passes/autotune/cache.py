@@ -24,6 +24,8 @@ and only while the kernel is unchanged; a damaged shipped table is reported and 
 
 from __future__ import annotations
 
+import contextlib
+import copy
 import hashlib
 import json
 import os
@@ -35,6 +37,7 @@ from typing import Any
 
 from ...dsl.kernel import KernelDef
 from ...dsl.printer import canonical_text
+from .filelock import locked
 
 SCHEMA = 1
 SHIPPED = Path(__file__).resolve().parents[2] / "tuned" / "tuning.json"
@@ -108,47 +111,85 @@ def _checksum(entries: dict) -> str:
     return hashlib.sha256(json.dumps(entries, sort_keys=True, default=str).encode()).hexdigest()
 
 
+class TuningCacheError(OSError):
+    """The tuning cache cannot be written where it was asked to be."""
+
+
 class TuningCache:
+    """The entries of one tuning file. Updates (``put``, ``save``) happen under the file's lock
+    (``filelock.py``) and merge into what is on disk then, so processes that record results at
+    the same time keep each other's entries; the file is replaced atomically."""
+
     def __init__(self, path: str | os.PathLike | None = None, read_only: bool = False):
         self.path = Path(path) if path is not None else cache_path()
         self.read_only = read_only
         self.problems: list[str] = []
         self.entries: dict[str, dict] = self._load()
+        self._base = copy.deepcopy(self.entries)  # as loaded: what save() changes on disk is the difference
+
+    def _parse(self, raw: bytes) -> dict[str, dict]:
+        data = json.loads(raw)
+        if not isinstance(data, dict) or not isinstance(data.get("entries"), dict):
+            raise ValueError("no entries table")
+        if data.get("schema") != SCHEMA:
+            raise ValueError(f"schema {data.get('schema')!r}, expected {SCHEMA} (stale file)")
+        if data.get("checksum") != _checksum(data["entries"]):
+            raise ValueError("checksum mismatch (edited or truncated)")
+        for h, entry in data["entries"].items():
+            if key_hash(entry["key"]) != h:
+                raise ValueError(f"entry {h} does not match its key")
+        return data["entries"]
 
     def _load(self) -> dict[str, dict]:
-        if not self.path.exists():
+        try:
+            raw = self.path.read_bytes()
+        except FileNotFoundError:
+            return {}
+        except OSError as err:
+            self._report(f"tuning cache {self.path} cannot be read ({type(err).__name__}: {err}); ignoring it")
             return {}
         try:
-            data = json.loads(self.path.read_text())
-            if not isinstance(data, dict) or not isinstance(data.get("entries"), dict):
-                raise ValueError("no entries table")
-            if data.get("schema") != SCHEMA:
-                raise ValueError(f"schema {data.get('schema')!r}, expected {SCHEMA} (stale file)")
-            if data.get("checksum") != _checksum(data["entries"]):
-                raise ValueError("checksum mismatch (edited or truncated)")
-            for h, entry in data["entries"].items():
-                if key_hash(entry["key"]) != h:
-                    raise ValueError(f"entry {h} does not match its key")
-            return data["entries"]
-        except (OSError, ValueError, KeyError, TypeError) as err:
-            self._quarantine(f"{err.__class__.__name__}: {err}")
+            return self._parse(raw)
+        except (ValueError, KeyError, TypeError, AttributeError) as err:
+            self._quarantine(f"{err.__class__.__name__}: {err}", raw)
             return {}
 
-    def _quarantine(self, why: str) -> None:
+    def _current(self) -> dict[str, dict]:
+        """The file's entries as they are now (under the lock); a damaged file is moved aside."""
+        try:
+            raw = self.path.read_bytes()
+        except FileNotFoundError:
+            return {}
+        try:
+            return self._parse(raw)
+        except (ValueError, KeyError, TypeError, AttributeError) as err:
+            aside = self.path.with_name(f"{self.path.name}.corrupt-{int(time.time() * 1000)}")
+            os.replace(self.path, aside)
+            self._report(f"tuning cache {self.path} is not trusted ({type(err).__name__}: {err}); moved to "
+                         f"{aside.name}, keeping only this process's entries")
+            return {}
+
+    def _report(self, msg: str) -> None:
+        self.problems.append(msg)
+        warnings.warn(msg, stacklevel=4)
+
+    def _quarantine(self, why: str, raw: bytes) -> None:
         if self.read_only:
-            msg = f"tuning table {self.path} is not trusted ({why}); ignoring it"
-            self.problems.append(msg)
-            warnings.warn(msg, stacklevel=3)
+            self._report(f"tuning table {self.path} is not trusted ({why}); ignoring it")
             return
         aside = self.path.with_name(f"{self.path.name}.corrupt-{int(time.time() * 1000)}")
         try:
-            os.replace(self.path, aside)
+            with locked(self.path):
+                # another process may have replaced the damaged file meanwhile: move only what was judged
+                if self.path.read_bytes() != raw:
+                    self._report(f"tuning cache {self.path} was not trusted ({why}) but has been rewritten "
+                                 "since; left in place")
+                    return
+                os.replace(self.path, aside)
             where = f"moved to {aside.name}"
         except OSError:
             where = "left in place"
-        msg = f"tuning cache {self.path} is not trusted ({why}); {where}, rebuilding it empty"
-        self.problems.append(msg)
-        warnings.warn(msg, stacklevel=3)
+        self._report(f"tuning cache {self.path} is not trusted ({why}); {where}, rebuilding it empty")
 
     # -- lookups and updates --------------------------------------------------------------------
     def get(self, key: dict[str, Any]) -> dict | None:
@@ -164,15 +205,46 @@ class TuningCache:
         self.save()
         return entry
 
+    def check_writable(self) -> None:
+        """A ``TuningCacheError`` now, rather than after a sweep, if this file cannot be updated."""
+        if self.read_only:
+            raise TuningCacheError(f"{self.path} is a read-only tuning table")
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            with locked(self.path):
+                fd, probe = tempfile.mkstemp(prefix=".tuning.probe.", dir=self.path.parent)
+                os.close(fd)
+                os.unlink(probe)
+                if self.path.exists() and not os.access(self.path, os.W_OK):
+                    raise PermissionError(f"{self.path.name} is not writable")
+        except OSError as err:
+            raise TuningCacheError(f"cannot write the tuning cache {self.path} ({type(err).__name__}: "
+                                   f"{getattr(err, 'strerror', None) or err}); choose a writable folder "
+                                   "(--cache-dir, $DUOTILE_CACHE) or tune without saving (--no-cache)") from err
+
     def save(self) -> None:
+        """Write the entries added, changed or removed since this cache was loaded, merged under the
+        lock into the file as it is now (another process may have written it meanwhile)."""
         if self.read_only:
             raise PermissionError(f"{self.path} is a read-only tuning table")
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        data = {"schema": SCHEMA, "checksum": _checksum(self.entries), "entries": self.entries}
-        fd, tmp = tempfile.mkstemp(prefix=".tuning.", dir=self.path.parent)
-        with os.fdopen(fd, "w") as f:
-            json.dump(data, f, indent=1, sort_keys=True)
-        os.replace(tmp, self.path)
+        with locked(self.path):
+            current = self._current()
+            changed = {h: e for h, e in self.entries.items() if self._base.get(h) != e}
+            removed = set(self._base) - set(self.entries)
+            merged = {h: e for h, e in current.items() if h not in removed}
+            merged.update(changed)
+            data = {"schema": SCHEMA, "checksum": _checksum(merged), "entries": merged}
+            fd, tmp = tempfile.mkstemp(prefix=".tuning.", dir=self.path.parent)
+            try:
+                with os.fdopen(fd, "w") as f:
+                    json.dump(data, f, indent=1, sort_keys=True)
+                os.replace(tmp, self.path)
+            except BaseException:
+                with contextlib.suppress(OSError):
+                    os.unlink(tmp)
+                raise
+        self.entries, self._base = merged, copy.deepcopy(merged)
 
 
 def best_config(kernel: KernelDef, target: str, shapes: dict[str, int], device: str | None = None, *,
@@ -180,16 +252,59 @@ def best_config(kernel: KernelDef, target: str, shapes: dict[str, int], device: 
                 cache_dir: str | os.PathLike | None = None, toolchain: dict[str, str] | None = None,
                 shipped: str | os.PathLike | None = SHIPPED) -> dict[str, Any] | None:
     """The tuned config for this call from the user's cache, else from the shipped table (what
-    ``duotile build`` and the runtime use); None when neither has one."""
+    ``duotile build`` and the runtime use); None when neither has one. An entry today's kernel or
+    target refuses is skipped with a warning (``lookup``)."""
+    config, skipped = lookup(kernel, target, shapes, device, dtypes=dtypes, present=present, constants=constants,
+                             cache_dir=cache_dir, toolchain=toolchain, shipped=shipped)
+    for msg in skipped:
+        warnings.warn(msg, stacklevel=2)
+    return config
+
+
+def lookup(kernel: KernelDef, target: str, shapes: dict[str, int], device: str | None = None, *,
+           dtypes: dict | None = None, present: dict | None = None, constants: dict | None = None,
+           cache_dir: str | os.PathLike | None = None, toolchain: dict[str, str] | None = None,
+           shipped: str | os.PathLike | None = SHIPPED) -> tuple[dict[str, Any] | None, list[str]]:
+    """(the first valid tuned config or None, one line per entry skipped). Each entry found, in the
+    user's cache and then the shipped table, is checked against today's kernel and target
+    (``entry_problem``): a table written by another version may name a tunable that no longer
+    exists, a value outside its space, or a config over the target's capacity."""
     caches = [TuningCache(cache_path(cache_dir))]
     if shipped is not None and Path(shipped).exists():
         caches.append(TuningCache(shipped, read_only=True))
     caches = [c for c in caches if c.entries]
     if not caches:
-        return None
+        return None, []
     key = make_key(kernel, target, shapes, device, toolchain, dtypes, present, constants)
+    skipped: list[str] = []
     for cache in caches:
         entry = cache.get(key)
-        if entry:
-            return dict(entry["config"])
+        if not entry:
+            continue
+        why = entry_problem(kernel, target, shapes, entry.get("config"), dtypes, present, constants)
+        if why is None:
+            return dict(entry["config"]), skipped
+        skipped.append(f"tuned config for {kernel.name} on {target} in {cache.path} skipped: {why}")
+    return None, skipped
+
+
+def entry_problem(kernel: KernelDef, target: str, shapes: dict[str, int], config: Any,
+                  dtypes: dict | None = None, present: dict | None = None,
+                  constants: dict | None = None) -> str | None:
+    """Why today's code would refuse a cached ``config`` for this call (one line), or None: its
+    names and values against the kernel's tunables and the target's knobs, then the target's
+    lowering and capacity checks on the specialised kernel."""
+    from ...codegen.compile import check_config, specialize_phases
+    from ...codegen.target import get_target
+    from ...dsl.kernel import Signature
+
+    if not isinstance(config, dict):
+        return f"its config is {type(config).__name__}, not a table"
+    tgt = get_target(target)
+    try:
+        check_config(kernel, tgt, config)
+        sig = Signature(dict(dtypes or {}), dict(present or {}), dict(shapes))
+        specialize_phases(kernel, sig, tgt, config, constants)
+    except Exception as err:  # noqa: BLE001 - whatever today's code refuses, the entry is not used
+        return f"{type(err).__name__}: {(str(err).splitlines() or [''])[0][:300]}"
     return None

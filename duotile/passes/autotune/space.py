@@ -22,7 +22,7 @@ from typing import Any
 
 from ...dsl.errors import DslError
 from ...dsl.kernel import KernelDef
-from ...dsl.tunables import Boolean, Space
+from ...dsl.tunables import Boolean, ConfigValueError, Space
 
 Config = dict[str, Any]
 
@@ -43,7 +43,19 @@ def parse_value(space: Space, text: str) -> Any:
     for v in space.values():
         if str(v) == text.strip():
             return v
-    raise DslError(f"{space.name or 'parameter'}: {text!r} is not one of {space.values()}")
+    literal = _literal(text.strip())
+    if literal is not None and space.accepts(literal):  # beyond the searched values (a block count)
+        return literal
+    raise ConfigValueError(f"{space.name or 'parameter'}: {text!r} is not {space.allowed()}")
+
+
+def _literal(text: str) -> Any:
+    for conv in (int, float):
+        try:
+            return conv(text)
+        except ValueError:
+            pass
+    return {"true": True, "false": False}.get(text.lower())
 
 
 @dataclass
@@ -81,10 +93,10 @@ class ConfigSpace:
             if name not in self.params:
                 raise DslError(f"cannot pin {name!r}: the space has {', '.join(self.params) or 'no parameters'}")
             space = self.params[name]
-            if isinstance(value, str) and not space.contains(value):
+            if isinstance(value, str) and not space.accepts(value):
                 value = parse_value(space, value)
-            if not space.contains(value):
-                raise DslError(f"cannot pin {name}={value!r}: not one of {space.values()}")
+            if not space.accepts(value):
+                raise ConfigValueError(f"cannot pin {name}={value!r}: not {space.allowed()}")
             pinned[name] = value
         return ConfigSpace(dict(self.params), dict(self.owners), pinned, dict(self.start))
 
@@ -114,7 +126,8 @@ class ConfigSpace:
         return out
 
     def encode(self, config: Config) -> list[float]:
-        return [self.params[k].encode(config[k]) for k in self.params]
+        # a value pinned beyond the searched ones (a block count) sits at the end of its axis
+        return [s.encode(config[k]) if s.contains(config[k]) else 1.0 for k, s in self.params.items()]
 
     def enumerate(self) -> Iterator[Config]:
         names = list(self.params)

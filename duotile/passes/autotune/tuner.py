@@ -19,6 +19,7 @@ from typing import Any
 
 from ...codegen.target import get_target
 from ...dsl.errors import DslError
+from ...dsl.tunables import ConfigValueError
 from ...kernels_spec.registry import Spec
 from ..check_batch_invariance import check_batch_invariance
 from . import cache as tcache
@@ -45,6 +46,8 @@ class TuneResult:
     wall_s: float
     device: str = ""
     notes: list[str] = field(default_factory=list)
+    interrupted: bool = False  # stopped by Ctrl-C: the results are those measured before
+    saved: str | None = None  # the tuning cache the best config was written to, if any
 
     def counts(self) -> dict[str, int]:
         out: dict[str, int] = {}
@@ -83,6 +86,8 @@ def tune(spec: Spec, case: dict, target: str, *, budget: str = "default", strate
     bud = get_budget(budget)
     tgt = get_target(target)
     notes: list[str] = []
+    if write_cache:  # an unwritable cache fails now, not after the sweep it was to keep
+        tcache.TuningCache(tcache.cache_path(cache_dir)).check_writable()
     model = tgt.modelled
     runner = Runner(spec, case, target, device=device, seed=seed, measure=not model, **(runner_options or {}))
     sig = runner.sig
@@ -129,35 +134,52 @@ def tune(spec: Spec, case: dict, target: str, *, budget: str = "default", strate
                      f"would prune it ({v.reasons[0]}): a start point")
         return True
 
+    interrupted = False
     if model:
         notes.append(f"ranking by the analytical cost model of {tgt.machine.name}: a model, not a "
                      f"measurement ({tgt.machine.assumed})")
-        _model_sweep(space, cons, runner, bud, seed, feasible, record)
         strategy_used = "model-ranked"
     else:
-        _measured_sweep(space, cons, runner, bud, strategy, seed, feasible, record, starts, start_feasible)
         strategy_used = strategy if strategy != "auto" else (
             "exhaustive" if space.size <= bud.max_candidates else "pattern")
-    if bar is not None:
-        bar.close()
+    try:
+        if model:
+            _model_sweep(space, cons, runner, bud, seed, feasible, record)
+        else:
+            _measured_sweep(space, cons, runner, bud, strategy, seed, feasible, record, starts, start_feasible)
+    except KeyboardInterrupt:  # keep what was measured: it is saved and reported like a finished sweep
+        interrupted = True
+        notes.append(f"sweep interrupted after {sum(t.status != 'pruned' for t in trials)} candidates; "
+                     "the results are those measured before")
+    finally:
+        if bar is not None:
+            bar.close()
 
     good = [t for t in trials if t.counts]
     dflt = next((t for t in trials if t.is_default), None)
     if runner.stuck:
         notes.append(f"sweep stopped: {runner.stuck}; the results are those measured before")
-    elif not model and finalists and len(good) > 1:
+    elif not model and not interrupted and finalists and len(good) > 1:
         try:
             notes.append(confirm(runner, good, dflt, finalists, rounds))
             good = [t for t in good if t.confirmed_ms is not None]  # the best is a finalist
         except TimeoutError as err:  # a finalist hung on its re-timing: keep the sweep's own times
             notes.append(f"confirm phase stopped ({err}); the best is chosen by the sweep's times")
+        except KeyboardInterrupt:
+            interrupted = True
+            for t in good:
+                t.confirmed_ms = None
+            notes.append("confirm phase interrupted; the best is chosen by the sweep's times")
     best = _pick(good, model, notes)
     dev = tcache.device_name(target)
     result = TuneResult(kernel.name, target, dict(case), dict(sig.shapes), "model" if model else "measured",
                         trials, dflt, best, space.size, bud.name, strategy_used, time.monotonic() - t_start,
-                        dev, notes)
+                        dev, notes, interrupted)
     if best is not None and write_cache:
-        _remember(result, runner, cache_dir)
+        try:
+            result.saved = str(_remember(result, runner, cache_dir))
+        except OSError as err:  # the results stay in the report; one line says why they are not cached
+            notes.append(f"best config not saved to the tuning cache: {type(err).__name__}: {err}")
     return result
 
 
@@ -214,19 +236,21 @@ def start_point(space: ConfigSpace, partial: dict[str, Any]) -> Config:
     out = space.default()
     for name, value in partial.items():
         if name not in space.params:
-            raise ValueError(f"also_try: {name!r} is not a tunable or knob here; known: {', '.join(space.params)}")
+            raise ConfigValueError(f"also_try: {name!r} is not a tunable or knob here; known: "
+                                   f"{', '.join(space.params)}")
         dom = space.params[name]
         try:
-            out[name] = parse_value(dom, value) if isinstance(value, str) and not dom.contains(value) else value
+            out[name] = parse_value(dom, value) if isinstance(value, str) and not dom.accepts(value) else value
         except DslError:
             out[name] = value
-        if not dom.contains(out[name]):
-            raise ValueError(f"also_try: {name}={value!r} is not one of {dom.values()}")
+        if not dom.accepts(out[name]):
+            raise ConfigValueError(f"also_try: {name}={value!r} is not {dom.allowed()}")
     return out
 
 
-def _remember(result: TuneResult, runner: Runner, cache_dir: str | None) -> None:
-    """Write the best config to the tuning cache under this call's key."""
+def _remember(result: TuneResult, runner: Runner, cache_dir: str | None):
+    """Write the best config to the tuning cache under this call's key (merged into the file under
+    its lock: sweeps running at once keep each other's entries); the cache's path."""
     sig, kernel, tgt = runner.sig, runner.spec.kernel, runner.target
     key = tcache.make_key(kernel, result.target, sig.shapes, result.device, tgt.toolchain(), sig.dtypes,
                           sig.present, runner.constants)
@@ -235,7 +259,8 @@ def _remember(result: TuneResult, runner: Runner, cache_dir: str | None) -> None
     dflt = result.default
     cache.put(key, result.best.config, time_ms=result.best.final_ms, metric=result.metric,
               default_time_ms=dflt.final_ms if dflt and dflt.counts else None, shapes=sig.shapes,
-              case=dict(result.case))
+              case=dict(result.case), **({"interrupted": True} if result.interrupted else {}))
+    return cache.path
 
 
 def confirm(runner: Runner, good: list[Trial], default: Trial | None, finalists: int, rounds: int) -> str:
