@@ -2,34 +2,48 @@
 
 from __future__ import annotations
 
+import shutil
 import sys
+import textwrap
 from concurrent.futures import ThreadPoolExecutor
 
 from ..kernels_spec.registry import load_all
 from .build import cache_root
 from .driver import build_case, generate_case
-from .target import target_names
+from .target import get_target, target_names
 
 BUILD_TARGETS = ("sm90", "sm100", "ascend950")
 
 
 def register(sub) -> None:
-    p = sub.add_parser("list", help="list the kernel specs")
+    known = ", ".join(target_names())
+    p = sub.add_parser("list", help="list the kernel specs",
+                       description="The kernel specs: their tensors, tunables, batch dimension and build cases.")
     p.set_defaults(func=cmd_list)
-    p = sub.add_parser("build", help="generate and compile kernels for targets")
-    p.add_argument("--target", default=",".join(BUILD_TARGETS), help="comma-separated: " + ", ".join(target_names()))
-    p.add_argument("--kernel", default=None, help="only this kernel (default: all)")
-    p.add_argument("--jobs", type=int, default=2, help="parallel builds (threads)")
+    p = sub.add_parser("build", help="generate and compile kernels for targets",
+                       description="Generate and compile every build case of the kernels for the targets; one "
+                       f"row per kernel x case x target. Artifacts are cached under {cache_root()} "
+                       "($DUOTILE_CACHE).")
+    p.add_argument("--target", default=",".join(BUILD_TARGETS), metavar="T[,T...]",
+                   help=f"comma-separated targets, of: {known}")
+    p.add_argument("--kernel", default=None, metavar="NAME", help="only this kernel (default: all; see `duotile list`)")
+    p.add_argument("--jobs", type=int, default=2, metavar="N", help="parallel builds (threads)")
     p.add_argument("--no-cache", action="store_true", help="rebuild even when a cached artifact exists")
     p.add_argument("--no-tuned", action="store_true", help="ignore tuned configs from `duotile tune`")
     p.set_defaults(func=cmd_build)
-    p = sub.add_parser("show", help="print one stage of a kernel's build")
-    p.add_argument("kernel")
-    p.add_argument("--target", default="sm90")
-    p.add_argument("--stage", default="tilelang", help="ir | tilelang | cuda | ptx | sass | ascend")
-    p.add_argument("--case", default=None, help="which build case (default: the first)")
+    p = sub.add_parser("show", help="print one stage of a kernel's build",
+                       description="Print one stage of a kernel's build for a target and config. Where the "
+                       "toolchain fails, the generated stages (ir, tilelang) still print.")
+    p.add_argument("kernel", help="a kernel spec name (see `duotile list`)")
+    p.add_argument("--target", default="sm90", choices=target_names(), help="the target to build for")
+    p.add_argument("--stage", default="tilelang", metavar="STAGE",
+                   help="ir | tilelang | cuda | ptx | sass | ascend (which exist depends on the target; sass "
+                        "needs cuobjdump)")
+    p.add_argument("--case", default=None, metavar="CASE",
+                   help="a build case or test case of the spec (default: the first build case)")
     p.add_argument("--config", action="append", default=[], metavar="NAME=VALUE",
-                   help="override a tunable or target knob, e.g. --config BN=64 --config overlap=true")
+                   help="override a tunable or target knob, e.g. --config BN=64 --config overlap=true "
+                        "(repeatable)")
     p.set_defaults(func=cmd_show)
 
 
@@ -43,34 +57,67 @@ def cmd_list(args) -> int:
     return 0
 
 
+def _spec(name: str):
+    specs = load_all()
+    if name not in specs:
+        raise KeyError(f"no kernel named {name!r}; known: {', '.join(sorted(specs))}")
+    return specs[name]
+
+
 def cmd_build(args) -> int:
     specs = load_all()
-    if args.kernel and args.kernel not in specs:
-        print(f"duotile: no kernel named {args.kernel!r}; known: {', '.join(sorted(specs))}", file=sys.stderr)
-        return 2
+    if args.kernel:
+        _spec(args.kernel)
     targets = [t.strip() for t in args.target.split(",") if t.strip()]
     unknown = [t for t in targets if t not in target_names()]
-    if unknown:
-        print(f"duotile: unknown target(s) {', '.join(unknown)}; known: {', '.join(target_names())}", file=sys.stderr)
-        return 2
+    if unknown or not targets:
+        raise KeyError(f"unknown target(s) {', '.join(unknown) or repr(args.target)}; known: "
+                       f"{', '.join(target_names())}")
+    if args.jobs < 1:
+        raise ValueError(f"--jobs must be 1 or more, got {args.jobs}")
     jobs = [(spec, cname, case, t) for name, spec in sorted(specs.items()) if not args.kernel or name == args.kernel
             for cname, case in spec.build_cases.items() for t in targets]
-    with ThreadPoolExecutor(max_workers=max(1, args.jobs)) as pool:
+    with ThreadPoolExecutor(max_workers=args.jobs) as pool:
         results = list(pool.map(lambda j: build_case(*j, use_cache=not args.no_cache, use_tuned=not args.no_tuned),
                                 jobs))
     rows = [("kernel", "case", "target", "status", "lines", "seconds", "cache", "config", "note")]
+    notes: list[tuple[str, str]] = []  # (row, whole note) of the notes too long for the column
     for r in results:
-        note = r.error.splitlines()[0][:110] if r.error else _note(r)
+        note = r.error if r.error else _note(r)
+        if len(note) > NOTE_WIDTH or "\n" in note:
+            notes.append((f"{r.spec} {r.case} {r.target}", note))
+            kind = note.split(":", 1)[0] if r.error else ""
+            note = f"[{len(notes)}] {kind}".rstrip()
         cache = r.artifact.meta.get("cache", "") if r.artifact else ""
         source = r.artifact.meta.get("config_source", "") if r.artifact else ""
         status = "ok" if r.ok else ("too big" if r.rejected else "FAIL")
         rows.append((r.spec, r.case, r.target, status, str(r.lines), f"{r.seconds:.1f}", cache, source, note))
     _table(rows)
+    if notes:
+        print("\nnotes:")
+        print(_numbered(notes))
     failed = sum(not r.ok and not r.rejected for r in results)
     rejected = sum(r.rejected for r in results)
     print(f"\n{len(results) - failed - rejected} built, {rejected} rejected by a capacity check (the config does "
           f"not fit that target's memories; see the note), {failed} failed; artifacts under {cache_root()}")
     return 1 if failed else 0
+
+
+NOTE_WIDTH = 64  # longer notes get a number in the table and are printed whole under it
+
+
+def _numbered(notes: list[tuple[str, str]]) -> str:
+    """``[n] kernel case target: note``, each line of a note wrapped to the terminal, never cut."""
+    width = max(60, min(shutil.get_terminal_size((120, 24)).columns, 120))
+    out = []
+    for i, (row, text) in enumerate(notes, 1):
+        head = f"  [{i}] {row}: "
+        lines = [line for line in text.splitlines() if line.strip()] or [""]
+        for j, line in enumerate(lines):
+            out.append(textwrap.fill(line, width=width, initial_indent=head if j == 0 else " " * len(head),
+                                     subsequent_indent=" " * len(head), break_long_words=False,
+                                     break_on_hyphens=False))
+    return "\n".join(out)
 
 
 def _note(r) -> str:
@@ -85,28 +132,25 @@ def _note(r) -> str:
 
 
 def cmd_show(args) -> int:
-    specs = load_all()
-    spec = specs.get(args.kernel)
-    if spec is None:
-        print(f"duotile: no kernel named {args.kernel!r}; known: {', '.join(sorted(specs))}", file=sys.stderr)
-        return 2
+    spec = _spec(args.kernel)
     cname = args.case or next(iter(spec.build_cases))
-    if cname not in spec.build_cases:
-        print(f"duotile: {args.kernel} has no case {cname!r}; cases: {', '.join(spec.build_cases)}", file=sys.stderr)
-        return 2
-    try:
-        config = dict(_assignment(text) for text in args.config)
-    except ValueError as err:
-        print(f"duotile: {err}", file=sys.stderr)
-        return 2
-    artifacts = _stages(spec, cname, args.target, config, args.stage)
-    if isinstance(artifacts, str):
-        print(f"duotile: {artifacts}", file=sys.stderr)
+    case = spec.build_cases.get(cname, spec.cases.get(cname))
+    if case is None:
+        raise KeyError(f"{args.kernel} has no case {cname!r}; build cases: {', '.join(spec.build_cases)}; "
+                       f"test cases: {', '.join(spec.cases) or '-'}")
+    tgt = get_target(args.target)
+    if args.stage not in tgt.stages:
+        raise KeyError(f"target {args.target} has no stage {args.stage!r}; it has: {', '.join(tgt.stages)}")
+    config = dict(_assignment(text) for text in args.config)
+    _check_config(spec, tgt, config)
+    artifacts = _stages(spec, cname, case, args.target, config, args.stage)
+    if isinstance(artifacts, str):  # the toolchain failed: not a mistake on the command line
+        print(f"duotile show: {artifacts}", file=sys.stderr)
         return 1
     if args.stage not in artifacts[0].stages:
-        print(f"duotile: target {args.target} has no stage {args.stage!r}; it has: "
-              f"{', '.join(sorted(artifacts[0].stages))}", file=sys.stderr)
-        return 2
+        why = " (no cuobjdump on this machine)" if args.stage == "sass" else ""
+        raise KeyError(f"target {args.target} has no stage {args.stage!r} here{why}; it has: "
+                       f"{', '.join(sorted(artifacts[0].stages))}")
     for i, artifact in enumerate(artifacts):  # a kernel of several phases: each launch in turn
         if len(artifacts) > 1:
             print(f"{'' if i == 0 else chr(10)}# ---- phase {i} of {len(artifacts)}: {artifact.kernel} ----")
@@ -114,10 +158,18 @@ def cmd_show(args) -> int:
     return 0
 
 
-def _stages(spec, cname: str, target: str, config: dict, stage: str):
+def _check_config(spec, tgt, config: dict) -> None:
+    """Every ``--config`` name is a tunable of the kernel or a knob of the target."""
+    tunables, knobs = list(spec.kernel.tunables), list(tgt.knobs)
+    for name in config:
+        if name not in tunables and name not in knobs:
+            raise KeyError(f"--config {name}: {spec.name} has no tunable {name!r} and {tgt.name} no such knob; "
+                           f"tunables: {', '.join(tunables) or '-'}; {tgt.name} knobs: {', '.join(knobs) or '-'}")
+
+
+def _stages(spec, cname: str, case: dict, target: str, config: dict, stage: str):
     """The artifacts holding ``stage``, or an error message. Where the build fails, the generated
     stages (Tile IR, TileLang source) still print: they come from generation alone."""
-    case = spec.build_cases[cname]
     r = build_case(spec, cname, case, target, config=config or None)
     if r.ok:
         return r.artifacts

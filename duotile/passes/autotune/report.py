@@ -61,6 +61,25 @@ def write_json(r: TuneResult, path: str | Path) -> Path:
     return path
 
 
+def write_all(r: TuneResult, out: str | Path, fallback: str | Path | None = None) -> list[str]:
+    """The JSON report and the PNG plot, ``<out>/<kernel>_<target>.{json,png}``; lines saying where
+    each went. Where ``out`` cannot be written after all (a full disk, a folder removed during the
+    sweep), the files go to ``fallback`` and the line says so: a sweep's report is never lost."""
+    lines = []
+    for what, suffix, write in (("report", ".json", write_json), ("plot", ".png", plot)):
+        path = Path(out) / f"{r.kernel}_{r.target}{suffix}"
+        try:
+            lines.append(f"{what + ':':<8}{write(r, path)}")
+        except ImportError as err:  # the plot needs matplotlib (the dev extra)
+            lines.append(f"{what + ':':<8}not drawn ({err.name or err} is not installed)")
+        except OSError as err:
+            if fallback is None or Path(fallback).resolve() == Path(out).resolve():
+                raise
+            where = write(r, Path(fallback) / path.name)
+            lines.append(f"{what + ':':<8}{where} (could not write {path}: {err.strerror or err})")
+    return lines
+
+
 COLORS = {"ok": "tab:blue", "compiled": "tab:blue", "wrong": "tab:red", "compile_error": "tab:orange",
           "timeout": "tab:purple", "run_error": "tab:brown"}
 
