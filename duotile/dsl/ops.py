@@ -13,9 +13,11 @@ from .ir import Expr, Op, Role, TensorParam, TileType, Value
 from .tile import TensorRef, TensorView, Tile, as_expr, is_role
 
 UNARY = ("neg", "abs", "not", "exp", "exp2", "log", "log2", "sqrt", "rsqrt", "sigmoid")
-BINARY = ("add", "sub", "mul", "div", "max", "min", "lt", "le", "gt", "ge", "eq", "ne", "and", "or")
+BINARY = ("add", "sub", "mul", "div", "floordiv", "mod", "max", "min", "lt", "le", "gt", "ge", "eq", "ne", "and",
+          "or")
 COMPARE = ("lt", "le", "gt", "ge", "eq", "ne", "and", "or", "not")
 FLOAT_ONLY = ("exp", "exp2", "log", "log2", "sqrt", "rsqrt", "sigmoid")
+INTEGER_ONLY = ("floordiv", "mod")  # `//` and `%`: Python's floor semantics, integers only
 REDUCE = ("sum", "max", "min")
 
 
@@ -312,12 +314,38 @@ def elementwise(fn: str, *args) -> Tile:
     shape = _broadcast(*(v.type.shape for v in tiles))
     data = ops[1:] if fn == "where" else ops
     dtype = _result_dtype(fn, [v.type.dtype for v in data if isinstance(v, Value)], data)
+    if fn == "div" and any(isinstance(v, Value) and not v.type.dtype.is_float for v in ops):
+        # `/` is true division, as in Python: integer (and boolean) tiles are converted to the float
+        # type of the other operand, or to f32 (``3 / 2 == 1.5``, ``1 / 0 == inf``, ``0 / 0`` is NaN)
+        to = dtype if dtype.is_float else dtypes.f32
+        return elementwise("div", *(cast(a, to) if isinstance(a, Tile) and not a.dtype.is_float else a
+                                    for a in args))
+    if fn in INTEGER_ONLY:
+        _check_integer_division(fn, ops, dtype)
     if fn == "where" and (not isinstance(ops[0], Value) or ops[0].type.dtype != dtypes.bool_):
         raise builder.error("dsl.where's condition must be a boolean tile (a comparison)")
     if fn in FLOAT_ONLY and not dtype.is_float:
         raise builder.error(f"{fn} needs a float tile, got {dtype}")
     t = TileType(shape, dtype, Role.VECTOR)
     return Tile(builder.current().emit(Op("ew", args=tuple(ops), attrs={"fn": fn}, result=Value(t))))
+
+
+_SYMBOL = {"floordiv": "//", "mod": "%"}
+
+
+def _check_integer_division(fn: str, ops: list, dtype: DType) -> None:
+    """``//`` and ``%`` floor like Python's on ints (``-7 // 2 == -4``, ``-7 % 2 == 1``); a zero
+    divisor in a tile gives 0 for ``//`` and the dividend for ``%``; a constant zero is refused."""
+    sym = _SYMBOL[fn]
+    if not dtype.is_float and any(isinstance(v, Value) and v.type.dtype == dtypes.bool_ for v in ops):
+        raise builder.error(f"`{sym}` takes integer tiles, not booleans: cast with .to(dsl.i32)")
+    if dtype.is_float:
+        raise builder.error(f"`{sym}` takes integer tiles and integer scalars, got {dtype}: for floats write "
+                            f"`/` (true division){' and dsl.where' if fn == 'mod' else ''}, or cast with "
+                            ".to(dsl.i32) first")
+    divisor = ops[1]
+    if isinstance(divisor, sympy.Basic) and divisor.is_number and divisor == 0:
+        raise builder.error(f"integer `{sym}` by the constant 0")
 
 
 def _result_dtype(fn: str, tile_dtypes: list[DType], data) -> DType:
@@ -329,6 +357,26 @@ def _result_dtype(fn: str, tile_dtypes: list[DType], data) -> DType:
     if not dtype.is_float and any(isinstance(x, float) for x in data):
         dtype = dtypes.f32
     return dtype
+
+
+def _floordiv(a, b):
+    return elementwise("floordiv", a, b)
+
+
+def _rfloordiv(a, b):
+    return elementwise("floordiv", b, a)
+
+
+def _mod(a, b):
+    return elementwise("mod", a, b)
+
+
+def _rmod(a, b):
+    return elementwise("mod", b, a)
+
+
+# Tiles take `//` and `%` (``Tile`` records its other operators through ``elementwise`` too)
+Tile.__floordiv__, Tile.__rfloordiv__, Tile.__mod__, Tile.__rmod__ = _floordiv, _rfloordiv, _mod, _rmod
 
 
 def cast(x: Tile, dtype: DType) -> Tile:

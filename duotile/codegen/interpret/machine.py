@@ -6,6 +6,9 @@ Semantics, for every target to match:
 - ``store`` writes the tile; elements outside the tensor are dropped.
 - ``gemm`` adds ``a @ b`` (with transposes) to an fp32 buffer, products and sums in fp32.
 - elementwise math runs in the result dtype of the op (fp32 for the specs' math).
+- ``/`` divides floats (the tracer converts integer operands); ``//`` and ``%`` on integers
+  floor like Python's (``-7 // 2 == -4``, ``-7 % 2 == 1``); a zero divisor gives 0 for ``//``
+  and the dividend for ``%``, so ``(a // b) * b + a % b == a`` holds for every b.
 """
 
 from __future__ import annotations
@@ -181,8 +184,21 @@ def _reduce(it: Interpreter, op: Op):
     it.put(op.result, out.reshape([int(d) for d in op.result.type.shape]))
 
 
+def _floordiv(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    zero = b == 0
+    q = torch.floor_divide(a, torch.where(zero, torch.ones_like(b), b))  # torch raises on an integer 0
+    return torch.where(zero, torch.zeros_like(q), q)
+
+
+def _mod(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    zero = b == 0
+    r = torch.remainder(a, torch.where(zero, torch.ones_like(b), b))
+    return torch.where(zero, torch.broadcast_to(a, r.shape), r)
+
+
 _EW = {
     "add": torch.add, "sub": torch.sub, "mul": torch.mul, "div": torch.div,
+    "floordiv": _floordiv, "mod": _mod,
     "max": torch.maximum, "min": torch.minimum,
     "lt": torch.lt, "le": torch.le, "gt": torch.gt, "ge": torch.ge, "eq": torch.eq, "ne": torch.ne,
     "and": torch.logical_and, "or": torch.logical_or, "not": torch.logical_not,

@@ -59,6 +59,22 @@ def const(value, dtype: DType) -> str:
     return f"T.{tl}({int(value)})"
 
 
+def floor_division(kind: str, node: Node, parts: list[str]) -> str:
+    """``//`` / ``%`` on integers: TIR's floordiv / floormod (Python's floor semantics), and for a zero
+    divisor the DSL's result (0 for ``//``, the dividend for ``%``) unless it is a nonzero constant."""
+    a, b = parts
+    if node.dtype.bits != 32:  # index expressions are int32: widen them to the tile's type
+        a, b = (f'T.cast({x}, "{node.dtype.tilelang_name}")' if c.kind == "scalar" else x
+                for c, x in zip(node.children, (a, b)))
+    divisor = node.children[1]
+    if divisor.kind == "const" and divisor.attr != 0:
+        return f"{'T.floordiv' if kind == 'floordiv' else 'T.floormod'}({a}, {b})"
+    # the division runs unconditionally (TIR hoists it), so it divides by 1 where b is 0
+    zero, one = const(0, node.dtype), const(1, node.dtype)
+    op = f"{'T.floordiv' if kind == 'floordiv' else 'T.floormod'}({a}, T.if_then_else({b} == {zero}, {one}, {b}))"
+    return f"T.if_then_else({b} == {zero}, {zero if kind == 'floordiv' else a}, {op})"
+
+
 class ExprPrinter:
     """Prints a map's expression tree for one element; ``args`` are buffer names of the inputs."""
 
@@ -90,6 +106,8 @@ class ExprPrinter:
             c, a, b = (self(ch, i, node.dtype) for ch, i in zip(node.children, kids))
             return f"T.if_then_else({c}, {a}, {b})"
         parts = [self(c, i, ctx_dtype) for c, i in zip(node.children, kids)]
+        if k in ("floordiv", "mod"):
+            return floor_division(k, node, parts)
         if k in INFIX:
             return f"({parts[0]} {INFIX[k]} {parts[1]})"
         if k in CALLS:

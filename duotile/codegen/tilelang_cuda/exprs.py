@@ -65,6 +65,26 @@ _CALL = {"max": "T.max", "min": "T.min", "and": "T.And", "or": "T.Or", "not": "T
          "sigmoid": "T.sigmoid", "abs": "T.abs", "where": "T.if_then_else"}
 
 
+_FLOOR = {"floordiv": "T.floordiv", "mod": "T.floormod"}
+
+
+def floor_division(kind: str, node: Node, kids: list[str]) -> str:
+    """``//`` / ``%`` on integers with Python's floor semantics (TIR's floordiv / floormod), and the
+    DSL's result for a zero divisor (0 for ``//``, the dividend for ``%``) unless the divisor is a
+    nonzero constant."""
+    a, b = kids
+    if node.dtype.bits != 32:  # index expressions are int32: widen them to the tile's type
+        a, b = (f'T.cast({x}, "{node.dtype.tilelang_name}")' if c.kind == "scalar" else x
+                for c, x in zip(node.children, (a, b)))
+    divisor = node.children[1]
+    if divisor.kind == "const" and divisor.attr != 0:
+        return f"{_FLOOR[kind]}({a}, {b})"
+    # the division runs unconditionally (TIR hoists it), so it divides by 1 where b is 0
+    zero, one = f'T.cast(0, "{node.dtype.tilelang_name}")', f'T.cast(1, "{node.dtype.tilelang_name}")'
+    op = f"{_FLOOR[kind]}({a}, T.if_then_else({b} == {zero}, {one}, {b}))"
+    return f"T.if_then_else({b} == {zero}, {zero if kind == 'floordiv' else a}, {op})"
+
+
 class ElementPrinter:
     """Prints a map's expression for one element. ``read(k, idx)`` gives input k at indices."""
 
@@ -91,6 +111,8 @@ class ElementPrinter:
             return f'T.cast({kids[0]}, "{node.attr.tilelang_name}")'
         if k == "neg":
             return f"(-{kids[0]})"
+        if k in _FLOOR:
+            return floor_division(k, node, kids)
         if k in _BINARY:
             return f"({kids[0]} {_BINARY[k]} {kids[1]})"
         if k in _CALL:
