@@ -19,10 +19,12 @@ import torch
 from tqdm import tqdm
 
 from .cache import CacheBytes, format_bytes
+from .device import resolve_device
+from .footprint import check_fits
 from .layers.step import StepSeq
 from .loader import open_model
 from .presets import DEFAULT_PRESET
-from .reference import Model
+from .reference import Model, check_dtype
 from .sampler import SamplingParams, sample
 from .scheduler import Scheduler, Sequence
 
@@ -36,6 +38,15 @@ class RequestOutput:
     cache_bytes: CacheBytes
     allocated_cache_bytes: int
     logits: list[torch.Tensor] | None = None
+    error: str | None = None  # set when finish_reason is "error": why the request was failed
+
+
+class GenerationError(RuntimeError):
+    """A request failed (non-finite logits); `outputs` holds every request's output, the failed ones marked."""
+
+    def __init__(self, message: str, outputs: list[RequestOutput]):
+        super().__init__(message)
+        self.outputs = outputs
 
 
 @dataclass
@@ -56,8 +67,12 @@ class LLMEngine:
                  batch_invariant: bool = False, quant: bool = True, max_num_seqs: int = 16,
                  max_num_batched_tokens: int = 256, prefill_chunk_size: int | None = None,
                  device: str = "cpu", seed: int = 0, kernels: str = "reference"):
+        check_dtype(dtype)
+        device = resolve_device(device)
         self.checkpoint = open_model(model or DEFAULT_PRESET)
         self.config = self.checkpoint.config
+        check_fits(self.config, device=device, dtype=dtype, max_num_seqs=max_num_seqs,
+                   max_num_batched_tokens=max_num_batched_tokens, batch_invariant=batch_invariant)
         self.model = Model(self.checkpoint, dtype=dtype, quant=quant, batch_invariant=batch_invariant,
                            device=device, kernels=kernels)
         self.scheduler = Scheduler(max_num_seqs, max_num_batched_tokens, prefill_chunk_size)
@@ -88,6 +103,13 @@ class LLMEngine:
         for (seq, _), row in zip(batch, logits):
             if seq.prefilling:
                 continue
+            problem = _non_finite(row)
+            if problem:
+                seq.error = (f"request {seq.request_id}: {problem} in the logits for position {len(seq.tokens)} "
+                             f"(after {len(seq.output)} generated tokens); not sampled")
+                self.scheduler.finish(seq, "error")
+                finished.append(seq)
+                continue
             token = sample(row, seq.params, seq.seed, position=len(seq.tokens))
             seq.output.append(token)
             if seq.params.return_logits:
@@ -106,14 +128,26 @@ class LLMEngine:
     def output(self, seq: Sequence) -> RequestOutput:
         return RequestOutput(seq.request_id, seq.prompt, list(seq.output), seq.finish_reason or "",
                              format_bytes(self.config, seq.num_computed), seq.cache.allocated_bytes(),
-                             seq.logits if seq.params.return_logits else None)
+                             seq.logits if seq.params.return_logits else None, seq.error)
+
+
+def _non_finite(row: torch.Tensor) -> str | None:
+    """'3 NaN and 1 infinite values of 1024' for a logits row that is not all finite, else None."""
+    finite = torch.isfinite(row)
+    if bool(finite.all()):
+        return None
+    nan = int(torch.isnan(row).sum())
+    return f"{nan} NaN and {row.numel() - int(finite.sum()) - nan} infinite values of {row.numel()}"
 
 
 class LLM(LLMEngine):
     """`LLM(path_or_preset).generate(prompt_token_ids, sampling_params)`."""
 
     def generate(self, prompt_token_ids, sampling_params: SamplingParams | list[SamplingParams] | None = None,
-                 use_tqdm: bool = False) -> list[RequestOutput]:
+                 use_tqdm: bool = False, raise_on_error: bool = True) -> list[RequestOutput]:
+        """Run every prompt to completion. A request whose logits are not finite is failed, not sampled
+        (finish_reason "error", `error` says where); the others run on. Then, with `raise_on_error`,
+        GenerationError names the first failure and carries all outputs."""
         prompts = [prompt_token_ids] if prompt_token_ids and isinstance(prompt_token_ids[0], int) else prompt_token_ids
         params = sampling_params
         if not isinstance(params, list):
@@ -134,4 +168,8 @@ class LLM(LLMEngine):
         outputs = [self.output(s) for s in seqs]
         self.last_stats = GenerateStats(sum(len(p) for p in prompts), done, steps, time.perf_counter() - start,
                                         sum(o.cache_bytes.total for o in outputs))
+        failed = [o for o in outputs if o.finish_reason == "error"]
+        if failed and raise_on_error:
+            more = f" ({len(failed) - 1} more requests failed)" if len(failed) > 1 else ""
+            raise GenerationError(failed[0].error + more, outputs)
         return outputs

@@ -14,6 +14,7 @@ import torch
 
 from .cache import SequenceCache
 from .config import ModelConfig
+from .device import resolve_device
 from .layers.attention_v4 import AttentionV4
 from .layers.attention_v41 import AttentionV41
 from .layers.common import Ctx, WeightSource
@@ -77,6 +78,14 @@ class Block:
 
 
 KERNELS = ("reference", "generated")
+DTYPES = (torch.bfloat16, torch.float32)
+
+
+def check_dtype(dtype) -> None:
+    """The activation dtype must be one the forward is written for (BF16 like the release, or FP32)."""
+    if dtype not in DTYPES:
+        raise ValueError(f"dtype: {dtype!r} is not supported; the activation dtype must be one of "
+                         f"{', '.join(map(str, DTYPES))}")
 
 
 def make_ops(batch_invariant: bool, kernels: str = "reference"):
@@ -97,6 +106,8 @@ class Model:
 
     def __init__(self, checkpoint: Checkpoint, *, dtype: torch.dtype = torch.bfloat16, quant: bool = True,
                  batch_invariant: bool = False, device: torch.device | str = "cpu", kernels: str = "reference"):
+        check_dtype(dtype)
+        device = resolve_device(device)
         cfg = self.config = checkpoint.config
         ws = WeightSource(checkpoint, device)
         self.device, self.dtype = device, dtype

@@ -73,6 +73,9 @@ def filter_logits(logits: torch.Tensor, top_k: int, top_p: float) -> torch.Tenso
 def sample(logits: torch.Tensor, params: SamplingParams, seed: int, position: int) -> int:
     """One token id from one request's FP32 logits [V] for the token at `position`."""
     logits = logits.float().cpu()
+    if not bool(torch.isfinite(logits).all()):
+        raise ValueError(f"logits: not all finite at position {position} "
+                         f"({int(torch.isnan(logits).sum())} NaN of {logits.numel()}); refusing to sample")
     if params.temperature == 0:
         return int(torch.argmax(logits))
     scaled = filter_logits(logits / params.temperature, params.top_k, params.top_p)

@@ -28,6 +28,7 @@ class Sequence:
     output: list[int] = field(default_factory=list)
     logits: list[torch.Tensor] = field(default_factory=list)
     finish_reason: str | None = None
+    error: str | None = None
 
     @property
     def tokens(self) -> list[int]:
