@@ -1,58 +1,98 @@
-"""`duotile generate`: run the reference runtime on prompt token ids and report speed and cache bytes."""
+"""`duotile generate` and `duotile check-model`: run the reference runtime; check a checkpoint's values.
+
+Every failure a user can cause (a bad config value, a corrupt checkpoint, a missing device, a request
+whose logits are not finite) ends in one `error: ...` line on stderr and exit code 2.
+"""
 
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 
 import torch
 
 from .config import ConfigError
+from .device import DeviceError, resolve_device
 from .presets import DEFAULT_PRESET, TINY_PRESETS
 from .sampler import SamplingParams
 from .weights import CheckpointError
 
 PROGRESS_MIN_TOKENS = 32
+USER_ERRORS = (ConfigError, CheckpointError, DeviceError, ValueError)
+
+
+def fail(args: argparse.Namespace, err: BaseException) -> int:
+    """One line on stderr and exit 2; with --debug (or DUOTILE_DEBUG=1) the exception propagates."""
+    if getattr(args, "debug", False) or os.environ.get("DUOTILE_DEBUG", "") not in ("", "0"):
+        raise err
+    print(f"duotile {getattr(args, 'command', 'generate')}: error: {err}", file=sys.stderr)
+    return 2
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
+    _register_generate(subparsers)
+    from .check import register as register_check
+
+    register_check(subparsers)
+
+
+def _register_generate(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser("generate", help="generate tokens with the PyTorch reference runtime",
                               description="Generate from prompt token ids. Without --model the embedded tiny "
                               f"V4.1 model ({DEFAULT_PRESET}) is written to the cache on first use and loaded.")
-    p.add_argument("--model", default=DEFAULT_PRESET,
-                   help=f"checkpoint directory or tiny preset {list(TINY_PRESETS)} (default {DEFAULT_PRESET})")
-    p.add_argument("--prompt-ids", type=int, nargs="+", required=True, metavar="ID")
-    p.add_argument("--max-tokens", type=int, default=16)
-    p.add_argument("--seed", type=int, default=None, help="sampling seed (the draw depends on seed and position)")
-    p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
-    p.add_argument("--top-k", type=int, default=-1)
-    p.add_argument("--top-p", type=float, default=1.0)
+    p.add_argument("--model", default=DEFAULT_PRESET, metavar="PATH|PRESET",
+                   help=f"checkpoint directory or tiny preset {list(TINY_PRESETS)} (default: %(default)s)")
+    p.add_argument("--prompt-ids", type=int, nargs="+", required=True, metavar="ID",
+                   help="the prompt's token ids (required; no default)")
+    p.add_argument("--max-tokens", type=int, default=16, help="tokens to generate (default: %(default)s)")
+    p.add_argument("--seed", type=int, default=None,
+                   help="sampling seed; the draw depends on seed and position. Has no effect under greedy "
+                        "decoding (--temperature 0). (default: none - the engine's own seed)")
+    p.add_argument("--temperature", type=float, default=0.0,
+                   help="sampling temperature; 0 is greedy decoding (default: %(default)s)")
+    p.add_argument("--top-k", type=int, default=-1, help="keep the k most likely tokens; -1 keeps all "
+                   "(default: %(default)s)")
+    p.add_argument("--top-p", type=float, default=1.0, help="nucleus mass to keep, in (0, 1] "
+                   "(default: %(default)s)")
     p.add_argument("--batch-invariant", action="store_true", help="row-wise, fixed-order kernels (bitwise "
-                   "independent of batch and chunking)")
-    p.add_argument("--dtype", choices=("bfloat16", "float32"), default="bfloat16")
+                   "independent of batch and chunking) (default: off)")
+    p.add_argument("--dtype", choices=("bfloat16", "float32"), default="bfloat16",
+                   help="activation dtype (default: %(default)s)")
     p.add_argument("--kernels", choices=("reference", "generated"), default="reference",
                    help="generated: run duotile's kernels where a spec covers the op (RMSNorm today); sm90 "
-                        "build on an H200, the interpreter elsewhere")
-    p.add_argument("--device", default="cpu")
-    p.add_argument("--threads", type=int, default=1, help="CPU threads (tiny models are fastest with 1)")
-    p.add_argument("--no-progress", action="store_true")
+                        "build on an H200, the interpreter elsewhere (default: %(default)s)")
+    p.add_argument("--device", default="cpu", help="cpu, cuda[:N], npu[:N] (needs torch_npu) or mps "
+                   "(default: %(default)s)")
+    p.add_argument("--threads", type=int, default=1,
+                   help="CPU threads; tiny models are fastest with 1 (default: %(default)s)")
+    p.add_argument("--no-progress", action="store_true",
+                   help=f"hide the progress bar shown from {PROGRESS_MIN_TOKENS} tokens on (default: shown)")
     p.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
-    from .engine import LLM  # imported lazily: `duotile --help` stays fast
+    from .engine import LLM, GenerationError  # imported lazily: `duotile --help` stays fast
 
     torch.set_num_threads(max(1, args.threads))
+    if args.seed is not None and args.temperature == 0:
+        print("note: --seed has no effect with --temperature 0 (greedy decoding picks the most likely token)",
+              file=sys.stderr)
     try:
+        device = resolve_device(args.device)
         params = SamplingParams(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
                                 max_tokens=args.max_tokens, seed=args.seed)
         llm = LLM(args.model, dtype=getattr(torch, args.dtype), batch_invariant=args.batch_invariant,
-                  device=args.device, kernels=args.kernels)
+                  device=device, kernels=args.kernels)
         show = not args.no_progress and args.max_tokens >= PROGRESS_MIN_TOKENS
         out = llm.generate(args.prompt_ids, params, use_tqdm=show)[0]
-    except (ConfigError, CheckpointError, ValueError) as err:
-        print(f"error: {err}", file=sys.stderr)
-        return 2
+    except GenerationError as err:
+        partial = err.outputs[0].token_ids
+        if partial:
+            print("tokens (before the failure):", " ".join(map(str, partial)))
+        return fail(args, err)
+    except USER_ERRORS as err:
+        return fail(args, err)
     stats, cb = llm.last_stats, out.cache_bytes
     print("tokens:", " ".join(map(str, out.token_ids)))
     print(f"speed: {stats.generated_tokens} tokens in {stats.seconds:.2f} s = {stats.tokens_per_second:.1f} tokens/s")
