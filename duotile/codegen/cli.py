@@ -111,12 +111,11 @@ def _numbered(notes: list[tuple[str, str]]) -> str:
     width = max(60, min(shutil.get_terminal_size((120, 24)).columns, 120))
     out = []
     for i, (row, text) in enumerate(notes, 1):
-        head = f"  [{i}] {row}: "
+        head, indent = f"  [{i}] {row}: ", " " * len(f"  [{i}] ")
         lines = [line for line in text.splitlines() if line.strip()] or [""]
         for j, line in enumerate(lines):
-            out.append(textwrap.fill(line, width=width, initial_indent=head if j == 0 else " " * len(head),
-                                     subsequent_indent=" " * len(head), break_long_words=False,
-                                     break_on_hyphens=False))
+            out.append(textwrap.fill(line, width=width, initial_indent=head if j == 0 else indent,
+                                     subsequent_indent=indent, break_long_words=False, break_on_hyphens=False))
     return "\n".join(out)
 
 

@@ -167,6 +167,7 @@ def check_target(name: str, device: str | None):
 
 def check_pins(spec, tgt, pins: list[tuple[str, str]]) -> None:
     """Each ``--pin`` names a tunable of the kernel or a knob of the target, with one of its values."""
+    from ...dsl.errors import DslError
     from .space import parse_value
 
     spaces = {**spec.kernel.tunables, **tgt.knobs}
@@ -176,11 +177,12 @@ def check_pins(spec, tgt, pins: list[tuple[str, str]]) -> None:
                            f"tunables: {', '.join(spec.kernel.tunables) or '-'}; "
                            f"{tgt.name} knobs: {', '.join(tgt.knobs) or '-'}")
         space = spaces[name]
-        if not space.contains(text):
-            try:
-                parse_value(space, text)
-            except Exception:
-                raise ValueError(f"--pin {name}={text}: not one of {space.values()}") from None
+        try:
+            value = parse_value(space, text) if not space.accepts(text) else text
+        except DslError:
+            value = None
+        if value is None or not space.accepts(value):
+            raise ValueError(f"--pin {name}={text}: not {space.allowed()}")
 
 
 def writable_dir(path: Path, flag: str) -> Path:
@@ -215,4 +217,8 @@ def run(args) -> int:
     print(report.summary(result))
     for line in report.write_all(result, out, fallback=default_out_dir()):
         print(f"  {line}")
+    if getattr(result, "saved", None):
+        print(f"  {'cache:':<8}{result.saved}")
+    if getattr(result, "interrupted", False):
+        return 130  # what was measured is reported and saved; the exit status still says Ctrl-C
     return 0 if result.best is not None else 1
