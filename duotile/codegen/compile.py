@@ -179,5 +179,7 @@ class CompiledKernel:
 
 def compile(kernel: KernelDef, target: str = "interpret", config: dict[str, Any] | None = None,
             constants: dict[str, Any] | None = None, workdir: str | None = None) -> CompiledKernel:  # noqa: A001
-    get_target(target)  # fail early on an unknown target
+    tgt = get_target(target)  # fail early on an unknown target
+    if config:
+        check_config(kernel, tgt, config)  # and on a config it or the kernel refuses
     return CompiledKernel(kernel, target, config, constants, workdir)

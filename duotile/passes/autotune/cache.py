@@ -143,7 +143,7 @@ class TuningCache:
     def _load(self) -> dict[str, dict]:
         try:
             raw = self.path.read_bytes()
-        except FileNotFoundError:
+        except (FileNotFoundError, NotADirectoryError):  # no file yet (or no folder to hold one)
             return {}
         except OSError as err:
             self._report(f"tuning cache {self.path} cannot be read ({type(err).__name__}: {err}); ignoring it")

@@ -32,7 +32,7 @@ def config_key(config: Config) -> tuple:
     return tuple(sorted((k, repr(v)) for k, v in config.items()))
 
 
-def parse_value(space: Space, text: str) -> Any:
+def parse_value(space: Space, text: str, name: str = "") -> Any:
     """The value of ``space`` whose text is ``text`` (what ``--pin NAME=VALUE`` gives)."""
     if isinstance(space, Boolean):
         low = text.strip().lower()
@@ -46,7 +46,8 @@ def parse_value(space: Space, text: str) -> Any:
     literal = _literal(text.strip())
     if literal is not None and space.accepts(literal):  # beyond the searched values (a block count)
         return literal
-    raise ConfigValueError(f"{space.name or 'parameter'}: {text!r} is not {space.allowed()}")
+    raise ConfigValueError(f"{name or space.name or 'parameter'}={text!r} is not allowed: it takes "
+                           f"{space.allowed()}")
 
 
 def _literal(text: str) -> Any:
@@ -94,7 +95,10 @@ class ConfigSpace:
                 raise DslError(f"cannot pin {name!r}: the space has {', '.join(self.params) or 'no parameters'}")
             space = self.params[name]
             if isinstance(value, str) and not space.accepts(value):
-                value = parse_value(space, value)
+                try:
+                    value = parse_value(space, value, name)
+                except ConfigValueError:
+                    raise ConfigValueError(f"cannot pin {name}={value!r}: not {space.allowed()}") from None
             if not space.accepts(value):
                 raise ConfigValueError(f"cannot pin {name}={value!r}: not {space.allowed()}")
             pinned[name] = value
