@@ -121,6 +121,10 @@ SPEC = register(Spec(
         # 2 row blocks in 8 ranges: six ranges are empty and must weigh nothing
         "empty_ranges": {"B": 2, "H": 64, "R": 40, "D": 128, "config": {**SMALL, "SPLIT": 8}},
         "one_phase": {"B": 2, "H": 64, "R": 96, "D": 128, "config": {**SMALL, "SPLIT": 1}},
+        # 10 row blocks over 16 ranges: 6 empty ranges among the others, unevenly (an empty range
+        # that ran a block anyway weighs that block twice; with every block duplicated alike, as
+        # in empty_ranges, the softmax cannot tell)
+        "uneven_ranges": {"B": 2, "H": 64, "R": 320, "D": 128, "config": {**SMALL, "SPLIT": 16}},
     },
     build_cases={"hca_1m": {"B": 4, "H": 64, "R": 8320, "D": 512, "config": DECODE, "config_for": DECODE_FOR}},
     tolerance=lambda case, out: (2e-2, 2e-2),

@@ -129,11 +129,14 @@ class Emitter:
         start = sympy.sympify(a["start"])
         extent = index(sympy.simplify(sympy.sympify(a["extent"]) - start), self.idx)  # the trip count
         loop = v if start == 0 else f"{v}_rel"
-        if a.get("stages"):
+        if a.get("at_most_once"):  # passes/mark_short_loops.py: TileLang would run the body unguarded
+            self.stmt(f"if {extent} > 0:  # runs at most once", op, depth)
+            self.stmt(f"{v} = {index(start, self.idx)}", op, depth + 1)
+        elif a.get("stages"):
             self.stmt(S.PIPELINED.format(var=loop, extent=extent, stages=a["stages"]), op, depth)
         else:
             self.stmt(S.SERIAL.format(var=loop, extent=extent), op, depth)
-        if start != 0:
+        if start != 0 and not a.get("at_most_once"):
             self.stmt(f"{v} = {loop} + {index(start, self.idx)}", op, depth + 1)
         self.simt_open = False
         self.block(op.regions[0], depth + 1)

@@ -36,7 +36,8 @@ def index(e, names: dict[str, str]) -> str:
         n, d = index(sympy.expand(num), names), int(den)
         if d == 1:
             return n
-        return f"({n} + {d - 1}) // {d}" if isinstance(e, sympy.ceiling) else f"({n}) // {d}"
+        # parenthesised whole: ``-1*floor(x/8)`` must not print as ``-1*(x) // 8``
+        return f"(({n} + {d - 1}) // {d})" if isinstance(e, sympy.ceiling) else f"(({n}) // {d})"
     if isinstance(e, sympy.Mod):
         return f"({index(e.args[0], names)}) % {index(e.args[1], names)}"
     if e.is_Add:

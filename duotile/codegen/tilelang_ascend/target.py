@@ -11,6 +11,7 @@ from ...dsl.tunables import choice
 from ...passes.assign_memory import assign_memory
 from ...passes.fold_bounds import fold_bounds
 from ...passes.fuse_elementwise import fuse_elementwise
+from ...passes.mark_short_loops import mark_short_loops
 from ..target import Artifact, Target, lowering_error, register_target
 from .capacity import AscendMemoryModel
 from .check_whole_tiles import check_whole_tiles
@@ -56,7 +57,7 @@ class AscendTarget(Target):
         return {**knobs, "vector_split": self.knobs["vector_split"].default}
 
     def lower(self, module: Module, knobs) -> Module:
-        module = check_whole_tiles(fold_bounds(fuse_elementwise(module)))
+        module = mark_short_loops(check_whole_tiles(fold_bounds(fuse_elementwise(module))))
         module = rematerialize_casts(module)
         module = nt_operands(module)
         module = vector_accumulators(module)

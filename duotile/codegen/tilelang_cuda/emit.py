@@ -152,6 +152,8 @@ def present_params(module: Module) -> set[str]:
 def _for(e: Emitter, op: Op):
     a = op.attrs
     start, stop = index(a["start"]), index(a["extent"])
+    if a.get("at_most_once"):
+        return _run_at_most_once(e, op, start)
     head = len(e.src.body)
     if a.get("stages"):
         e.src.line(f"for {a['var']} in T.Pipelined({start}, {stop}, num_stages={a['stages']}):", op.loc)
@@ -166,6 +168,19 @@ def _for(e: Emitter, op: Op):
         statements = dict(enumerate(spans))
         e.src.body[head] = e.src.body[head].replace(
             f"num_stages={a['stages']})", f"num_stages={a['stages']}, {overlap.annotation(plan, statements)})")
+
+
+def _run_at_most_once(e: Emitter, op: Op, start: str):
+    """A loop that never runs twice (passes/mark_short_loops.py): a guard and one binding of its
+    variable, since TileLang would run such a loop's body once even where it should not run. The
+    guard tests the trip count: TileLang 0.1.15 fails ("Divide by zero") on some ``lo < hi`` forms."""
+    trips = index(sympy.sympify(op.attrs["extent"]) - sympy.sympify(op.attrs["start"]))
+    e.src.line(f"if {trips} > 0:  # runs at most once", op.loc)
+    e.loop_stack.append(op)
+    with e.src.indent():
+        e.src.line(f"{op.attrs['var']} = {start}", op.loc)
+        e.block(op.regions[0].ops)
+    e.loop_stack.pop()
 
 
 def _emit_counting(e: Emitter, op: Op) -> int:

@@ -102,6 +102,10 @@ class ManualWarpSpecialization:
             raise UnsupportedError(f"{e.arch.name}: warp_specialize=manual needs exactly one pipelined loop, "
                                    "not nested, in the kernel body", where)
         self.loop = ops[loops[0]]
+        if self.loop.attrs.get("at_most_once"):  # a ring over one step pipelines nothing
+            raise UnsupportedError(f"{e.arch.name}: warp_specialize=manual needs a pipelined loop that can run "
+                                   "more than once; this one runs at most once at every grid point (use auto)",
+                                   self.loop.loc)
         self.pre, self.post = ops[:loops[0]], ops[loops[0] + 1:]
         self.body = self.loop.regions[0].ops
         self.lo, self.hi = self.loop.attrs["start"], self.loop.attrs["extent"]
