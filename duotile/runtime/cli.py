@@ -1,7 +1,8 @@
 """`duotile generate` and `duotile check-model`: run the reference runtime; check a checkpoint's values.
 
 Every failure a user can cause (a bad config value, a corrupt checkpoint, a missing device, a request
-whose logits are not finite) ends in one `error: ...` line on stderr and exit code 2.
+whose logits are not finite) ends in one line on stderr, `duotile <command>: <what is wrong>`, and
+exit status 2; `--debug` (or DUOTILE_DEBUG=1) lets the exception through with its traceback.
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ def fail(args: argparse.Namespace, err: BaseException) -> int:
     """One line on stderr and exit 2; with --debug (or DUOTILE_DEBUG=1) the exception propagates."""
     if getattr(args, "debug", False) or os.environ.get("DUOTILE_DEBUG", "") not in ("", "0"):
         raise err
-    print(f"duotile {getattr(args, 'command', 'generate')}: error: {err}", file=sys.stderr)
+    print(f"duotile {getattr(args, 'command', 'generate')}: {err}", file=sys.stderr)
     return 2
 
 
