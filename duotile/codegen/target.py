@@ -4,10 +4,11 @@ it asks the registry for the target's object and calls its methods."""
 from __future__ import annotations
 
 import importlib
+import re
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..dsl.errors import LoweringError
+from ..dsl.errors import LoweringError, SourceLoc
 from ..dsl.ir import Module
 from ..dsl.tunables import Space
 
@@ -95,9 +96,33 @@ class Target:
 
 def lowering_error(target: str, toolchain: str, artifact: Artifact, cause: Exception) -> LoweringError:
     """The error for a toolchain that failed on ``artifact``'s generated code: it names the kernel and
-    the config it was built with (tunables and knobs, as ``build_module`` records them)."""
+    the config it was built with (tunables and knobs, as ``build_module`` records them), and the
+    spec line where the toolchain's message names a buffer of the generated source."""
     config = {**artifact.meta.get("config", {}), **artifact.meta.get("knobs", {})}
-    return LoweringError(target, toolchain, artifact.kernel, config, cause)
+    found = spec_line(artifact.stages.get("tilelang", ""), str(cause))
+    loc, buffer = found if found else (None, "")
+    return LoweringError(target, toolchain, artifact.kernel, config, cause, loc, buffer)
+
+
+_DECLARED = re.compile(r"^\s*(\w+) = T\.alloc_\w+\(", re.MULTILINE)
+_SPEC_TAG = re.compile(r"  # ([\w.\-]+\.py):(\d+)$")  # what generated statements end with
+
+
+def spec_line(source: str, message: str) -> tuple[SourceLoc, str] | None:
+    """(spec line, buffer) for the first buffer of the generated ``source`` that a toolchain's
+    ``message`` names (TileLang names the buffer in its layout conflicts): the spec line of the
+    first statement that uses it, or of its declaration where only that carries one."""
+    declared = set(_DECLARED.findall(source))
+    buffer = next((w for w in re.findall(r"\w+", message) if w in declared), None)
+    if buffer is None:
+        return None
+    uses = re.compile(rf"\b{re.escape(buffer)}\b")
+    tagged = [(bool(_DECLARED.match(line)), m) for line in source.splitlines()
+              if uses.search(line) and (m := _SPEC_TAG.search(line))]
+    if not tagged:
+        return None
+    _, m = min(tagged, key=lambda t: t[0])  # a statement before a declaration, in source order
+    return SourceLoc(m[1], int(m[2])), buffer
 
 
 def register_target(target: Target) -> Target:

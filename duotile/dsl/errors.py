@@ -50,8 +50,10 @@ class LoweringError(DslError):
     """A target's toolchain failed on code duotile generated: a generator or toolchain limit, not a
     fault of the kernel. The message names the kernel, its config and how to print the source."""
 
-    def __init__(self, target: str, toolchain: str, kernel: str, config: dict, cause: Exception):
+    def __init__(self, target: str, toolchain: str, kernel: str, config: dict, cause: Exception,
+                 loc: SourceLoc | None = None, buffer: str = ""):
         first = (str(cause).strip().splitlines() or [""])[0][:400]
-        super().__init__(f"{target}: {toolchain} could not lower the generated {kernel} (config {config}); print "
-                         f"the source with `duotile show {kernel} --target {target} --stage tilelang` and the "
-                         f"same --config: {type(cause).__name__}: {first}")
+        where = f" at buffer `{buffer}`, generated for this spec line" if buffer else ""
+        super().__init__(f"{target}: {toolchain} could not lower the generated {kernel}{where} (config {config}); "
+                         f"print the source with `duotile show {kernel} --target {target} --stage tilelang` and "
+                         f"the same --config: {type(cause).__name__}: {first}", loc)

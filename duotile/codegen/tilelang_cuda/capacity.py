@@ -1,15 +1,22 @@
-"""Static resource check for CUDA targets: shared memory per block, TMEM columns, and on sm90 the
-warp layout of row-split (FullRow) wgmma accumulators.
+"""Static resource check for CUDA targets: shared memory per block, TMEM columns, registers per
+thread, the register tiles TileLang can lay out over the threads, and on sm90 the warp layout of
+row-split (FullRow) wgmma accumulators.
 
 TileLang does not check shared memory (a 384 KiB kernel builds and fails only at launch), so
 every config is checked here first. Shared bytes: each shared tile, times the pipeline depth
 when it is loaded inside a pipelined loop. TMEM: fp32 accumulator columns, 512 per SM.
+Registers: nothing stops a register tile of any size either (a 4096 x 4096 f32 tile built, with
+256 KiB of stack a thread and minutes in ptxas), so the register tiles (fragments, and on sm100
+the fragments TMEM is drained into) are summed, as if all were live at once, and divided by the
+block's threads; above four times what a thread's 255 registers hold the config is refused. The
+sum overstates what is live (ptxas reuses the registers of dead tiles): the shipped and default
+configs need at most 1.8 KiB a thread by it, and a config near the limit spills most of its tiles.
 """
 
 from __future__ import annotations
 
 from ...dsl.errors import CapacityError, UnsupportedError
-from ...dsl.ir import Module
+from ...dsl.ir import Module, Op
 from .arch import Arch
 from .plan import make_plan
 
@@ -28,6 +35,25 @@ def _stages_of(module: Module) -> dict[int, int]:
     return depth
 
 
+MAX_REGISTERS = 255  # 32-bit registers one thread can address on sm90 and sm100
+REGISTER_LIMIT = 4 * MAX_REGISTERS * 4  # bytes of register tiles a thread, all counted live at once
+
+
+def _nbytes(op: Op) -> int:
+    return int(op.result.type.numel()) * op.result.type.dtype.bits // 8
+
+
+def register_tiles(module: Module, arch: Arch, plan) -> list[tuple[Op, int]]:
+    """(op, bytes) of every tile the block holds in registers: fragments, the fragment a TMEM
+    accumulator is drained into, and on sm100 the product fragment of a gemm into a fragment."""
+    tiles = [(op, _nbytes(op)) for op in module.walk()
+             if op.result is not None and plan.scope[op.result.id] in ("fragment", "tmem")]
+    if arch.has_tmem:
+        into = {op.args[2].id for op in module.walk() if op.name == "gemm" and plan.scope[op.args[2].id] == "fragment"}
+        tiles += [(op, _nbytes(op)) for op in module.walk() if op.result is not None and op.result.id in into]
+    return tiles
+
+
 def usage(module: Module, arch: Arch, threads: int | None = None) -> dict[str, int]:
     plan = make_plan(module, arch, threads)
     stages = _stages_of(module)
@@ -36,7 +62,7 @@ def usage(module: Module, arch: Arch, threads: int | None = None) -> dict[str, i
         v = op.result
         if v is None:
             continue
-        nbytes = int(v.type.numel()) * v.type.dtype.bits // 8
+        nbytes = _nbytes(op)
         scope = plan.scope[v.id]
         if scope == "shared":
             smem += nbytes * (stages[v.id] if op.name == "load" else 1)
@@ -44,18 +70,49 @@ def usage(module: Module, arch: Arch, threads: int | None = None) -> dict[str, i
             smem += nbytes
         if scope == "tmem" or (arch.has_tmem and v.id in plan.mutated):
             tmem_cols += int(v.type.shape[-1])
-    return {"shared": smem, "tmem_columns": tmem_cols}
+    registers = sum(n for _, n in register_tiles(module, arch, plan))
+    return {"shared": smem, "tmem_columns": tmem_cols, "register_bytes": registers}
 
 
 def check_capacity(module: Module, arch: Arch, knobs: dict) -> dict[str, int]:
-    use = usage(module, arch, int(knobs.get("threads", 128)))
+    threads = int(knobs.get("threads", 128))
+    use = usage(module, arch, threads)
     detail = f"kernel {module.name} config {module.config}"
     if use["shared"] > arch.smem_bytes:
         raise CapacityError(arch.name, "shared memory", use["shared"], arch.smem_bytes, detail)
     if arch.has_tmem and use["tmem_columns"] > arch.tmem_columns:
         raise CapacityError(arch.name, "TMEM", use["tmem_columns"] * 128 * 4, arch.tmem_columns * 128 * 4,
                             detail + f"; {use['tmem_columns']} of {arch.tmem_columns} columns")
+    per_thread = -(-use["register_bytes"] // threads)
+    if per_thread > REGISTER_LIMIT:
+        op, nbytes = max(register_tiles(module, arch, make_plan(module, arch, threads)), key=lambda t: t[1])
+        t = op.result.type
+        raise CapacityError(arch.name, "registers per thread", per_thread, REGISTER_LIMIT,
+                            f"the register tiles over {threads} threads, all counted live; the largest is "
+                            f"{t.dtype.name}[{'x'.join(str(int(d)) for d in t.shape)}] at this line, "
+                            f"{-(-nbytes // threads)} bytes a thread; the limit is 4 x {MAX_REGISTERS} "
+                            f"registers of 4 bytes (past it most tiles live in local memory): use smaller "
+                            f"tiles or more threads; {detail}", loc=op.loc)
+    check_fragment_layouts(module, arch, threads)
     return use
+
+
+def check_fragment_layouts(module: Module, arch: Arch, threads: int) -> None:
+    """TileLang 0.1.15 spreads a register tile's elements over the block's threads evenly: a tile
+    with more elements than threads that are not a whole multiple of them has no layout ("no
+    available layout found", naming neither the buffer nor the line). 3 x 5, 200, 768 and
+    1536 elements lower at 256 threads; 257, 300, 384, 640 and 3 x 300 do not (384 and 640 do at
+    128). Refused here at the tile's line. Powers of two are not the rule: a tile of 176 columns
+    (attention's key blocks) is 88 whole multiples of 256 threads at 128 rows."""
+    for op, _ in register_tiles(module, arch, make_plan(module, arch, threads)):
+        n = int(op.result.type.numel())
+        if n > threads and n % threads:
+            t = op.result.type
+            shape = "x".join(str(int(d)) for d in t.shape)
+            raise UnsupportedError(f"{arch.name}: a register tile {t.dtype.name}[{shape}] of {n} elements cannot "
+                                   f"be laid out over {threads} threads by TileLang: a tile of more elements than "
+                                   f"threads needs a whole multiple of them (pad it, e.g. with dsl.next_pow2, or "
+                                   f"change threads) (config {module.config})", op.loc)
 
 
 def check_warp_rows(module: Module, arch: Arch, knobs: dict) -> None:
