@@ -1,0 +1,113 @@
+"""Every kernel spec at every model shape (``Spec.model_shapes``) on sm90, sm100 and ascend950:
+the target source is generated, or the case is refused naming the memory that overflows or the
+op and spec line it cannot lower. One representative shape per spec and model is also built in
+full (cubins, Ascend C). ``python3 -m tests.codegen.test_model_shape_builds`` prints the table."""
+
+from __future__ import annotations
+
+import shutil
+
+import pytest
+
+from benchmarks.model_shape_builds import REPRESENTATIVE, TARGETS, build_row, generate_row, summary_table
+from duotile.dsl.errors import CapacityError, LoweringError, UnsupportedError
+from duotile.kernels_spec import load_all
+
+pytestmark = pytest.mark.slow
+pytest.importorskip("tilelang")
+
+SPECS = load_all()
+SHAPES = [(n, shape) for n, s in sorted(SPECS.items()) for shape in s.model_shapes]
+# where a target may refuse a model shape, and with what: sm90 serves them all; sm100's TMEM holds
+# no 64 x 512 fp32 accumulator (head dim 512); Ascend lowers only whole tiles and its UB is smaller
+ALLOWED = {
+    "sm90": lambda spec, case, err: False,
+    "sm100": lambda spec, case, err: isinstance(err, CapacityError) and err.memory == "TMEM" and case["D"] == 512,
+    "ascend950": lambda spec, case, err: (isinstance(err, CapacityError) and err.memory.startswith("UB"))
+    or (isinstance(err, UnsupportedError) and "partial tile" in str(err)),
+}
+GENERATED: dict = {}
+
+
+def generated(name, shape, target):
+    key = (name, shape, target)
+    if key not in GENERATED:
+        GENERATED[key] = generate_row(SPECS[name], shape, SPECS[name].model_shapes[shape], target)
+    return GENERATED[key]
+
+
+def check_refusal_names_its_cause(spec, err):
+    msg = str(err)
+    if isinstance(err, CapacityError):
+        assert f"{err.memory} overflow" in msg and "needs" in msg and "capacity" in msg, msg
+    elif isinstance(err, UnsupportedError):
+        assert err.loc is not None and f"kernels_spec/{spec.name}.py:" in msg, msg  # the op's spec line
+    else:
+        assert isinstance(err, LoweringError) and spec.name in msg and "config" in msg, msg
+
+
+@pytest.mark.parametrize("target", TARGETS)
+@pytest.mark.parametrize("name,shape", SHAPES, ids=[f"{n}:{s}" for n, s in SHAPES])
+def test_generates_or_is_refused_naming_the_cause(name, shape, target):
+    spec, case = SPECS[name], SPECS[name].model_shapes[shape]
+    row = generated(name, shape, target)
+    if row.status == "generated":  # every tensor declared at the case's sizes, in some phase
+        text = "".join(row.sources).replace(" ", "").replace(",)", ")")
+        assert row.sources and all("T.Kernel(" in src for src in row.sources)
+        for tensor, t in spec.meta_inputs(case).items():
+            dims = "(" + ",".join(str(d) for d in t.shape) + ")"
+            assert f"{tensor}:T.Tensor({dims}" in text, f"{name} {shape} {target}: {tensor} not declared {dims}"
+        return
+    err = row.error
+    assert isinstance(err, (CapacityError, UnsupportedError, LoweringError)), f"{name} {shape} {target}: {err!r}"
+    check_refusal_names_its_cause(spec, err)
+    assert ALLOWED[target](spec, case, err), f"{name} {shape} on {target} refused unexpectedly: {err}"
+
+
+def test_every_spec_generates_every_model_shape_for_sm90():
+    refused = [(n, s) for n, s in SHAPES if generated(n, s, "sm90").status != "generated"]
+    assert not refused, refused
+
+
+def test_summary_table_counts_every_shape():
+    rows = [generated(n, s, t) for n, s in SHAPES for t in TARGETS]
+    table = summary_table(rows)
+    assert table.count("\n") == 2 + len(SPECS) * len(TARGETS) - 1
+    for name, spec in SPECS.items():
+        assert f"| {name} | sm90 | {len(spec.model_shapes)} of {len(spec.model_shapes)} | - |" in table
+
+
+BUILDS = [(n, shape) for n, by_model in sorted(REPRESENTATIVE.items()) for shape in by_model.values()]
+
+
+def test_every_spec_and_model_has_a_representative_build():
+    assert set(REPRESENTATIVE) == set(SPECS)
+    for name, by_model in REPRESENTATIVE.items():
+        assert set(by_model) == {"v4-flash", "v41-flash"}
+        for model, shape in by_model.items():
+            assert SPECS[name].model_shapes[shape]["model"] == model
+
+
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="needs nvcc")
+@pytest.mark.parametrize("target", TARGETS)
+@pytest.mark.parametrize("name,shape", BUILDS, ids=[f"{n}:{s}" for n, s in BUILDS])
+def test_representative_shape_builds_as_it_generates(name, shape, target):
+    """The full build agrees with generation: built where it generated (a cubin per phase on CUDA,
+    Ascend C on Ascend), refused with the same kind of error where it did not."""
+    spec = SPECS[name]
+    gen = generated(name, shape, target)
+    row = build_row(spec, shape, spec.model_shapes[shape], target)
+    if gen.status == "generated":
+        assert row.status == "built", f"{name} {shape} {target}: {row.message}"
+    else:
+        assert row.status == "refused" and row.message.startswith(type(gen.error).__name__), row.message
+
+
+def main() -> None:
+    from benchmarks.model_shape_builds import main as table
+
+    table(["--build"])
+
+
+if __name__ == "__main__":
+    main()
