@@ -1,0 +1,115 @@
+"""Every kernel spec's sm90 build, at the config a user gets (``codegen.compile(kernel, "sm90")``
+with no config: a tuned one where the tuning cache has it, else the kernel's defaults), against
+its PyTorch reference at every model shape (``Spec.model_shapes``, their pinned configs left
+out) and at seeded random shapes of the spec's sweep: small, ragged, prime and large.
+
+Seeds: random case i of a spec is drawn from ``random.Random(BASE * 1000 + i)`` and its inputs
+made with the same seed; BASE is 0 unless ``DUOTILE_SWEEP_SEED`` sets it (every xdist worker must
+collect the same cases, so it is never drawn from the clock). A failure names the spec, the case,
+the config and the seed; each case logs one line (``-s`` or ``-rA`` shows them).
+
+One build serves each distinct call signature (the compiled kernel's own cache), so the number of
+builds is the number of distinct shapes: about 300 model shapes and ``RANDOM_PER_SPEC`` random
+ones per spec. Run on the H200 with 8 xdist workers (``benchmarks/gpu_run.sh tests``)."""
+
+from __future__ import annotations
+
+import os
+import random
+
+import pytest
+import torch
+
+from duotile import codegen
+from duotile.dsl.errors import CapacityError, UnsupportedError
+from duotile.kernels_spec import load_all
+
+pytestmark = pytest.mark.gpu
+
+BASE = int(os.environ.get("DUOTILE_SWEEP_SEED", "0"))
+RANDOM_PER_SPEC = 16  # half small (the interpreter's bounds), half large
+SPECS = load_all()
+PINNED = ("config", "config_for")  # the user's build takes none
+
+
+def sweep_cases() -> list[tuple[str, str, dict, int]]:
+    """(spec, label, case, seed) for every model shape and random draw."""
+    out = []
+    for name, spec in sorted(SPECS.items()):
+        for i, (shape, case) in enumerate(spec.model_shapes.items()):
+            out.append((name, shape, {k: v for k, v in case.items() if k not in PINNED}, BASE * 1000 + i))
+        for i in range(RANDOM_PER_SPEC):
+            seed = BASE * 1000 + i
+            large = i >= RANDOM_PER_SPEC // 2
+            case = {k: v for k, v in spec.random_case(random.Random(seed), large=large).items() if k not in PINNED}
+            out.append((name, f"random{'-large' if large else ''}-seed{seed}", case, seed))
+    return out
+
+
+CASES = sweep_cases()
+KERNELS: dict = {}
+
+
+def user_kernel(spec, case):
+    """One compiled kernel per spec and constants: it builds once per call signature."""
+    key = (spec.name, tuple(sorted(spec.constants_of(case).items())))
+    if key not in KERNELS:
+        KERNELS[key] = codegen.compile(spec.kernel, "sm90", constants=spec.constants_of(case))
+    return KERNELS[key]
+
+
+def check_on_device(spec, case, inputs, ref) -> str | None:
+    """``check_outputs`` (tests/kernels_spec) on the GPU: large outputs stay where they are. None
+    when every output is within the spec's tolerance, else what is off."""
+    for out in spec.outputs:
+        got = inputs[out].float()
+        want = ref[out].float().to(got.device)
+        if spec.exact:
+            if not torch.equal(got, want):
+                return f"{spec.name}/{out} differs in {int((got != want).sum())}/{got.numel()} elements"
+            continue
+        allowed = spec.allowed_error(case, out, want, inputs).to(got.device)
+        err = (got - want).abs()
+        bad = ~(err <= allowed)  # NaN counts as bad
+        if bad.any():
+            worst = int(torch.argmax(torch.where(bad, err - allowed, torch.zeros_like(err))))
+            return (f"{spec.name}/{out}: {int(bad.sum())}/{bad.numel()} elements off, max error "
+                    f"{err.max().item():.3g}; worst at flat index {worst}: got {got.flatten()[worst].item():.6g}, "
+                    f"want {want.flatten()[worst].item():.6g}, allowed {allowed.flatten()[worst].item():.3g}")
+    return None
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _announce_seed(request):
+    line = (f"shape sweep: DUOTILE_SWEEP_SEED={BASE} ({len(CASES)} cases: "
+            f"{sum(1 for c in CASES if not c[1].startswith('random'))} model shapes, "
+            f"{RANDOM_PER_SPEC} random per spec)")
+    reporter = request.config.pluginmanager.getplugin("terminalreporter")
+    if reporter is not None:
+        reporter.write_line(line)
+    print(line)
+
+
+@pytest.mark.parametrize("name,label,case,seed", CASES, ids=[f"{n}:{lbl}" for n, lbl, _, _ in CASES])
+def test_user_build_matches_reference(name, label, case, seed):
+    spec = SPECS[name]
+    kernel = user_kernel(spec, case)
+    inputs = spec.make_inputs(case, torch.device("cuda"), seed)
+    where = f"{name} {label} at {case} (seed {seed})"
+    try:
+        config = kernel.artifacts(**inputs)[0].meta.get("config")
+    except (CapacityError, UnsupportedError) as err:  # the default config does not fit this shape
+        pytest.xfail(f"{where}: no build at the user's config: {type(err).__name__}: {err}")
+    kernel(**inputs)
+    torch.cuda.synchronize()
+    off = check_on_device(spec, case, inputs, spec.run_reference(inputs, case))
+    print(f"{name:16s} {label:36s} {case} config {config}: {'ok' if off is None else 'WRONG'}")
+    assert off is None, f"{where}, config {config}: {off}"
+
+
+def test_sweep_covers_every_spec_and_its_model_shapes():
+    for name, spec in SPECS.items():
+        labels = [lbl for n, lbl, _, _ in CASES if n == name]
+        assert set(spec.model_shapes) <= set(labels) and sum(lbl.startswith("random") for lbl in labels) == \
+            RANDOM_PER_SPEC
+    assert not any(k in case for _, _, case, _ in CASES for k in PINNED)
