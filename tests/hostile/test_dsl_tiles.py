@@ -74,6 +74,14 @@ def test_register_tiles_that_tilelang_lays_out_are_accepted(shape, threads):
     _lower("sm90", threads=threads, R=shape[0], C=shape[1])
 
 
+def test_a_vector_broadcast_over_a_larger_tile_takes_that_tiles_layout():
+    # fp8 gemm's 192-element column scale, read as [None, :] over the 128 x 192 output tile: it
+    # lowers (and builds) at 128 threads, so the vector alone does not decide
+    spec = load_all()["gemm"]
+    generate_case(spec, spec.build_cases["fp8_8192"], "sm90", use_tuned=False,
+                  config={"BM": 128, "BN": 192, "BK": 64, "STAGES": 2, "threads": 128})
+
+
 @pytest.mark.parametrize("target", ["sm90", "sm100"])
 @pytest.mark.parametrize("shape,threads", [((1, 300), 256), ((1, 384), 256), ((3, 300), 256), ((1, 640), 256)])
 def test_register_tiles_tilelang_cannot_lay_out_are_refused_at_their_line(target, shape, threads):

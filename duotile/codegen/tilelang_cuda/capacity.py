@@ -98,21 +98,36 @@ def check_capacity(module: Module, arch: Arch, knobs: dict) -> dict[str, int]:
 
 
 def check_fragment_layouts(module: Module, arch: Arch, threads: int) -> None:
-    """TileLang 0.1.15 spreads a register tile's elements over the block's threads evenly: a tile
-    with more elements than threads that are not a whole multiple of them has no layout ("no
-    available layout found", naming neither the buffer nor the line). 3 x 5, 200, 768 and
-    1536 elements lower at 256 threads; 257, 300, 384, 640 and 3 x 300 do not (384 and 640 do at
-    128). Refused here at the tile's line. Powers of two are not the rule: a tile of 176 columns
-    (attention's key blocks) is 88 whole multiples of 256 threads at 128 rows."""
+    """TileLang 0.1.15 spreads a register tile's elements over the block's threads evenly, or takes
+    the layout of a larger loop that reads it (a broadcast row vector) or of a gemm: a tile with
+    more elements than threads that are not a whole multiple of them, and no such reader, has no
+    layout ("no available layout found", naming neither the buffer nor the line). At 256 threads
+    3 x 5, 200, 768 and 1536 elements lower, 257, 300, 384, 640 and 3 x 300 do not (384 and 640 do
+    at 128); a 192-element scale vector broadcast over a 128 x 192 tile lowers at 128 threads.
+    Powers of two are not the rule: attention's 128 x 176 key blocks are 88 whole multiples of 256.
+    Refused here at the tile's line."""
+    def fits(n: int) -> bool:
+        return n <= threads or n % threads == 0
+
+    readers: dict[int, list[Op]] = {}
+    for op in module.walk():
+        into = op.attrs.get("into") if op.name == "map" else None
+        for v in {*(a.id for a in op.values()), *((into.id,) if into is not None else ())}:
+            readers.setdefault(v, []).append(op)
     for op, _ in register_tiles(module, arch, make_plan(module, arch, threads)):
-        n = int(op.result.type.numel())
-        if n > threads and n % threads:
-            t = op.result.type
-            shape = "x".join(str(int(d)) for d in t.shape)
-            raise UnsupportedError(f"{arch.name}: a register tile {t.dtype.name}[{shape}] of {n} elements cannot "
-                                   f"be laid out over {threads} threads by TileLang: a tile of more elements than "
-                                   f"threads needs a whole multiple of them (pad it, e.g. with dsl.next_pow2, or "
-                                   f"change threads) (config {module.config})", op.loc)
+        t = op.result.type
+        n = int(t.numel())
+        if fits(n):
+            continue
+        laid_out_by = [r for r in readers.get(op.result.id, []) if r.name == "gemm" or (
+            r.name == "map" and fits(int((r.result or r.attrs["into"]).type.numel())))]
+        if laid_out_by:
+            continue
+        shape = "x".join(str(int(d)) for d in t.shape)
+        raise UnsupportedError(f"{arch.name}: a register tile {t.dtype.name}[{shape}] of {n} elements cannot "
+                               f"be laid out over {threads} threads by TileLang: a tile of more elements than "
+                               f"threads needs a whole multiple of them (pad it, e.g. with dsl.next_pow2, or "
+                               f"change threads) (config {module.config})", op.loc)
 
 
 def check_warp_rows(module: Module, arch: Arch, knobs: dict) -> None:
