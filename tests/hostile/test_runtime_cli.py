@@ -58,3 +58,22 @@ def test_generate_on_cuda_without_cuda_is_one_line_and_exit_2(capsys):
 def test_debug_shows_the_exception_instead(capsys):
     with pytest.raises(ValueError, match="device: unknown device 'tpu'"):
         main(["generate", "--prompt-ids", "1", "--device", "tpu", "--debug"])
+
+
+def test_generate_with_nan_logits_keeps_the_tokens_and_fails_in_one_line(monkeypatch, capsys):
+    from duotile.runtime.reference import Model
+
+    forward = Model.forward
+
+    def nan_after_two(self, chunks, all_logits=False):
+        out = forward(self, chunks, all_logits)
+        return [torch.full_like(o, float("nan")) if c.cache.num_tokens > 3 else o for c, o in zip(chunks, out)]
+
+    monkeypatch.setattr(Model, "forward", nan_after_two)
+    args = ["generate", "--model", str(tiny("v4-tiny")), "--prompt-ids", "5", "6", "7", "--max-tokens", "4"]
+    assert main(args) == 2
+    captured = capsys.readouterr()
+    assert len(captured.out.splitlines()[0].split()) == 5  # "tokens (before the failure):" + 1 token
+    assert captured.out.startswith("tokens (before the failure): ")
+    err = captured.err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("duotile generate: request 0: ") and "position 4" in err[0]
