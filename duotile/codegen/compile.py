@@ -81,7 +81,9 @@ def specialize_phases(kernel: KernelDef, sig: Signature, target: str | Target = 
     cfg, knobs = split_config(kernel, tgt, config)
     # traces the kernel; for a decode-path kernel (batch_dim) it also rejects batch-dependent reductions
     module = verify_ir(check_batch_invariance(kernel, sig.dtypes, sig.present, constants, cfg))
-    module = verify_ir(bind_shapes(module, sig.shapes))
+    if not getattr(tgt, "dynamic_shapes", True) or getattr(tgt, "static_under", lambda c: False)(config or {}):
+        sig = sig.with_static(sig.dynamic)  # this target, or this config, builds every size on its own
+    module = verify_ir(bind_shapes(module, sig.shapes, sig.dynamic))
     return [verify_ir(tgt.lower(p, tgt.phase_knobs(p, knobs))) for p in split_phases(module)], knobs
 
 
@@ -116,13 +118,20 @@ class PhasedCall:
         self.workspaces: dict[str, Any] | None = None
 
     def __call__(self, tensors: dict) -> None:
-        if self.phases[0].workspaces and self.workspaces is None:
+        first = self.phases[0]
+        if first.workspaces:  # sized at the call's dynamic sizes; reused while they fit
             import torch
 
+            sizes = first.dynamic_sizes(tensors) if first.dynamic else {}
             device = next(t.device for t in tensors.values() if t is not None and hasattr(t, "device"))
-            self.workspaces = {p.name: torch.empty(tuple(int(d) for d in p.shape), dtype=p.dtype.torch,
-                                                   device=device) for p in self.phases[0].workspaces}
-        args = {**tensors, **(self.workspaces or {})}
+            shapes = {p.name: first.workspace_shape(p, sizes) for p in first.workspaces}
+            have = self.workspaces or {}
+            if any(n not in have or have[n].numel() < _numel(s) or have[n].device != device
+                   for n, s in shapes.items()):
+                self.workspaces = {p.name: torch.empty(_numel(shapes[p.name]), dtype=p.dtype.torch, device=device)
+                                   for p in first.workspaces}
+            views = {n: self.workspaces[n][:_numel(s)].view(s) for n, s in shapes.items()}
+        args = {**tensors, **(views if first.workspaces else {})}
         for fn in self.fns:
             fn(args)
 
@@ -141,6 +150,7 @@ class CompiledKernel:
     constants: dict[str, Any] | None = None
     workdir: str | None = None
     _cache: dict[tuple, tuple] = field(default_factory=dict, repr=False)
+    _configs: dict[tuple, dict | None] = field(default_factory=dict, repr=False)  # the config chosen per build key
 
     def artifact(self, **tensors) -> Artifact:
         """The build for these tensors (the first phase's, where the kernel has several)."""
@@ -151,20 +161,30 @@ class CompiledKernel:
         return self._prepare(tensors)[1]
 
     def _prepare(self, tensors: dict):
+        tgt = get_target(self.target)
         sig = self.kernel.bind(tensors)
-        key = sig.key()
+        if not getattr(tgt, "dynamic_shapes", True):  # this target builds each size on its own
+            sig = sig.with_static(sig.dynamic)
+        config = self._config(sig)
+        if sig.dynamic and config and getattr(tgt, "static_under", lambda c: False)(config):
+            sig = sig.with_static(sig.dynamic)  # this config cannot serve a dynamic size
+        key = (sig.key(), tuple(sorted((config or {}).items(), key=str)))
         if key not in self._cache:
-            tgt = get_target(self.target)
-            config = self.config
-            if config is None:  # no config given: a tuned one from `duotile tune`, if any
-                from ..passes.autotune.cache import best_config
-
-                config = best_config(self.kernel, self.target, sig.shapes, dtypes=sig.dtypes, present=sig.present,
-                                     constants=self.constants)
             phases, knobs = specialize_phases(self.kernel, sig, tgt, config, self.constants)
             self._cache[key] = (phases, build_phases(self.kernel, phases, tgt, knobs, self.workdir), None)
         phases, artifacts, fn = self._cache[key]
         return phases, artifacts, fn, key
+
+    def _config(self, sig) -> dict[str, Any] | None:
+        """The config of a call: the one given, else the choice for its shape (``choose_config``)."""
+        if self.config is not None:
+            return self.config
+        key = sig.key()
+        if key not in self._configs:
+            from .choose_config import choose_config
+
+            self._configs[key] = choose_config(self.kernel, self.target, sig, self.constants)
+        return self._configs[key]
 
     def __call__(self, **tensors):
         unknown = set(tensors) - set(self.kernel.tensors)
@@ -183,3 +203,10 @@ def compile(kernel: KernelDef, target: str = "interpret", config: dict[str, Any]
     if config:
         check_config(kernel, tgt, config)  # and on a config it or the kernel refuses
     return CompiledKernel(kernel, target, config, constants, workdir)
+
+
+def _numel(shape: tuple[int, ...]) -> int:
+    n = 1
+    for d in shape:
+        n *= d
+    return n

@@ -41,37 +41,18 @@ class BuildResult:
         return sum(1 for line in text.splitlines() if line.strip() and not line.lstrip().startswith("#"))
 
 
-def tuned_config(spec: Spec, sig, target: str, constants: dict) -> dict[str, Any] | None:
-    """The autotuner's best config for this call, when the tuning cache has one that today's
-    kernel and target accept (an entry they refuse is skipped with a warning)."""
-    from ..passes.autotune.cache import best_config
-
-    return best_config(spec.kernel, target, sig.shapes, dtypes=sig.dtypes, present=sig.present, constants=constants)
-
-
-def _tuned(spec: Spec, sig, target: str, constants: dict) -> tuple[dict[str, Any] | None, list[str]]:
-    """``tuned_config`` and the lines saying which cached entries were skipped and why."""
-    from ..passes.autotune.cache import lookup
-
-    config, skipped = lookup(spec.kernel, target, sig.shapes, dtypes=sig.dtypes, present=sig.present,
-                             constants=constants)
-    for msg in skipped:
-        warnings.warn(msg, stacklevel=3)
-    return config, skipped
-
-
 def build_case(spec: Spec, case_name: str, case: Case, target: str, config: dict[str, Any] | None = None,
                use_cache: bool = True, use_tuned: bool = True) -> BuildResult:
-    """Build one case. Config precedence: ``config`` > a tuned config from the tuning cache > the
-    case's own config > the kernel's defaults. A tuned config was verified and fits the target, so
-    it may replace a case's starting point (which exists to fit or to start well)."""
+    """Build one case. Config precedence: ``config`` > the chosen config (``choose_config``: the
+    user's tuning cache, the shipped table's nearest bucket, the target's choice) > the case's
+    own config > the kernel's defaults."""
     t0 = time.perf_counter()
     try:
         tgt = get_target(target)
-        phases, knobs, tuned, skipped = _specialize(spec, case, target, config, use_tuned)
+        phases, knobs, source, skipped = _specialize(spec, case, target, config, use_tuned)
         artifacts = build_phases(spec.kernel, phases, tgt, knobs, use_cache=use_cache)
         for a in artifacts:
-            a.meta["config_source"] = "tuned" if tuned else "default"
+            a.meta["config_source"] = source
             if skipped:
                 a.meta["tuned_skipped"] = skipped
         return BuildResult(spec.name, case_name, target, True, time.perf_counter() - t0, artifacts, phases)
@@ -91,11 +72,17 @@ def generate_case(spec: Spec, case: Case, target: str, config: dict[str, Any] | 
 
 
 def _specialize(spec: Spec, case: Case, target: str, config: dict[str, Any] | None, use_tuned: bool):
-    """(phases, knobs, the tuned config or None, the tuned entries skipped) under the precedence
-    ``build_case`` states. A skipped entry falls back to the next choice: the shipped table after
-    the user's cache, then the case's own config."""
+    """(phases, knobs, where the config came from, the cached entries skipped) under the
+    precedence ``build_case`` states. A skipped entry falls back to the next choice."""
+    from .choose_config import explain_choice
+
     sig = spec.kernel.bind(spec.meta_inputs(case))
-    tuned, skipped = _tuned(spec, sig, target, spec.constants_of(case)) if use_tuned else (None, [])
-    cfg = {**spec.config_of(case, target), **(tuned or {}), **(config or {})}
+    chosen, source, skipped = (explain_choice(spec.kernel, target, sig, spec.constants_of(case)) if use_tuned
+                               else (None, "default", []))
+    for msg in skipped:
+        warnings.warn(msg, stacklevel=3)
+    cfg = {**spec.config_of(case, target), **(chosen or {}), **(config or {})}
+    if config:
+        source = "given"
     phases, knobs = specialize_phases(spec.kernel, sig, get_target(target), cfg, spec.constants_of(case))
-    return phases, knobs, tuned, skipped
+    return phases, knobs, source, skipped

@@ -153,6 +153,7 @@ class Module:
     config: dict[str, Any] = field(default_factory=dict)
     constants: dict[str, Any] = field(default_factory=dict)
     shapes: dict[str, int] = field(default_factory=dict)  # filled by bind_shapes
+    dynamic: tuple[str, ...] = ()  # sizes left symbolic by bind_shapes (as the symbols dynamic_symbol names)
     batch_dim: str | None = None
     source_file: str = ""
     phase: int | None = None  # which phase of a multi-phase kernel this module is (split_phases)
@@ -178,7 +179,34 @@ class Module:
     def workspaces(self) -> list[TensorParam]:
         return [p for p in self.params if p.workspace]
 
+    def dynamic_sizes(self, tensors: dict) -> dict[str, int]:
+        """The value of each dynamic size symbol (``n_R``) in a call, read off the tensors' shapes."""
+        want = {str(dynamic_symbol(n)) for n in self.dynamic}
+        sizes: dict[str, int] = {}
+        for p in self.params:
+            t = tensors.get(p.name)
+            if t is None or p.workspace:
+                continue
+            for d, size in zip(p.shape, t.shape):
+                if d.is_Symbol and str(d) in want:
+                    sizes[str(d)] = int(size)
+        missing = want - set(sizes)
+        if missing:
+            raise ValueError(f"{self.name}: no tensor gives the dynamic size(s) {', '.join(sorted(missing))}")
+        return sizes
+
+    def workspace_shape(self, p: TensorParam, sizes: dict[str, int]) -> tuple[int, ...]:
+        """A workspace's shape at a call's dynamic sizes."""
+        return tuple(int(sympy.sympify(d).subs({sympy.Symbol(k, integer=True, positive=True): v
+                                                 for k, v in sizes.items()})) for d in p.shape)
+
     def __str__(self) -> str:
         from .printer import format_module
 
         return format_module(self)
+
+
+def dynamic_symbol(name: str) -> sympy.Symbol:
+    """The symbol a dynamic size ``name`` is written as once shapes are bound: ``n_R`` for ``R``,
+    a name no generated source uses for anything else (``T`` is TileLang's module there)."""
+    return sympy.Symbol(f"n_{name}", integer=True, positive=True)

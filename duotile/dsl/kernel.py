@@ -62,15 +62,37 @@ class Tunable:
 
 @dataclass
 class Signature:
-    """What a call binds: dtypes of each tensor, which optionals are present, symbol sizes."""
+    """What a call binds: dtypes of each tensor, which optionals are present, symbol sizes, and
+    which of those sizes the kernel leaves dynamic (one build serves every value of them)."""
 
     dtypes: dict[str, DType]
     present: dict[str, bool]
     shapes: dict[str, int]
+    dynamic: tuple[str, ...] = ()
+    bucketed: tuple[str, ...] = ()  # dynamic sizes whose power-of-two bucket still picks the build
+
+    @property
+    def static_shapes(self) -> dict[str, int]:
+        """The sizes a build is specialised to: every size but the dynamic ones."""
+        return {k: v for k, v in self.shapes.items() if k not in self.dynamic}
 
     def key(self) -> tuple:
+        """What tells two builds apart: neither a dynamic size nor, for a bucketed one, more than
+        its bucket (the power of two at or above it) is part of it."""
+        buckets = tuple(sorted((d, bucket(self.shapes[d])) for d in self.bucketed if d in self.dynamic))
         return (tuple(sorted((k, v.name) for k, v in self.dtypes.items())),
-                tuple(sorted(self.present.items())), tuple(sorted(self.shapes.items())))
+                tuple(sorted(self.present.items())), tuple(sorted(self.static_shapes.items())),
+                tuple(sorted(self.dynamic)), buckets)
+
+    def with_static(self, names) -> Signature:
+        """The same call with ``names`` specialised statically (no longer dynamic)."""
+        return Signature(self.dtypes, self.present, self.shapes, tuple(d for d in self.dynamic if d not in names),
+                         tuple(d for d in self.bucketed if d not in names))
+
+
+def bucket(size: int) -> int:
+    """The shape bucket of a size: the power of two at or above it."""
+    return 1 << max(0, int(size) - 1).bit_length()
 
 
 @dataclass
@@ -83,6 +105,8 @@ class KernelDef:
     batch_dim: str | None = None
     source_file: str = ""
     source_line: int = 0
+    dynamic: tuple[str, ...] = ()  # sizes one build serves every value of (``@dsl.kernel(dynamic=...)``)
+    bucketed: tuple[str, ...] = ()  # of those, the ones a build and its config serve one bucket of
     _source_hash: str = field(default="", repr=False)
 
     # -- configuration ------------------------------------------------------------------------
@@ -132,7 +156,8 @@ class KernelDef:
                                 f"{tuple(t.shape)}, expected {len(spec.dims)} ({', '.join(map(str, spec.dims))})")
             for dim, size in zip(spec.dims, t.shape):
                 self._bind_dim(name, dim, int(size), shapes, origin)
-        return Signature(dtypes, present, shapes)
+        return Signature(dtypes, present, shapes, tuple(d for d in self.dynamic if d in shapes),
+                         tuple(d for d in self.bucketed if d in shapes))
 
     def _bind_dtype(self, name: str, spec: TensorSpec, t) -> DType:
         try:
@@ -182,8 +207,14 @@ class KernelDef:
                       batch_dim=self.batch_dim, source_file=self.source_file)
 
 
-def kernel(fn=None, *, batch_dim: str | None = None):
-    """Declare a tile kernel. ``batch_dim`` names the batch dimension of a decode-path kernel."""
+def kernel(fn=None, *, batch_dim: str | None = None, dynamic: tuple[str, ...] | list[str] = (),
+           bucketed: tuple[str, ...] | list[str] = ()):
+    """Declare a tile kernel. ``batch_dim`` names the batch dimension of a decode-path kernel;
+    ``dynamic`` names the sizes that stay symbolic in a build (token counts, decode rows, the
+    batch), so that one build serves every value of them. A tile's shape cannot depend on one.
+    ``bucketed`` sizes are dynamic too, but their power-of-two bucket still chooses the config
+    and so the build (a gemm's token count: decode rows and prefill chunks want other tiles):
+    at most one build per bucket."""
 
     def wrap(f) -> KernelDef:
         sig = inspect.signature(f, eval_str=True)
@@ -206,8 +237,14 @@ def kernel(fn=None, *, batch_dim: str | None = None):
                                "dsl.Tensor[...], dsl.OptionalTensor[...], dsl.Const or dsl.Tunable")
         if batch_dim is not None and not any(batch_dim in s.dims for s in tensors.values()):
             raise DslError(f"batch_dim {batch_dim!r} is not a dimension of any tensor of {f.__name__!r}")
+        dims = {d for s in tensors.values() for d in s.dims if isinstance(d, str)}
+        for what, names in (("dynamic", dynamic), ("bucketed", bucketed)):
+            bad = [d for d in names if d not in dims]
+            if isinstance(names, str) or bad:
+                raise DslError(f"{what} {bad[0] if bad else names!r} of {f.__name__!r} is not a dimension of any "
+                               f"of its tensors ({what} takes a tuple of names; dimensions: {', '.join(sorted(dims))})")
         code = f.__code__
-        return KernelDef(f, f.__name__, tensors, constants, tunables, batch_dim,
-                         code.co_filename, code.co_firstlineno)
+        return KernelDef(f, f.__name__, tensors, constants, tunables, batch_dim, code.co_filename,
+                         code.co_firstlineno, tuple(dict.fromkeys((*dynamic, *bucketed))), tuple(bucketed))
 
     return wrap(fn) if fn is not None else wrap

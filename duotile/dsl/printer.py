@@ -69,6 +69,8 @@ def format_module(module: Module, with_loc: bool = True) -> str:
         head.append("  config {" + ", ".join(f"{k}={v}" for k, v in module.config.items()) + "}")
     if module.shapes:
         head.append("  shapes {" + ", ".join(f"{k}={v}" for k, v in module.shapes.items()) + "}")
+    if module.dynamic:
+        head.append("  dynamic {" + ", ".join(f"{k} as n_{k}" for k in module.dynamic) + "}")
     return "\n".join(head + format_block(module.body, 1, with_loc)) + "\n"
 
 

@@ -14,7 +14,7 @@ from . import model_shapes as shapes
 from .registry import Dim, OneOf, Spec, register
 
 
-@dsl.kernel(batch_dim="N")
+@dsl.kernel(batch_dim="N", dynamic=("N",))
 def gather_rows(table: dsl.Tensor["R", "D", dsl.bf16 | dsl.f32], idx: dsl.Tensor["N", dsl.i32],
                 out: dsl.Tensor["N", "D", dsl.bf16 | dsl.f32], *,
                 BN: dsl.Tunable = dsl.choice(32, 16, 64, 128),

@@ -24,7 +24,7 @@ FP8_SM90 = {"BM": 128, "BN": 192, "BK": 128, "STAGES": 4, "raster": 16, "fp8_pro
 BF16_SM90 = {"STAGES": 4, "raster": 8, "warp_specialize": "manual"}
 
 
-@dsl.kernel
+@dsl.kernel(bucketed=("M",))
 def gemm(a: dsl.Tensor["M", "K", dsl.bf16 | dsl.f8e4m3], b: dsl.Tensor["N", "K", dsl.bf16 | dsl.f8e4m3],
          c: dsl.Tensor["M", "N", dsl.bf16],
          a_scale: dsl.OptionalTensor["M", dsl.f32] = None, b_scale: dsl.OptionalTensor["N", dsl.f32] = None,

@@ -37,7 +37,7 @@ def _partial(a, b, m, n, k_start, k_stop, BM, BN, BK, STAGES):
 
 # SPLIT defaults to 4: the tuning cache keys a kernel by its trace at the default config, which
 # must then be the two-phase form, so that an edit to either phase changes the key
-@dsl.kernel(batch_dim="M")
+@dsl.kernel(batch_dim="M", dynamic=("M",))
 def gemm_splitk(a: dsl.Tensor["M", "K", dsl.bf16], b: dsl.Tensor["N", "K", dsl.bf16],
                 c: dsl.Tensor["M", "N", dsl.bf16], *,
                 BM: dsl.Tunable = dsl.choice(64, 128, 16),

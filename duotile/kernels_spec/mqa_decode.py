@@ -62,7 +62,7 @@ def _attend(q, kv, b, lo, hi, BN, STAGES):
 
 
 # SPLIT defaults to 16, the two-phase form, for the tuning cache key (see gemm_splitk.py)
-@dsl.kernel(batch_dim="B")
+@dsl.kernel(batch_dim="B", dynamic=("B", "R"))
 def mqa_decode(q: dsl.Tensor["B", "H", "D", dsl.bf16], kv: dsl.Tensor["B", "R", "D", dsl.bf16],
                o: dsl.Tensor["B", "H", "D", dsl.bf16], *,
                BN: dsl.Tunable = dsl.choice(64, 32, 128),

@@ -14,7 +14,7 @@ from . import model_shapes as shapes
 from .registry import Dim, OneOf, Spec, register
 
 
-@dsl.kernel(batch_dim="T")
+@dsl.kernel(batch_dim="T", dynamic=("T",))
 def rmsnorm(x: dsl.Tensor["T", "D", dsl.bf16 | dsl.f32], weight: dsl.Tensor["D", dsl.bf16 | dsl.f32],
             y: dsl.Tensor["T", "D", dsl.bf16 | dsl.f32], *,
             EPS: dsl.Const = 1e-6,

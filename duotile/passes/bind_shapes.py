@@ -13,7 +13,9 @@ After ``bind_shapes(module, {"M": 200, "N": 128, "K": 64, "D": 128})``::
       %a1 = load a[128*m, 64*k] -> bf16[128x64] operand
       %v9 = ew.mul(%buf1, 0.127517...) -> f32[128x128] vector
 
-Every tile dimension must become an integer; index expressions keep only loop variables.
+Every tile dimension must become an integer; index expressions keep only loop variables and
+the dynamic sizes: ``bind_shapes(module, {"D": 4096}, dynamic=("T",))`` writes ``T`` as the
+symbol ``n_T`` everywhere (grid extents, bounds, masks), and one build serves every ``T``.
 """
 
 from __future__ import annotations
@@ -21,16 +23,17 @@ from __future__ import annotations
 import sympy
 
 from ..dsl.errors import DslError
-from ..dsl.ir import Module
+from ..dsl.ir import Module, dynamic_symbol
 from .rewrite import Rewriter
 
 
-def bind_shapes(module: Module, shapes: dict[str, int]) -> Module:
+def bind_shapes(module: Module, shapes: dict[str, int], dynamic: tuple[str, ...] = ()) -> Module:
+    """Sizes in ``dynamic`` stay symbolic (as ``dynamic_symbol(name)``); every other size must be given."""
     symbols = {s for p in module.params for d in p.shape for s in d.free_symbols}
-    missing = sorted(str(s) for s in symbols if str(s) not in shapes)
+    missing = sorted(str(s) for s in symbols if str(s) not in shapes and str(s) not in dynamic)
     if missing:
         raise DslError(f"{module.name}: no size given for {', '.join(missing)}")
-    subs = {s: sympy.Integer(shapes[str(s)]) for s in symbols}
+    subs = {s: (dynamic_symbol(str(s)) if str(s) in dynamic else sympy.Integer(shapes[str(s)])) for s in symbols}
 
     def expr(e):
         if not e.free_symbols & symbols:
@@ -38,11 +41,14 @@ def bind_shapes(module: Module, shapes: dict[str, int]) -> Module:
         out = sympy.simplify(e.subs(subs))
         return sympy.Float(out) if out.is_number and not out.is_Integer and not out.is_infinite else out
 
-    bound = Rewriter(expr).module(module, shapes={str(s): shapes[str(s)] for s in sorted(symbols, key=str)})
+    static = {str(s): shapes[str(s)] for s in sorted(symbols, key=str) if str(s) not in dynamic}
+    left = tuple(sorted(str(s) for s in symbols if str(s) in dynamic))
+    bound = Rewriter(expr).module(module, shapes=static, dynamic=left)
     for op in bound.walk():
         if op.result is not None:
             for d in op.result.type.shape:
                 if not d.is_Integer:
-                    raise DslError(f"tile dimension {d} of {op.name} is not a constant after binding "
-                                   f"{shapes}", op.loc)
+                    why = (f"it depends on the dynamic size(s) {', '.join(left)}: a tile's shape must be a constant"
+                           if d.free_symbols & {dynamic_symbol(n) for n in left} else f"after binding {shapes}")
+                    raise DslError(f"tile dimension {d} of {op.name} is not a constant: {why}", op.loc)
     return bound

@@ -53,7 +53,7 @@ class Rewriter:
     def module(self, m: Module, **changes) -> Module:
         params = [dataclasses.replace(p, shape=tuple(self.expr(d) for d in p.shape)) for p in m.params]
         fields = dict(name=m.name, params=params, body=self.block(m.body), config=dict(m.config),
-                      constants=dict(m.constants), shapes=dict(m.shapes), batch_dim=m.batch_dim,
+                      constants=dict(m.constants), shapes=dict(m.shapes), dynamic=m.dynamic, batch_dim=m.batch_dim,
                       source_file=m.source_file, phase=m.phase)
         fields.update(changes)
         return Module(**fields)

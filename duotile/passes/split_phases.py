@@ -22,5 +22,5 @@ def split_phases(module: Module) -> list[Module]:
 def _phase(module: Module, i: int) -> Module:
     """Phase ``i`` as a module of its own (a copy: passes may rewrite it in place)."""
     one = Module(module.name, module.params, Block([module.body.ops[i]]), module.config, module.constants,
-                 module.shapes, module.batch_dim, module.source_file)
+                 module.shapes, module.dynamic, module.batch_dim, module.source_file)
     return Rewriter().module(one, name=f"{module.name}_p{i}", phase=i)

@@ -39,6 +39,7 @@ class Interpreter:
         self.module = module
         self.tensors = tensors
         self.env: dict[str, int] = {}
+        self.sizes = module.dynamic_sizes(tensors)  # the call's value of each dynamic size
         self.vals: dict[int, torch.Tensor] = {}
         self.device = next(iter(t.device for t in tensors.values() if t is not None))
 
@@ -61,9 +62,10 @@ class Interpreter:
     def run(self):
         grid = self.module.grid
         names = [str(v) for v in grid.attrs["vars"]]
+        self.env = dict(self.sizes)
         extents = [int(self.scalar(e)) for e in grid.attrs["extents"]]
         for point in itertools.product(*(range(n) for n in extents)):
-            self.env = dict(zip(names, point))
+            self.env = {**self.sizes, **dict(zip(names, point))}
             self.vals = {}
             self.block(grid.regions[0])
 

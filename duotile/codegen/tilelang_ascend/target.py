@@ -27,6 +27,9 @@ from .vector_accumulators import vector_accumulators
 class AscendTarget(Target):
     name = "ascend950"
     stages = ("ir", "tilelang", "ascend")
+    # the generator sizes its persistent core loop and UB plan from constants: every size of a
+    # dynamic dimension is specialised (one build per size), which the call's cache keys say
+    dynamic_shapes = False
     # vector_split: each of a cube core's two vector cores takes half the rows of the vector tiles
     # (T.dual_copy; split_vector_rows.py) instead of both running the whole tile
     knobs = {"cores": choice(32, 24, 16), "threads": choice(128, 256, 64), "vector_split": choice(False, True)}

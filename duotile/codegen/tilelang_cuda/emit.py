@@ -121,7 +121,7 @@ def emit_module(module: Module, arch: Arch, knobs: dict) -> str:
         threads += PRODUCER_THREADS
     else:
         e.block(grid.regions[0].ops)
-    params = ", ".join(f'{p.name}: T.Tensor(({", ".join(str(int(d)) for d in p.shape)},), "{p.dtype.tilelang_name}")'
+    params = ", ".join(f'{p.name}: T.Tensor(({", ".join(index(d) for d in p.shape)},), "{p.dtype.tilelang_name}")'
                        for p in module.params if p.name in present_params(module))
     swizzle = int(knobs.get("raster", 0) or 0)
     targets = ", ".join(names) + ("," if len(names) == 1 else "")
@@ -238,8 +238,9 @@ def _in_bounds(e: Emitter, op: Op, loop_vars: list[str], static: bool = False) -
         idx.append(g)
         if d >= lead:
             span = interval(sympy.sympify(off), env) if static else None
-            if span is None or span[1] + int(shape[d - lead]) > int(p.shape[d]):
-                conds.append(f"{g} < {int(p.shape[d])}")
+            size = p.shape[d]  # a dynamic size is never proven
+            if span is None or not size.is_Integer or span[1] + int(shape[d - lead]) > int(size):
+                conds.append(f"{g} < {index(size)}")
     return " and ".join(conds) or "True", idx
 
 
@@ -278,7 +279,7 @@ def _gather(e: Emitter, op: Op):
     lead = len(p.shape) - len(shape)
     lv = [f"i{d}" for d in range(len(shape))]
     row = f"{idx_buf}[{lv[axis - lead]}]" if len(rows.type.shape) == 1 else f"{idx_buf}[{lv[axis - lead]}, 0]"
-    conds, gidx = [f"{row} >= 0", f"{row} < {int(p.shape[axis])}"], []
+    conds, gidx = [f"{row} >= 0", f"{row} < {index(p.shape[axis])}"], []
     for d, off in enumerate(op.attrs["offsets"]):
         if d == axis:
             gidx.append(row)
@@ -286,7 +287,7 @@ def _gather(e: Emitter, op: Op):
             gidx.append(index(off))
         else:
             gidx.append(f"{index(off)} + {lv[d - lead]}")
-            conds.append(f"{gidx[-1]} < {int(p.shape[d])}")
+            conds.append(f"{gidx[-1]} < {index(p.shape[d])}")
     other = literal(op.attrs["other"], v.type.dtype)
     e.src.line(f"for {', '.join(lv)} in T.Parallel({', '.join(str(int(d)) for d in shape)}):", op.loc)
     e.src.line(f"    {name}[{', '.join(lv)}] = T.if_then_else({_tl_and(' and '.join(conds))}, "

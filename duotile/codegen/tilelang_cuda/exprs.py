@@ -23,8 +23,10 @@ def index(e) -> str:
         return "(" + " + ".join(terms).replace("+ -", "- ") + ")"
     if e.is_Mul:
         coeff, rest = e.as_coeff_Mul()
+        if coeff == 1:  # a product of symbols and calls (a dynamic size times a grid variable)
+            return "(" + " * ".join(index(f) for f in e.as_ordered_factors()) + ")"
         if coeff.is_Integer:
-            return f"{int(coeff)} * {index(rest)}" if coeff != 1 else index(rest)
+            return f"{int(coeff)} * {index(rest)}"
         if coeff.is_Rational:  # (p/q) * x only where exact: emitted as floor division
             return f"({index(coeff.p * rest)} // {coeff.q})"
     if isinstance(e, sympy.Min):

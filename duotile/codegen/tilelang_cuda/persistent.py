@@ -58,15 +58,16 @@ class TileLoop:
 
     def __init__(self, grid: Op, blocks: int, raster: int, cluster: int = 1, pair: int | None = None):
         self.vars = [str(v) for v in grid.attrs["vars"]]
-        self.extents = [int(x) for x in grid.attrs["extents"]]
+        # extents are integers, or expressions of dynamic sizes (then so are tiles, blocks, rounds)
+        self.extents = [sympy.sympify(x) for x in grid.attrs["extents"]]
         self.cluster, self.pair = cluster, pair
-        if cluster > 1:  # the loop walks pairs of tiles: the pair axis counts pairs
-            self.extents[pair] //= cluster
-        self.tiles = math.prod(self.extents)
+        if cluster > 1:  # the loop walks pairs of tiles: the pair axis counts pairs (check_cluster: even)
+            self.extents[pair] = self.extents[pair] / cluster
+        self.tiles = sympy.Mul(*self.extents)
         # a raster panel spans rows of the second-innermost axis: in pairs when clusters pair that axis
         panel_rows = max(raster // cluster, 1) if raster and cluster > 1 and pair == -2 else raster
-        self.ctas, self.raster = min(self.tiles, blocks // cluster), panel_rows
-        self.rounds = -(-self.tiles // self.ctas)
+        self.ctas, self.raster = sympy.Min(self.tiles, blocks // cluster), panel_rows
+        self.rounds = sympy.ceiling(self.tiles / self.ctas)
 
     @property
     def pair_var(self) -> str | None:
@@ -75,36 +76,37 @@ class TileLoop:
 
     def head(self, threads: int) -> str:
         if self.cluster > 1:
-            return (f"with T.ClusterKernel({self.ctas * self.cluster}, cluster_dims={self.cluster}, "
+            return (f"with T.ClusterKernel({index(self.ctas * self.cluster)}, cluster_dims={self.cluster}, "
                     f"threads={threads}) as (cta,):")
-        return f"with T.Kernel({self.ctas}, threads={threads}) as (cta,):"
+        return f"with T.Kernel({index(self.ctas)}, threads={threads}) as (cta,):"
 
     def open(self, src) -> None:
         """Start the loop (caller indents twice: the loop and the bounds check)."""
         me = f"cta // {self.cluster}" if self.cluster > 1 else "cta"
-        src.line(f"for tile_round in T.serial({self.rounds}):")
-        src.line(f"    tile_id = {me} + tile_round * {self.ctas}")
-        src.line(f"    if tile_id < {self.tiles}:")
+        src.line(f"for tile_round in T.serial({index(self.rounds)}):")
+        src.line(f"    tile_id = {me} + tile_round * {index(self.ctas)}")
+        src.line(f"    if tile_id < {index(self.tiles)}:")
 
     def decode(self, src) -> None:
         """Bind the grid variables from ``tile_id`` (with clusters: from the pair's number)."""
-        names, ext = self.vars, self.extents
-        if self.raster and len(names) >= 2 and ext[-2] > 1:
+        names, ext = self.vars, [index(x) for x in self.extents]
+        if self.raster and len(names) >= 2 and self.extents[-2] != 1:
             p, rows, cols = self.raster, ext[-2], ext[-1]
-            src.line(f"panel_row = tile_id % {rows * cols} // {p * cols} * {p}")
+            area = index(self.extents[-2] * self.extents[-1])
+            src.line(f"panel_row = tile_id % {area} // {index(p * self.extents[-1])} * {p}")
             src.line(f"panel_rows = T.min({p}, {rows} - panel_row)")
-            src.line(f"in_panel = tile_id % {rows * cols} - panel_row * {cols}")
+            src.line(f"in_panel = tile_id % {area} - panel_row * {cols}")
             src.line(f"{names[-2]} = {self._mine(names[-2], 'panel_row + in_panel % panel_rows')}")
             src.line(f"{names[-1]} = {self._mine(names[-1], 'in_panel // panel_rows')}")
-            inner, outer = rows * cols, names[:-2]
+            inner, outer = self.extents[-2] * self.extents[-1], names[:-2]
         else:
             src.line(f"{names[-1]} = {self._mine(names[-1], f'tile_id % {ext[-1]}')}")
-            inner, outer = ext[-1], names[:-1]
+            inner, outer = self.extents[-1], names[:-1]
         for k in range(len(outer) - 1, -1, -1):
             span = f" % {ext[k]}" if k else ""
-            at = f"tile_id // {inner}{span}"
+            at = f"tile_id // {index(inner)}{span}"
             src.line(f"{outer[k]} = {self._mine(outer[k], at)}")
-            inner *= ext[k]
+            inner *= self.extents[k]
 
     def _mine(self, var: str, at: str) -> str:
         """Grid variable ``var`` decoded as ``at``; on the pair axis, this block's index of the pair."""
@@ -183,6 +185,9 @@ def check_cluster(module: Module, arch_name: str, knobs: dict) -> None:
         why = f"an even block count (persistent={p})"
     elif axis is None:
         why = "a tile loaded in the pipelined loop that both blocks of a pair read (none is free of a grid axis)"
+    elif not sympy.sympify(grid.attrs["extents"][axis]).is_Integer:
+        why = (f"a static extent on the grid axis it pairs ({grid.attrs['vars'][axis]}: "
+               f"{grid.attrs['extents'][axis]} depends on a dynamic size)")
     elif int(grid.attrs["extents"][axis]) % 2:
         why = f"an even extent on the grid axis it pairs ({grid.attrs['vars'][axis]}: {grid.attrs['extents'][axis]})"
     else:

@@ -135,6 +135,12 @@ class TileLangCuda(Target):
         # tcgen05.ld drain into a fragment after each write), so a plain copy between them can go
         return mark_short_loops(forward_copies(fold_bounds(fuse_elementwise(module))))
 
+    @staticmethod
+    def static_under(config: dict[str, Any]) -> bool:
+        """Whether a config needs every size static: clusters pair blocks along a grid axis whose
+        extent must be even, which a dynamic size cannot promise (such builds are one per size)."""
+        return int(config.get("cluster", 1) or 1) > 1
+
     def lower(self, module: Module, knobs: dict[str, Any]) -> Module:
         module = self._fused(module)
         check_capacity(module, self.arch, knobs)

@@ -62,8 +62,10 @@ def kernel_hash(kernel: KernelDef, dtypes: dict | None = None, present: dict | N
 
 
 def shape_bucket(kernel: KernelDef, shapes: dict[str, int]) -> dict[str, int]:
-    """Each size rounded up to a power of two; a batch-invariant kernel's batch dim is dropped."""
-    return {k: 1 << max(0, int(v) - 1).bit_length() for k, v in sorted(shapes.items()) if k != kernel.batch_dim}
+    """Each size rounded up to a power of two. Dropped: a batch-invariant kernel's batch dim (one
+    config for every batch) and a dynamic size that is not bucketed (one build for every value)."""
+    unkeyed = {kernel.batch_dim} | (set(kernel.dynamic) - set(kernel.bucketed))
+    return {k: 1 << max(0, int(v) - 1).bit_length() for k, v in sorted(shapes.items()) if k not in unkeyed}
 
 
 def device_name(target: str) -> str:

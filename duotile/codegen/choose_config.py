@@ -1,0 +1,137 @@
+"""The config a call gets when it names none: chosen, never defaulted blindly.
+
+In order:
+
+1. the user's tuning cache (``duotile tune``), for this exact shape bucket;
+2. the shipped table (``duotile/tuned/tuning.json``): the entry of the same kernel, dtypes,
+   constants and target whose shape bucket is nearest (``bucket_distance``: octaves summed
+   over the sizes) within ``MAX_OCTAVES``; entries measured on a GPU serve a machine without
+   one too (an sm90 build made on a CPU is still sm90 code), and on a GPU only that GPU's;
+3. the target's choice (``target_choice``): candidates around the kernel's defaults and the
+   target's start points, kept if the target's capacity model and lowering accept them, and
+   ranked by the cost model of ``passes/autotune/cost_model.py``; on a target we measure
+   (sm90) only the kernel's tile sizes move, the schedule knobs stay at the target's defaults;
+   the defaults where no candidate passes.
+
+``explain_choice`` says which step answered, for reports and ``duotile build``.
+"""
+
+from __future__ import annotations
+
+import math
+import warnings
+from typing import Any
+
+from ..dsl.kernel import KernelDef, Signature
+
+MAX_OCTAVES = 3  # a table entry serves a shape at most this many doublings away (summed over sizes)
+MAX_CANDIDATES = 48  # the target's choice ranks at most this many configs
+
+
+def choose_config(kernel: KernelDef, target: str, sig: Signature,
+                  constants: dict | None = None) -> dict[str, Any] | None:
+    config, _, skipped = explain_choice(kernel, target, sig, constants)
+    for msg in skipped:
+        warnings.warn(msg, stacklevel=2)
+    return config
+
+
+def explain_choice(kernel: KernelDef, target: str, sig: Signature,
+                   constants: dict | None = None) -> tuple[dict[str, Any] | None, str, list[str]]:
+    """(config or None for the defaults, where it came from: "tuned", "table", "model" or
+    "default", one line per cached entry skipped because today's code refuses it)."""
+    from ..passes.autotune.cache import lookup
+
+    user, skipped = lookup(kernel, target, sig.shapes, dtypes=sig.dtypes, present=sig.present, constants=constants,
+                           shipped=None)
+    if user is not None:
+        return user, "tuned", skipped
+    near = nearest_shipped(kernel, target, sig, constants, skipped=skipped)
+    if near is not None:
+        return near, "table", skipped
+    chosen = target_choice(kernel, target, sig, constants)
+    return (chosen, "model", skipped) if chosen is not None else (None, "default", skipped)
+
+
+def bucket_distance(a: dict[str, int], b: dict[str, int]) -> float:
+    """Octaves between two shape buckets, summed over their sizes (inf if they name other sizes)."""
+    if set(a) != set(b):
+        return math.inf
+    return sum(abs(math.log2(a[k]) - math.log2(b[k])) for k in a)
+
+
+def nearest_shipped(kernel: KernelDef, target: str, sig: Signature, constants: dict | None = None,
+                    path=None, skipped: list[str] | None = None) -> dict[str, Any] | None:
+    """The shipped entry nearest to this call's bucket (ties: the larger bucket), or None; an
+    entry today's code refuses is noted in ``skipped`` and the next nearest is tried."""
+    from ..passes.autotune import cache as tcache
+
+    table = tcache.TuningCache(path or tcache.SHIPPED, read_only=True)
+    if not table.entries:
+        return None
+    want = tcache.make_key(kernel, target, sig.shapes, dtypes=sig.dtypes, present=sig.present, constants=constants)
+    local = want["device"]
+    ranked = []
+    for entry in table.entries.values():
+        key = entry.get("key", {})
+        same = all(key.get(f) == want[f] for f in ("kernel", "kernel_hash", "dtypes", "constants", "target",
+                                                    "toolchain"))
+        device_ok = key.get("device") == local or local.startswith("model:")
+        d = bucket_distance(key.get("bucket", {}), want["bucket"]) if same and device_ok else math.inf
+        if d <= MAX_OCTAVES:
+            ranked.append((d, -sum(key["bucket"].values()), len(ranked), entry))
+    for *_, entry in sorted(ranked, key=lambda r: r[:3]):
+        why = tcache.entry_problem(kernel, target, sig.shapes, entry.get("config"), sig.dtypes, sig.present, constants)
+        if why is None:
+            return dict(entry["config"])
+        if skipped is not None:
+            skipped.append(f"shipped config for {kernel.name} on {target} (bucket {entry['key']['bucket']}) "
+                           f"skipped: {why}")
+    return None
+
+
+def target_choice(kernel: KernelDef, target: str, sig: Signature,
+                  constants: dict | None = None) -> dict[str, Any] | None:
+    """The cost model's best of a small candidate set that the target accepts, or None."""
+    from ..passes.autotune.constraints import Constraints
+    from ..passes.autotune.cost_model import estimate_phases
+    from ..passes.autotune.space import ConfigSpace, config_key
+    from .target import get_target
+
+    tgt = get_target(target)
+    try:
+        machine = tgt.machine
+    except (AttributeError, KeyError, NotImplementedError):
+        machine = None
+    if machine is None:  # a target the cost model does not know (the interpreter): its defaults
+        return None
+    traced = kernel.trace(sig.dtypes, sig.present, None, constants)
+    one = traced if len(traced.body.ops) == 1 else None  # the knob filter reads a single launch
+    space = ConfigSpace.from_kernel(kernel, tgt, module=one)
+    default = space.default()
+    pool = [default]
+    for partial in (tgt.start_points(one) if one is not None else []):
+        pool.append({**default, **partial})
+    for base in list(pool):
+        pool.extend(space.neighbours(base))
+    if not tgt.modelled:  # a target we measure on: the model moves tile sizes only, never the
+        # schedule knobs, whose combinations only measurements (the shipped table) may choose
+        pool = [c for c in pool if all(c[k] == default[k] for k in c if k not in kernel.tunables)]
+    seen, cands = set(), []
+    for c in pool:
+        k = config_key(c)
+        if k not in seen:
+            seen.add(k)
+            cands.append(c)
+    cons = Constraints(kernel, sig, target, constants)
+    scored = []
+    for c in cands[:MAX_CANDIDATES]:
+        verdict = cons.check(c)
+        if not verdict.ok:
+            continue
+        knobs = {k: v for k, v in c.items() if k not in kernel.tunables}
+        scored.append((estimate_phases(verdict.phases, machine, knobs).time_s, len(scored), c))
+    if not scored:
+        return None
+    best = min(scored)[2]
+    return None if config_key(best) == config_key(default) else best

@@ -1,0 +1,71 @@
+"""The config a call gets with none given: user cache, nearest shipped bucket, target's choice."""
+
+from __future__ import annotations
+
+import json
+import math
+
+from duotile.codegen import choose_config as cc
+from duotile.kernels_spec.registry import get
+from duotile.passes.autotune import cache as tcache
+
+
+def test_bucket_distance_counts_octaves():
+    assert cc.bucket_distance({"M": 4096, "N": 1024}, {"M": 4096, "N": 1024}) == 0
+    assert cc.bucket_distance({"M": 4096, "N": 1024}, {"M": 1024, "N": 2048}) == 3
+    assert cc.bucket_distance({"M": 4096}, {"N": 4096}) == math.inf
+
+
+def _table(tmp_path, entries):
+    data = {"schema": tcache.SCHEMA, "checksum": tcache._checksum(entries), "entries": entries}
+    path = tmp_path / "tuning.json"
+    path.write_text(json.dumps(data))
+    return path
+
+
+def _entry(spec, case, config, target="sm100"):
+    sig = spec.kernel.bind(spec.meta_inputs(case))
+    key = tcache.make_key(spec.kernel, target, sig.shapes, dtypes=sig.dtypes, present=sig.present,
+                          constants=spec.constants_of(case))
+    return tcache.key_hash(key), {"key": key, "config": config}
+
+
+def test_nearest_bucket_within_reach_answers_and_far_ones_do_not(tmp_path):
+    spec = get("rmsnorm")
+    near_hash, near = _entry(spec, {"T": 64, "D": 4096}, {"ROWS": 2})
+    far_hash, far = _entry(spec, {"T": 64, "D": 512}, {"ROWS": 4})
+    path = _table(tmp_path, {near_hash: near, far_hash: far})
+    for width, want in ((5120, {"ROWS": 2}), (2048, {"ROWS": 2}), (256, {"ROWS": 4})):
+        sig = spec.kernel.bind(spec.meta_inputs({"T": 8, "D": width}))
+        assert cc.nearest_shipped(spec.kernel, "sm100", sig, path=path) == want, width
+    sig = spec.kernel.bind(spec.meta_inputs({"T": 8, "D": 1 << 20}))  # 8 octaves from the nearest
+    assert cc.nearest_shipped(spec.kernel, "sm100", sig, path=path) is None
+
+
+def test_an_entry_todays_code_refuses_is_skipped_for_the_next(tmp_path):
+    spec = get("rmsnorm")
+    bad_hash, bad = _entry(spec, {"T": 64, "D": 4096}, {"ROWS": 3})  # not in ROWS's space
+    ok_hash, ok = _entry(spec, {"T": 64, "D": 8192}, {"ROWS": 2})
+    path = _table(tmp_path, {bad_hash: bad, ok_hash: ok})
+    sig = spec.kernel.bind(spec.meta_inputs({"T": 8, "D": 4096}))
+    skipped = []
+    assert cc.nearest_shipped(spec.kernel, "sm100", sig, path=path, skipped=skipped) == {"ROWS": 2}
+    assert len(skipped) == 1 and "ROWS" in skipped[0]
+
+
+def test_sm90_model_choice_moves_tile_sizes_only():
+    spec = get("gemm")
+    sig = spec.kernel.bind(spec.meta_inputs({"M": 64, "N": 4096, "K": 4096}))
+    config, source, _ = cc.explain_choice(spec.kernel, "sm90", sig)
+    assert source in ("model", "default", "table")
+    if source == "model":
+        from duotile.codegen.target import get_target
+
+        knobs = get_target("sm90").default_knobs()
+        assert all(config[k] == v for k, v in knobs.items() if k in config)
+
+
+def test_interpreter_takes_the_defaults():
+    spec = get("rmsnorm")
+    sig = spec.kernel.bind(spec.meta_inputs({"T": 8, "D": 512}))
+    assert cc.explain_choice(spec.kernel, "interpret", sig)[:2] == (None, "default")
