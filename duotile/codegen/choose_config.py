@@ -3,11 +3,13 @@
 In order:
 
 1. the user's tuning cache (``duotile tune``), for this exact shape bucket;
-2. the shipped table (``duotile/tuned/tuning.json``): the entry of the same kernel, dtypes,
+2. the shipped tuned table (``duotile/tuned/tuning.json``): the entry of the same kernel, dtypes,
    constants and target whose shape bucket is nearest (``bucket_distance``: octaves summed
    over the sizes) within ``MAX_OCTAVES``; entries measured on a GPU serve a machine without
    one too (an sm90 build made on a CPU is still sm90 code), and on a GPU only that GPU's;
-3. the target's choice (``target_choice``): candidates around the kernel's defaults and the
+3. the shipped starting table (``duotile/tuned/starting.json``): per-target configs chosen by
+   hand to fit a target's memories, or from an earlier measurement, each with its reason;
+4. the target's choice (``target_choice``): candidates around the kernel's defaults and the
    target's start points, kept if the target's capacity model and lowering accept them, and
    ranked by the cost model of ``passes/autotune/cost_model.py``; on a target we measure
    (sm90) only the kernel's tile sizes move, the schedule knobs stay at the target's defaults;
@@ -18,8 +20,10 @@ In order:
 
 from __future__ import annotations
 
+import json
 import math
 import warnings
+from pathlib import Path
 from typing import Any
 
 from ..dsl.kernel import KernelDef, Signature
@@ -38,8 +42,8 @@ def choose_config(kernel: KernelDef, target: str, sig: Signature,
 
 def explain_choice(kernel: KernelDef, target: str, sig: Signature,
                    constants: dict | None = None) -> tuple[dict[str, Any] | None, str, list[str]]:
-    """(config or None for the defaults, where it came from: "tuned", "table", "model" or
-    "default", one line per cached entry skipped because today's code refuses it)."""
+    """(config or None for the defaults, where it came from: "tuned", "table", "starting", "model"
+    or "default", one line per cached entry skipped because today's code refuses it)."""
     from ..passes.autotune.cache import lookup
 
     user, skipped = lookup(kernel, target, sig.shapes, dtypes=sig.dtypes, present=sig.present, constants=constants,
@@ -49,6 +53,9 @@ def explain_choice(kernel: KernelDef, target: str, sig: Signature,
     near = nearest_shipped(kernel, target, sig, constants, skipped=skipped)
     if near is not None:
         return near, "table", skipped
+    start = starting_config(kernel, target, sig, constants, skipped=skipped)
+    if start is not None:
+        return start, "starting", skipped
     chosen = target_choice(kernel, target, sig, constants)
     return (chosen, "model", skipped) if chosen is not None else (None, "default", skipped)
 
@@ -88,6 +95,51 @@ def nearest_shipped(kernel: KernelDef, target: str, sig: Signature, constants: d
             skipped.append(f"shipped config for {kernel.name} on {target} (bucket {entry['key']['bucket']}) "
                            f"skipped: {why}")
     return None
+
+
+def starting_config(kernel: KernelDef, target: str, sig: Signature, constants: dict | None = None,
+                    path=None, skipped: list[str] | None = None) -> dict[str, Any] | None:
+    """The first entry of the shipped starting table (``duotile/tuned/starting.json``) for this
+    kernel and target whose ``when`` matches the call: sizes by name, ``dtypes`` by tensor, and
+    constants by name."""
+    from ..passes.autotune import cache as tcache
+
+    consts = kernel.resolve_constants(constants)
+    for entry in load_starting(path):
+        if entry.get("kernel") != kernel.name or entry.get("target") != target:
+            continue
+        when = dict(entry.get("when", {}))
+        dtypes = when.pop("dtypes", {})
+        if any(sig.shapes.get(k, consts.get(k, _MISSING)) != v for k, v in when.items()):
+            continue
+        if any(getattr(sig.dtypes.get(t), "name", None) != d for t, d in dtypes.items()):
+            continue
+        why = tcache.entry_problem(kernel, target, sig.shapes, entry.get("config"), sig.dtypes, sig.present, constants)
+        if why is None:
+            return dict(entry["config"])
+        if skipped is not None:
+            skipped.append(f"starting config for {kernel.name} on {target} skipped: {why}")
+    return None
+
+
+_MISSING = object()
+STARTING = Path(__file__).resolve().parents[1] / "tuned" / "starting.json"
+
+
+def load_starting(path=None) -> list[dict]:
+    """The starting table's entries; a damaged file is reported once and ignored."""
+    path = Path(path or STARTING)
+    try:
+        data = json.loads(path.read_text())
+        entries = data["entries"]
+        if not isinstance(entries, list):
+            raise TypeError("entries is not a list")
+        return [e for e in entries if isinstance(e, dict) and isinstance(e.get("config"), dict)]
+    except FileNotFoundError:
+        return []
+    except (OSError, ValueError, KeyError, TypeError) as err:
+        warnings.warn(f"starting table {path} ignored: {err}", stacklevel=3)
+        return []
 
 
 def target_choice(kernel: KernelDef, target: str, sig: Signature,

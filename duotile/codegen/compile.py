@@ -56,7 +56,7 @@ def check_config(kernel: KernelDef, target: Target, config: dict[str, Any]) -> N
 
 
 def spec_pinned(kernel: KernelDef) -> dict[str, list]:
-    """Values the kernel's own spec pins for its tunables in a case (``config`` / ``config_for``):
+    """Values the kernel's own spec pins for its tunables in a case (``config``):
     the spec file declares them beside the kernel, so a build accepts them although the search
     never proposes them (small test shapes pin tiles smaller than any searched one)."""
     from ..kernels_spec.registry import REGISTRY
@@ -66,7 +66,7 @@ def spec_pinned(kernel: KernelDef) -> dict[str, list]:
         return {}
     out: dict[str, list] = {}
     for case in (*spec.cases.values(), *spec.build_cases.values()):
-        for cfg in (case.get("config", {}), *case.get("config_for", {}).values()):
+        for cfg in (case.get("config", {}),):
             for k, v in cfg.items():
                 out.setdefault(k, []).append(v)
     return out

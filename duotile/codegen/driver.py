@@ -43,9 +43,9 @@ class BuildResult:
 
 def build_case(spec: Spec, case_name: str, case: Case, target: str, config: dict[str, Any] | None = None,
                use_cache: bool = True, use_tuned: bool = True) -> BuildResult:
-    """Build one case. Config precedence: ``config`` > the chosen config (``choose_config``: the
-    user's tuning cache, the shipped table's nearest bucket, the target's choice) > the case's
-    own config > the kernel's defaults."""
+    """Build one case. A ``config`` given is used over the case's own config and the defaults;
+    without one, the chosen config (``choose_config``: the user's tuning cache, the shipped
+    tables, the target's choice) goes over the case's config."""
     t0 = time.perf_counter()
     try:
         tgt = get_target(target)
@@ -77,8 +77,9 @@ def _specialize(spec: Spec, case: Case, target: str, config: dict[str, Any] | No
     from .choose_config import explain_choice
 
     sig = spec.kernel.bind(spec.meta_inputs(case))
-    chosen, source, skipped = (explain_choice(spec.kernel, target, sig, spec.constants_of(case)) if use_tuned
-                               else (None, "default", []))
+    # a config given is the whole choice (over the case's and the defaults), as in codegen.compile
+    chosen, source, skipped = (explain_choice(spec.kernel, target, sig, spec.constants_of(case))
+                               if use_tuned and not config else (None, "default", []))
     for msg in skipped:
         warnings.warn(msg, stacklevel=3)
     cfg = {**spec.config_of(case, target), **(chosen or {}), **(config or {})}

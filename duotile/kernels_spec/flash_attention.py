@@ -18,21 +18,8 @@ from .registry import Dim, OneOf, Spec, register
 
 LOG2E = 1.4426950408889634
 LN2 = 0.6931471805599453
-# d512 holds a 64x512 fp32 accumulator per block: smaller tiles, one warp group
-D512_CONFIG = {"BM": 64, "BN": 64, "STAGES": 1, "threads": 128}
-# sm90 builds: two warp groups split it by columns (plan.py), where one warp group spills 2.5 KiB
-# and serialises its wgmmas; the same split made head-dim-512 decode 2.3x faster on the H200
-D512_SM90 = {"threads": 256}
-# Ascend 950: a 128x128 score tile and its copies overflow UB; 64x64 fits. sm90: duotile's warp
-# specialisation with FA3's rotation on a persistent grid, 192-key blocks (the largest that leave
-# two K/V stages in shared memory): 0.96-0.99x SDPA on the H200 against 0.84x for TileLang's own
-# (benchmarks/README.md, fourth session)
-D128_CONFIG_FOR = {"ascend950": {"BM": 64, "BN": 64},
-                   "sm90": {"warp_specialize": "manual", "overlap": True, "persistent": True, "BN": 192}}
-# causal: 128-key blocks keep the diagonal in one block; the hardware's block scheduler balances the
-# uneven tiles better than the persistent grid's fixed order (0.85x against 0.81x)
-D128_CAUSAL_CONFIG_FOR = {"ascend950": {"BM": 64, "BN": 64}, "sm90": {"warp_specialize": "manual", "overlap": True}}
-
+# d512 holds a 64x512 fp32 accumulator per block: the smallest tiles (the test cases)
+D512_CONFIG = {"BM": 64, "BN": 64, "STAGES": 1}
 
 @dsl.kernel
 def flash_attention(q: dsl.Tensor["B", "H", "S", "D", dsl.bf16], k: dsl.Tensor["B", "H", "S", "D", dsl.bf16],
@@ -111,20 +98,13 @@ SPEC = register(Spec(
         "d512": {"B": 1, "H": 1, "S": 160, "D": 512, "config": D512_CONFIG},
         "d512_causal": {"B": 1, "H": 2, "S": 130, "D": 512, "causal": True, "config": D512_CONFIG},
     },
-    build_cases={"d128": {"B": 4, "H": 32, "S": 4096, "D": 128, "config_for": D128_CONFIG_FOR},
-                 "d128_causal": {"B": 4, "H": 32, "S": 4096, "D": 128, "causal": True,
-                                 "config_for": D128_CAUSAL_CONFIG_FOR},
-                 "d512": {"B": 1, "H": 64, "S": 4096, "D": 512, "causal": True, "config": D512_CONFIG,
-                          "config_for": {"sm90": D512_SM90}}},
+    build_cases={"d128": {"B": 4, "H": 32, "S": 4096, "D": 128},
+                 "d128_causal": {"B": 4, "H": 32, "S": 4096, "D": 128, "causal": True},
+                 "d512": {"B": 1, "H": 64, "S": 4096, "D": 512, "causal": True}},
     tolerance=lambda case, out: (2e-2, 2e-2) if out == "o" else (1e-3, 1e-4),
     constants_of=lambda case: {"CAUSAL": bool(case.get("causal"))},
     flops=_flops,
-    # the build cases' pinned configs: d512 to fit, d128 the shipped starting points (and Ascend's UB)
-    model_shapes=shapes.with_config(shapes.with_config(shapes.with_config(
-        shapes.for_models(shapes.attention_shapes),
-        config=D512_CONFIG, config_for={"sm90": D512_SM90}, when=lambda c: c["D"] == 512),
-        config_for=D128_CONFIG_FOR, when=lambda c: c["D"] == 128 and not c.get("causal")),
-        config_for=D128_CAUSAL_CONFIG_FOR, when=lambda c: c["D"] == 128 and c.get("causal")),
+    model_shapes=shapes.for_models(shapes.attention_shapes),
     sweep={"B": Dim(1, 2, large=4), "H": Dim(1, 3, large=8), "S": Dim(1, 200, large=4100),
            "D": OneOf(64, 128), "causal": OneOf(False, True)},
 ))

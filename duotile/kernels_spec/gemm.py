@@ -14,14 +14,6 @@ from . import model_shapes as shapes
 from .registry import Dim, OneOf, Spec, register
 
 FP8_MAX = 448.0
-# fp8 on sm90 keeps a second fp32 fragment for promotion (kernel default tiles would need 256
-# registers a thread): 128x192 tiles, K tile 128, promoting every 256 K in TileLang's pipeline:
-# 0.91x torch._scaled_mm on the H200 within the accumulation bound, where 128x128 tiles measured
-# 0.82x (8192^3 makes 2752 tiles of 128x192, 20.8 rounds of 132 SMs; benchmarks/README.md)
-FP8_SM90 = {"BM": 128, "BN": 192, "BK": 128, "STAGES": 4, "raster": 16, "fp8_promote_k": 256}
-# bf16 on sm90: 4 stages, raster 8, duotile's warp specialisation: 637 TFLOP/s, 0.99x torch.matmul
-# on the H200 (benchmarks/README.md, third session); TileLang's own ran at the same speed
-BF16_SM90 = {"STAGES": 4, "raster": 8, "warp_specialize": "manual"}
 
 
 @dsl.kernel(bucketed=("M",))
@@ -115,16 +107,12 @@ SPEC = register(Spec(
         "fp8_scaled": {"M": 130, "N": 256, "K": 256, "dtype": "f8e4m3"},
         "fp8_plain": {"M": 64, "N": 64, "K": 128, "dtype": "f8e4m3", "scales": False},
     },
-    build_cases={"bf16_8192": {"M": 8192, "N": 8192, "K": 8192, "config_for": {"sm90": BF16_SM90}},
-                 "fp8_8192": {"M": 8192, "N": 8192, "K": 8192, "dtype": "f8e4m3", "config_for": {"sm90": FP8_SM90}}},
+    build_cases={"bf16_8192": {"M": 8192, "N": 8192, "K": 8192},
+                 "fp8_8192": {"M": 8192, "N": 8192, "K": 8192, "dtype": "f8e4m3"}},
     tolerance=_tolerance,
     extra_error=_fp8_accumulation_error,
     flops=lambda c: 2.0 * c["M"] * c["N"] * c["K"],
-    # the build cases' sm90 starting points, by dtype
-    model_shapes=shapes.with_config(
-        shapes.with_config(shapes.for_models(shapes.gemm_shapes), config_for={"sm90": FP8_SM90},
-                           when=lambda c: c.get("dtype") == "f8e4m3"),
-        config_for={"sm90": BF16_SM90}, when=lambda c: "dtype" not in c),
+    model_shapes=shapes.for_models(shapes.gemm_shapes),
     # rows are free; a row of A, B (K) or C (N) is a whole number of 16 bytes, as TMA needs
     sweep={"M": Dim(1, 300, large=4100), "N": Dim(8, 320, multiple=8, large=4104),
            "K": Dim(16, 336, multiple=16, large=4112), "dtype": OneOf("bf16", "f8e4m3"), "scales": OneOf(False, True)},

@@ -18,12 +18,6 @@ from . import model_shapes as shapes
 from .gemm import _tolerance, gemm_reference
 from .registry import Dim, OneOf, Spec, register
 
-# 4 ranges of K: 128 blocks for wo_b. CUDA: 64-row tiles (one wgmma row block; M is the batch),
-# 4 stages on sm90. Ascend 950: 16-row tiles (one cube fractal), since its lowering takes only
-# whole tiles
-DECODE = {"BN": 128, "BK": 64, "SPLIT": 4}
-DECODE_FOR = {"sm90": {"BM": 64, "STAGES": 4}, "sm100": {"BM": 64}, "ascend950": {"BM": 16}}
-
 
 def _partial(a, b, m, n, k_start, k_stop, BM, BN, BK, STAGES):
     """acc = A[m tile, K blocks k_start .. k_stop-1] @ B[n tile, same]^T, in fp32."""
@@ -83,14 +77,12 @@ SPEC = register(Spec(
         "ragged": {"M": 3, "N": 80, "K": 200, "config": {"BM": 64, "BN": 64, "BK": 32, "SPLIT": 4}},
         "one_phase": {"M": 4, "N": 64, "K": 128, "config": {"BM": 64, "BN": 64, "BK": 32, "SPLIT": 1}},
     },
-    build_cases={"wo_b_decode": {"M": 16, "N": 4096, "K": 8192, "config": DECODE, "config_for": DECODE_FOR}},
+    build_cases={"wo_b_decode": {"M": 16, "N": 4096, "K": 8192}},
     tolerance=_tolerance,
     flops=lambda c: 2.0 * c["M"] * c["N"] * c["K"],
     # compulsory bytes (A, B, C in bf16); the partial sums' round trip is the split's own cost
     bytes_moved=lambda c: 2.0 * (c["M"] * c["K"] + c["N"] * c["K"] + c["M"] * c["N"]),
-    model_shapes=shapes.with_config(
-        shapes.for_models(shapes.gemm_shapes, decode_m=shapes.SPLITK_M, prefill=False, dtype="bf16"),
-        config=DECODE, config_for=DECODE_FOR),
+    model_shapes=shapes.for_models(shapes.gemm_shapes, decode_m=shapes.SPLITK_M, prefill=False, dtype="bf16"),
     # decode rows; ranges of K from one block each to more ranges than blocks (empty ranges)
     sweep={"M": Dim(1, 20, large=64), "N": Dim(8, 264, multiple=8, large=8200),
            "K": Dim(8, 520, multiple=8, large=8200),

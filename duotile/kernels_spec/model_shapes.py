@@ -224,11 +224,3 @@ def for_models(fn, **kwargs) -> dict[str, Case]:
     for m in MODELS.values():
         out.update(fn(m, **kwargs))
     return out
-
-
-def with_config(cases: dict[str, Case], config: dict | None = None, config_for: dict | None = None,
-                when=None) -> dict[str, Case]:
-    """The same cases, with a pinned ``config`` / ``config_for`` added to those ``when(case)`` picks
-    (all by default); calls chain, one rule each."""
-    pinned = {**({"config": config} if config else {}), **({"config_for": config_for} if config_for else {})}
-    return {name: ({**case, **pinned} if when is None or when(case) else case) for name, case in cases.items()}

@@ -25,16 +25,6 @@ from . import model_shapes as shapes
 from .registry import Dim, OneOf, Spec, register
 
 LOG2E = 1.4426950408889634
-# 64 heads x 512 in one warp group's 64 rows (like the d512 prefill config); 16 ranges of the
-# HCA rows: 130 blocks of 64 rows, 8 or 9 per range, 64 blocks for 4 sequences. Ascend 950: the
-# 64 x 512 fp32 output fits UB only halved between the two vector cores (vector_split), and then
-# only unsplit: a range's LSE and normalised output overflow TileLang's own buffer plan by 9 KiB
-# (the compile-only sweep, benchmarks/README.md)
-DECODE = {"BN": 64, "STAGES": 1, "SPLIT": 16}
-# sm90: two warp groups split the 64 x 512 accumulator by columns (plan.py): no spills, 0.050 ms
-# against 0.113 ms for one spilling warp group on the H200 (benchmarks/README.md, eighth session)
-DECODE_FOR = {"sm90": {"threads": 256}, "sm100": {"threads": 128},
-              "ascend950": {"SPLIT": 1, "STAGES": 2, "vector_split": True}}
 
 
 def _attend(q, kv, b, lo, hi, BN, STAGES):
@@ -110,7 +100,7 @@ def _inputs(case, device, seed):
             "o": torch.empty(b, h, d, dtype=torch.bfloat16, device=device)}
 
 
-SMALL = {"BN": 32, "STAGES": 1, "threads": 128}  # CUDA: one warp group for the 64 heads' rows
+SMALL = {"BN": 32, "STAGES": 1}  # small row blocks: several ranges even at a few hundred rows
 SPEC = register(Spec(
     kernel=mqa_decode,
     reference=mqa_decode_reference,
@@ -126,11 +116,11 @@ SPEC = register(Spec(
         # in empty_ranges, the softmax cannot tell)
         "uneven_ranges": {"B": 2, "H": 64, "R": 320, "D": 128, "config": {**SMALL, "SPLIT": 16}},
     },
-    build_cases={"hca_1m": {"B": 4, "H": 64, "R": 8320, "D": 512, "config": DECODE, "config_for": DECODE_FOR}},
+    build_cases={"hca_1m": {"B": 4, "H": 64, "R": 8320, "D": 512}},
     tolerance=lambda case, out: (2e-2, 2e-2),
     flops=lambda c: 4.0 * c["B"] * c["H"] * c["R"] * c["D"],
     bytes_moved=lambda c: 2.0 * c["B"] * (c["R"] * c["D"] + 2 * c["H"] * c["D"]),
-    model_shapes=shapes.with_config(shapes.for_models(shapes.mqa_decode_shapes), config=DECODE, config_for=DECODE_FOR),
+    model_shapes=shapes.for_models(shapes.mqa_decode_shapes),
     # the model's 64 heads; rows from one to several hundred blocks, ranges empty or full
     sweep={"B": Dim(1, 5, large=64), "H": 64, "R": Dim(1, 300, large=9000), "D": OneOf(64, 128),
            "config": {"SPLIT": OneOf(1, 2, 4, 8, 16), "BN": OneOf(32, 64)}},

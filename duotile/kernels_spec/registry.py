@@ -98,8 +98,8 @@ class Spec:
     extra_error: Callable[[Case, str, dict], torch.Tensor] | None = None
     flops: Callable[[Case], float] | None = None
     bytes_moved: Callable[[Case], float] | None = None
-    # the shapes the models need, "<model>/<what>/<phase>" -> case (sizes, dtype, "model" tag;
-    # "config" / "config_for" where the spec pins one to fit): see model_shapes.py
+    # the shapes the models need, "<model>/<what>/<phase>" -> case (sizes, dtype, "model" tag):
+    # see model_shapes.py; the config a call gets for them is chosen (codegen/choose_config.py)
     model_shapes: dict[str, Case] = field(default_factory=dict)
     # how random cases vary: case key -> Dim / OneOf / fixed value; "config" maps tunables the
     # same way (the interpreter's sweep draws them; a GPU sweep builds with the user's config)
@@ -117,9 +117,10 @@ class Spec:
             return self.make_inputs(case, torch.device("meta"), 0)
 
     def config_of(self, case: Case, target: str | None = None) -> dict[str, Any]:
-        """A case may pin a config (tunables and target knobs), e.g. to fit a large head dim, and
-        a per-target one on top (``"config_for": {"ascend950": {...}}``) where memories differ."""
-        return {**case.get("config", {}), **case.get("config_for", {}).get(target, {})}
+        """The tunables a test case pins (``"config"``: tile sizes or split counts it exercises).
+        A spec names no target: per-target configs live in the shipped tables
+        (``duotile/tuned/``), and ``target`` is accepted for callers that pass one."""
+        return dict(case.get("config", {}))
 
     def model_cases(self, model: str | None = None) -> dict[str, Case]:
         """The model shapes of one model (its tag ``v41-flash`` or short name ``v41``), or all."""

@@ -69,3 +69,32 @@ def test_interpreter_takes_the_defaults():
     spec = get("rmsnorm")
     sig = spec.kernel.bind(spec.meta_inputs({"T": 8, "D": 512}))
     assert cc.explain_choice(spec.kernel, "interpret", sig)[:2] == (None, "default")
+
+
+def test_starting_table_matches_sizes_dtypes_and_constants(tmp_path):
+    path = tmp_path / "starting.json"
+    path.write_text(json.dumps({"entries": [
+        {"kernel": "flash_attention", "target": "ascend950", "when": {"D": 128, "CAUSAL": True},
+         "config": {"BM": 64, "BN": 64}, "why": "test"},
+        {"kernel": "gemm", "target": "sm100", "when": {"dtypes": {"a": "f8e4m3"}}, "config": {"BK": 128}, "why": "t"}]}))
+    attn, gemm = get("flash_attention"), get("gemm")
+    causal = attn.kernel.bind(attn.meta_inputs({"B": 1, "H": 2, "S": 256, "D": 128}))
+    assert cc.starting_config(attn.kernel, "ascend950", causal, {"CAUSAL": True}, path=path) == {"BM": 64, "BN": 64}
+    assert cc.starting_config(attn.kernel, "ascend950", causal, {"CAUSAL": False}, path=path) is None
+    fp8 = gemm.kernel.bind(gemm.meta_inputs({"M": 64, "N": 64, "K": 128, "dtype": "f8e4m3"}))
+    bf16 = gemm.kernel.bind(gemm.meta_inputs({"M": 64, "N": 64, "K": 128}))
+    assert cc.starting_config(gemm.kernel, "sm100", fp8, path=path) == {"BK": 128}
+    assert cc.starting_config(gemm.kernel, "sm100", bf16, path=path) is None
+
+
+def test_shipped_starting_table_is_valid_today():
+    """Every shipped starting entry names a kernel, a target and a config today's code accepts."""
+    from duotile.codegen.target import target_names
+    from duotile.kernels_spec.registry import load_all
+
+    specs = load_all()
+    for entry in cc.load_starting():
+        assert entry["kernel"] in specs and entry["target"] in target_names() and entry["why"], entry
+        spec = specs[entry["kernel"]]
+        assert set(entry["config"]) - set(spec.kernel.tunables) <= set(
+            __import__("duotile.codegen.target", fromlist=["KNOB_NAMES"]).KNOB_NAMES), entry

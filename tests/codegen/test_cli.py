@@ -36,4 +36,4 @@ def test_show_prints_every_phase_of_a_split_kernel(capsys):
     assert main(["show", "gemm_splitk", "--target", "interpret", "--stage", "ir"]) == 0
     out = capsys.readouterr().out
     assert "# ---- phase 0 of 2: gemm_splitk_p0 ----" in out and "# ---- phase 1 of 2: gemm_splitk_p1 ----" in out
-    assert out.count("kernel gemm_splitk_p") == 2 and "partial: workspace<4 x 16 x 4096 x f32>" in out
+    assert out.count("kernel gemm_splitk_p") == 2 and "partial: workspace<4 x n_M x 4096 x f32>" in out

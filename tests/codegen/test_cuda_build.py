@@ -38,7 +38,8 @@ def test_builds_to_cubin(name, case_name, target):
     built(name, case_name, target)
     for a in BUILDS[(name, case_name, target)].artifacts:  # every phase of a multi-phase kernel
         assert a.files["cubin"].endswith(".cubin")
-        assert "T.Kernel(" in a.stages["tilelang"] and "__global__" in a.stages["cuda"]
+        assert ("T.Kernel(" in a.stages["tilelang"] or "T.ClusterKernel(" in a.stages["tilelang"])
+        assert "__global__" in a.stages["cuda"]
         assert "#line" not in a.stages["cuda"]
 
 

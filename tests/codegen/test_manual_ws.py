@@ -112,7 +112,7 @@ def _reads_ring_tile(x: dsl.Tensor["N", "D", dsl.bf16], w: dsl.Tensor["D", "D", 
                      y: dsl.Tensor["N", "D", dsl.f32], *, BN: dsl.Tunable = dsl.choice(64)):
     for i in dsl.grid(dsl.cdiv(x.N, BN)):
         acc = dsl.zeros((BN, x.D), dsl.f32, role="accumulator")
-        for _ in dsl.pipelined(dsl.cdiv(x.D, x.D), stages=2):
+        for _ in dsl.pipelined(2 * dsl.cdiv(x.D, x.D), stages=2):  # two trips: a loop manual can ring
             t = dsl.load(x[i * BN, 0], (BN, x.D), role="operand")
             wt = dsl.load(w[0, 0], (x.D, x.D), role="operand")
             dsl.gemm(t, wt, acc)
@@ -232,14 +232,16 @@ def test_a_persistent_grid_walks_the_tiles_with_ring_phases_carried_across_them(
     assert "__launch_bounds__(384, 1)" in art.stages["cuda"]
 
 
-def _decode(tl: str, grid_vars: list[str]) -> list[tuple[int, ...]]:
-    """Run the generated tile decode for every tile id (TileLang's // and % on ints are Python's)."""
+def _decode(tl: str, grid_vars: list[str], sizes: dict | None = None) -> list[tuple[int, ...]]:
+    """Run the generated tile decode for every tile id (TileLang's // and % on ints are Python's);
+    ``sizes`` gives the dynamic sizes (``n_M``) a dynamic build's decode reads."""
     body = [ln.strip() for ln in tl[tl.index("if tile_id <"):].splitlines()[1:]]
     lines = list(itertools.takewhile(lambda ln: re.match(r"\w+ = ", ln), body))
-    total = int(re.search(r"if tile_id < (\d+):", tl).group(1))
+    tl_ops = type("T", (), {"min": staticmethod(min), "ceildiv": staticmethod(lambda a, b: -(-a // b))})
+    total = eval(re.search(r"if tile_id < (.+):", tl).group(1), {"T": tl_ops}, dict(sizes or {}))
     out = []
     for tile in range(total):
-        env = {"tile_id": tile, "T": type("T", (), {"min": staticmethod(min)})}
+        env = {"tile_id": tile, "T": tl_ops, **(sizes or {})}
         for ln in lines:
             name, expr = ln.split(" = ", 1)
             env[name] = eval(expr, {}, env)
@@ -259,13 +261,14 @@ def test_the_persistent_decode_visits_every_tile_once(raster):
 def test_raster_panels_sweep_rows_of_blocks_together():
     spec = load_all()["gemm"]
     sig = spec.kernel.bind(spec.meta_inputs({"M": 1024, "N": 1024, "K": 128}))
-    module, kn = specialize(spec.kernel, sig, "sm90", {**MANUAL, "persistent": True, "raster": 3,
-                                                        "BM": 128, "BN": 128, "BK": 64})
-    tl = get_target("sm90").generate(module, kn).stages["tilelang"]
-    tiles = _decode(tl, ["m", "n"])
-    assert sorted(tiles) == [(m, n) for m in range(8) for n in range(8)]  # a permutation of the grid
-    assert tiles[:4] == [(0, 0), (1, 0), (2, 0), (0, 1)]  # down a panel of 3 rows, then along it
-    assert tiles[-2:] == [(6, 7), (7, 7)]  # the last panel has 2 rows
+    cfg = {**MANUAL, "persistent": True, "raster": 3, "BM": 128, "BN": 128, "BK": 64}
+    for s, sizes in ((sig.with_static(sig.dynamic), None), (sig, {"n_M": 1024})):  # static M, and dynamic
+        module, kn = specialize(spec.kernel, s, "sm90", cfg)
+        tl = get_target("sm90").generate(module, kn).stages["tilelang"]
+        tiles = _decode(tl, ["m", "n"], sizes)
+        assert sorted(tiles) == [(m, n) for m in range(8) for n in range(8)]  # a permutation of the grid
+        assert tiles[:4] == [(0, 0), (1, 0), (2, 0), (0, 1)]  # down a panel of 3 rows, then along it
+        assert tiles[-2:] == [(6, 7), (7, 7)]  # the last panel has 2 rows
 
 
 def test_persistent_gemm_frees_the_last_slots_for_the_next_tile():
