@@ -62,7 +62,14 @@ def register(subparsers) -> None:
                         "over --case")
     p.add_argument("--case", metavar="CASE", help="start from a named case or build case of the spec "
                    "(default: none, every size from --shape)")
-    p.add_argument("--budget", default="default", choices=tuple(BUDGETS), help=f"how much to try ({budgets})")
+    p.add_argument("--model", default=None, choices=("v41-flash", "v4-flash"),
+                   help="tune every shape this model needs (the spec's model shapes, one sweep per shape "
+                        "bucket) instead of one case; --budget defaults to quick then")
+    p.add_argument("--ship", action="store_true",
+                   help="with --model: write the results into the table shipped with duotile "
+                        "(duotile/tuned/tuning.json) instead of the user's tuning cache")
+    p.add_argument("--budget", default=None, choices=tuple(BUDGETS),
+                   help=f"how much to try ({budgets}); default: default, or quick with --model")
     p.add_argument("--strategy", default="auto", choices=("auto", "exhaustive", "random", "pattern"),
                    help="search over the space; auto: exhaustive where the space fits the budget, else "
                         "pattern search (sm100 / ascend950 always rank by the cost model)")
@@ -204,6 +211,10 @@ def run(args) -> int:
     from .tuner import tune
 
     spec = registry.get(args.kernel)
+    if args.model:
+        return run_model(spec, args)
+    if args.ship:
+        raise ValueError("--ship writes a whole model's sweep into the shipped table: give --model too")
     case = resolve_case(spec, args.case, args.shape)
     tgt = check_target(args.target, args.device)
     check_pins(spec, tgt, args.pin)
@@ -211,7 +222,8 @@ def run(args) -> int:
     if args.cache_dir and not args.no_cache:
         writable_dir(Path(args.cache_dir).expanduser(), "--cache-dir")
 
-    result = tune(spec, case, args.target, budget=args.budget, strategy=args.strategy, pins=dict(args.pin),
+    result = tune(spec, case, args.target, budget=args.budget or "default", strategy=args.strategy,
+                  pins=dict(args.pin),
                   device=args.device, seed=args.seed, relations=args.require, cache_dir=args.cache_dir,
                   write_cache=not args.no_cache, progress=not args.no_progress, also_try=args.also_try)
     print(report.summary(result))
@@ -222,3 +234,22 @@ def run(args) -> int:
     if getattr(result, "interrupted", False):
         return 130  # what was measured is reported and saved; the exit status still says Ctrl-C
     return 0 if result.best is not None else 1
+
+
+def run_model(spec, args) -> int:
+    """``--model``: every shape bucket the model needs, one quick sweep each, one table."""
+    from . import model_sweep
+
+    if args.case or args.shape or args.pin or args.also_try:
+        raise ValueError("--model tunes the spec's own model shapes: drop --case, --shape, --pin and --also-try")
+    check_target(args.target, args.device)
+    if not spec.model_cases(args.model):
+        raise ValueError(f"{spec.name} declares no shapes for {args.model}")
+    runs = model_sweep.sweep(spec, args.model, args.target, budget=args.budget or "quick", ship=args.ship,
+                             cache_dir=None if args.no_cache else args.cache_dir, progress=not args.no_progress,
+                             seed=args.seed)
+    print(model_sweep.table(runs))
+    where = model_sweep.shipped_path() if args.ship else "the tuning cache"
+    print(f"  {sum(r.result is not None and r.result.best is not None for r in runs)} of {len(runs)} shape buckets "
+          f"tuned; written to {where}")
+    return 0 if all(r.result is not None and r.result.best is not None for r in runs) else 1

@@ -1,0 +1,178 @@
+"""Every spec at every model shape, as a user gets it: no config given (``codegen.compile`` chooses
+one), on sm90, against the torch peer timed in the same run.
+
+    python3 benchmarks/bench_model_shapes.py [--kernels gemm,gemm_splitk,flash_attention,rmsnorm,mqa_decode]
+                                             [--model v41-flash|v4-flash] [--rounds 3] [--jobs 12]
+
+Each row: the shape, where its config came from (tuned / table / model / default), whether the
+output matched the reference, our and the peer's median time over interleaved rounds, the ratio
+(peer / ours: above 1 is faster than the peer), TFLOP/s or TB/s and the fraction of the ceiling
+measured here (torch's own bf16 / fp8 GEMM rate, the copy bandwidth). Builds run first, in
+``--jobs`` processes, so the timing loop only loads them. Writes results/bench_model_shapes.{md,json}.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import time
+from concurrent.futures import ProcessPoolExecutor
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from benchmarks.common import MEASURED, copy_bandwidth, interleaved, mqa_peer, write_results  # noqa: E402
+from duotile import codegen  # noqa: E402
+from duotile.kernels_spec.registry import load_all  # noqa: E402
+
+KERNELS = ("gemm", "gemm_splitk", "flash_attention", "rmsnorm", "mqa_decode")
+COPY_TBS: dict[str, float] = {}
+
+
+def peer(name: str, case: dict, inputs: dict, config: dict):
+    """(label, call) of the torch operation that computes what the kernel does."""
+    if name in ("gemm", "gemm_splitk"):
+        a, b = inputs["a"], inputs["b"]
+        if a.dtype == torch.float8_e4m3fn:
+            sa = inputs["a_scale"][:, None].contiguous()
+            sb = inputs["b_scale"][None, :].contiguous()
+            fast = config.get("fp8_promote_k") == 0
+            return ("_scaled_mm" + (" fast" if fast else ""),
+                    lambda: torch._scaled_mm(a, b.t(), scale_a=sa, scale_b=sb, out_dtype=torch.bfloat16,
+                                             use_fast_accum=fast))
+        return "F.linear", lambda: F.linear(a, b)
+    if name == "flash_attention":
+        q, k, v = inputs["q"], inputs["k"], inputs["v"]
+        causal = bool(case.get("causal", False))
+        return "SDPA", lambda: F.scaled_dot_product_attention(q, k, v, is_causal=causal)
+    if name == "mqa_decode":
+        return "SDPA gqa", mqa_peer(inputs)
+    if name == "rmsnorm":
+        x = inputs["x"]
+        out = torch.empty_like(x)
+        return "copy", lambda: out.copy_(x)
+    raise KeyError(name)
+
+
+def _bytes(inputs: dict) -> float:
+    return float(sum(t.numel() * t.element_size() for t in inputs.values() if torch.is_tensor(t)))
+
+
+def _ceiling(name: str, inputs: dict) -> tuple[str, float]:
+    """(unit, the measured ceiling in that unit) a row is a fraction of."""
+    if name in ("gemm", "gemm_splitk") and inputs["a"].shape[0] > 64:
+        fp8 = inputs["a"].dtype == torch.float8_e4m3fn
+        return "TFLOP/s", MEASURED["fp8_tflops" if fp8 else "bf16_tflops"]
+    if name == "flash_attention":
+        return "TFLOP/s", MEASURED["bf16_tflops"]
+    key = "copy"
+    if key not in COPY_TBS:
+        COPY_TBS[key] = copy_bandwidth(1 << 30)
+    return "TB/s", COPY_TBS[key]
+
+
+def _check(spec, case, inputs) -> str:
+    ref = spec.run_reference(inputs, case)
+    for out in spec.outputs:
+        got, want = inputs[out].float(), ref[out].float()
+        if spec.exact:
+            if not torch.equal(got, want):
+                return "FAIL"
+            continue
+        bad = ~((got - want).abs() <= spec.allowed_error(case, out, want, inputs).to(got.device))
+        if bad.any():
+            return f"FAIL ({int(bad.sum())} off)"
+    return "ok"
+
+
+def _prebuild(job):
+    """Build (and JIT-load) one shape in a worker process: the timing loop then hits the caches."""
+    name, cname = job
+    spec = load_all()[name]
+    case = spec.model_cases()[cname]
+    try:
+        kernel = codegen.compile(spec.kernel, "sm90", constants=spec.constants_of(case))
+        kernel(**spec.make_inputs(case, torch.device("cuda"), 0))
+        torch.cuda.synchronize()
+        return cname, ""
+    except Exception as err:  # noqa: BLE001 - reported in the row
+        return cname, f"{type(err).__name__}: {str(err).splitlines()[0][:160]}"
+
+
+def run(names, model, rounds, jobs, budget_s):
+    specs = load_all()
+    cases = [(n, c) for n in names for c, case in specs[n].model_cases(model).items()]
+    t0 = time.monotonic()
+    with ProcessPoolExecutor(max_workers=jobs, mp_context=__import__("multiprocessing").get_context("spawn")) as ex:
+        errors = dict(ex.map(_prebuild, cases))
+    print(f"prebuilt {len(cases)} shapes in {time.monotonic() - t0:.0f} s", flush=True)
+    kernels, rows = {}, []
+    for name, cname in cases:
+        if time.monotonic() - t0 > budget_s:
+            rows.append({"kernel": name, "shape": cname, "check": "not run (time budget)"})
+            continue
+        spec = specs[name]
+        case = spec.model_cases()[cname]
+        row = {"kernel": name, "shape": cname}
+        if errors.get(cname):
+            rows.append({**row, "check": errors[cname]})
+            continue
+        key = (name, tuple(sorted(spec.constants_of(case).items())))
+        kernel = kernels.setdefault(key, codegen.compile(spec.kernel, "sm90", constants=spec.constants_of(case)))
+        inputs = spec.make_inputs(case, torch.device("cuda"), 0)
+        kernel(**inputs)
+        torch.cuda.synchronize()
+        row["check"] = _check(spec, case, inputs)
+        sig = spec.kernel.bind(inputs)
+        config = kernel._configs.get(sig.key()) or {}
+        from duotile.codegen.choose_config import explain_choice
+
+        row["config"] = explain_choice(spec.kernel, "sm90", sig, spec.constants_of(case))[1]
+        label, peer_fn = peer(name, case, inputs, config)
+        t = interleaved({"peer": peer_fn, "ours": _call(kernel, inputs)}, rounds)
+        ours, theirs = statistics.median(t["ours"]), statistics.median(t["peer"])
+        unit, ceiling = _ceiling(name, inputs)
+        work = spec.flops(case) if unit == "TFLOP/s" else _bytes(inputs)
+        rate = work / (ours * 1e-3) / 1e12
+        row.update({"peer": label, "ours_us": f"{ours * 1e3:.1f}", "peer_us": f"{theirs * 1e3:.1f}",
+                    "ratio": f"{theirs / ours:.3f}", "rate": f"{rate:.2f} {unit}",
+                    "of_ceiling": f"{rate / ceiling:.0%}"})
+        if unit == "TFLOP/s" and name.startswith("gemm"):
+            row["rate"] += f", {_bytes(inputs) / (ours * 1e-3) / 1e12:.2f} TB/s"
+        print(" | ".join(str(v) for v in row.values()), flush=True)
+        rows.append(row)
+        del inputs
+    return rows
+
+
+def _call(kernel, inputs):
+    return lambda: kernel(**inputs)
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--kernels", default=",".join(KERNELS), help="comma-separated specs")
+    p.add_argument("--model", default=None, help="v41-flash or v4-flash (default: both)")
+    p.add_argument("--rounds", type=int, default=3, help="interleaved rounds a row")
+    p.add_argument("--jobs", type=int, default=12, help="processes that build before timing")
+    p.add_argument("--budget", type=float, default=float(os.environ.get("BENCH_BUDGET_S", 500)),
+                   help="seconds after which remaining rows are listed as not run")
+    p.add_argument("--name", default="bench_model_shapes", help="results file stem")
+    args = p.parse_args(argv)
+    rows = run([k.strip() for k in args.kernels.split(",") if k.strip()], args.model, args.rounds, args.jobs,
+               args.budget)
+    stamp = time.strftime("%Y-%m-%d")
+    header = ["kernel", "shape", "config", "check", "peer", "ours_us", "peer_us", "ratio", "rate", "of_ceiling"]
+    for r in rows:
+        r.setdefault("config", "")
+    write_results(args.name, [{**r, "date": stamp} for r in rows], header)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

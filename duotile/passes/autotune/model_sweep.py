@@ -1,0 +1,87 @@
+"""``duotile tune KERNEL --model v41-flash|v4-flash``: tune a spec at every shape a model needs.
+
+The model's shapes come from the spec (``Spec.model_cases``). Shapes that share a tuning key
+(the same shape bucket: every size rounded up to a power of two, a decode kernel's batch and its
+dynamic sizes left out) are tuned once, at the first of them. Each sweep runs under the given
+budget (``quick``: minutes a shape) and records its best config in the tuning cache; with
+``ship`` the cache is the table shipped with duotile (``duotile/tuned/tuning.json``), which
+``choose_config`` reads for every user. One table closes the run.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from .cache import SHIPPED, shape_bucket
+
+
+@dataclass
+class ShapeRun:
+    shape: str
+    bucket: dict
+    serves: list[str] = field(default_factory=list)  # the model shapes this sweep's entry serves
+    result: object | None = None
+    error: str = ""
+
+
+def plan(spec, model: str) -> list[ShapeRun]:
+    """One run per distinct bucket of the model's shapes, in the spec's order, tuned at the
+    largest shape it serves (a dynamic size's bucket is left out of the key: its config serves
+    decode rows and prefill chunks alike, and the prefill time weighs most)."""
+    runs: dict[tuple, ShapeRun] = {}
+    volume: dict[tuple, int] = {}
+    for name, case in spec.model_cases(model).items():
+        sig = spec.kernel.bind(spec.meta_inputs(case))
+        bucket = shape_bucket(spec.kernel, sig.shapes)
+        key = (tuple(sorted(bucket.items())), tuple(sorted((k, v.name) for k, v in sig.dtypes.items())),
+               tuple(sorted(spec.constants_of(case).items())))
+        size = 1
+        for v in sig.shapes.values():
+            size *= v
+        run = runs.setdefault(key, ShapeRun(name, bucket))
+        run.serves.append(name)
+        if size > volume.get(key, 0):
+            run.shape, volume[key] = name, size
+    return list(runs.values())
+
+
+def sweep(spec, model: str, target: str, budget: str = "quick", ship: bool = False, cache_dir: str | None = None,
+          progress: bool = True, seed: int = 0) -> list[ShapeRun]:
+    from .tuner import tune
+
+    runs = plan(spec, model)
+    where = str(SHIPPED.parent) if ship else cache_dir
+    cases = spec.model_cases(model)
+    for i, run in enumerate(runs):
+        print(f"[{i + 1}/{len(runs)}] {spec.name} {run.shape} (serves {len(run.serves)} shape(s))", flush=True)
+        try:
+            run.result = tune(spec, cases[run.shape], target, budget=budget, cache_dir=where, progress=progress,
+                              seed=seed)
+        except KeyboardInterrupt:
+            run.error = "interrupted"
+            break
+        except Exception as err:  # noqa: BLE001 - one shape's failure is reported, the sweep goes on
+            run.error = f"{type(err).__name__}: {str(err).splitlines()[0][:160]}"
+    return runs
+
+
+def table(runs: list[ShapeRun]) -> str:
+    rows = [("shape", "serves", "best config", "best ms", "default ms", "speed-up")]
+    for r in runs:
+        res = r.result
+        if res is None or res.best is None:
+            rows.append((r.shape, str(len(r.serves)), r.error or "no candidate passed", "-", "-", "-"))
+            continue
+        cfg = ",".join(f"{k}={v}" for k, v in sorted(res.best.config.items()))
+        default = res.default.final_ms if res.default and res.default.counts else None
+        rows.append((r.shape, str(len(r.serves)), cfg, f"{res.best.final_ms:.4g}",
+                     f"{default:.4g}" if default else "-", f"{res.speedup:.3f}x" if res.speedup else "-"))
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    lines = ["  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip() for row in rows]
+    lines.insert(1, "  ".join("-" * w for w in widths))
+    return "\n".join(lines)
+
+
+def shipped_path() -> Path:
+    return SHIPPED
