@@ -30,6 +30,8 @@ def register(sub) -> None:
     p.add_argument("--jobs", type=int, default=2, metavar="N", help="parallel builds (threads)")
     p.add_argument("--no-cache", action="store_true", help="rebuild even when a cached artifact exists")
     p.add_argument("--no-tuned", action="store_true", help="ignore tuned configs from `duotile tune`")
+    p.add_argument("--model", default=None, choices=("v41-flash", "v4-flash"),
+                   help="build every shape this model needs (the specs' model shapes) instead of the build cases")
     p.set_defaults(func=cmd_build)
     p = sub.add_parser("show", help="print one stage of a kernel's build",
                        description="Print one stage of a kernel's build for a target and config. Where the "
@@ -76,7 +78,8 @@ def cmd_build(args) -> int:
     if args.jobs < 1:
         raise ValueError(f"--jobs must be 1 or more, got {args.jobs}")
     jobs = [(spec, cname, case, t) for name, spec in sorted(specs.items()) if not args.kernel or name == args.kernel
-            for cname, case in spec.build_cases.items() for t in targets]
+            for cname, case in (spec.model_cases(args.model) if args.model else spec.build_cases).items()
+            for t in targets]
     with ThreadPoolExecutor(max_workers=args.jobs) as pool:
         results = list(pool.map(lambda j: build_case(*j, use_cache=not args.no_cache, use_tuned=not args.no_tuned),
                                 jobs))
