@@ -76,7 +76,8 @@ def test_starting_table_matches_sizes_dtypes_and_constants(tmp_path):
     path.write_text(json.dumps({"entries": [
         {"kernel": "flash_attention", "target": "ascend950", "when": {"D": 128, "CAUSAL": True},
          "config": {"BM": 64, "BN": 64}, "why": "test"},
-        {"kernel": "gemm", "target": "sm100", "when": {"dtypes": {"a": "f8e4m3"}}, "config": {"BK": 128}, "why": "t"}]}))
+        {"kernel": "gemm", "target": "sm100", "when": {"dtypes": {"a": "f8e4m3"}}, "config": {"BK": 128},
+         "why": "test"}]}))
     attn, gemm = get("flash_attention"), get("gemm")
     causal = attn.kernel.bind(attn.meta_inputs({"B": 1, "H": 2, "S": 256, "D": 128}))
     assert cc.starting_config(attn.kernel, "ascend950", causal, {"CAUSAL": True}, path=path) == {"BM": 64, "BN": 64}
