@@ -47,6 +47,10 @@ def _register_generate(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--prompt-ids", type=int, nargs="+", required=True, metavar="ID",
                    help="the prompt's token ids (required; no default)")
     p.add_argument("--max-tokens", type=int, default=16, help="tokens to generate (default: %(default)s)")
+    p.add_argument("--requests", type=int, default=1, metavar="N",
+                   help="run N copies of the prompt together, request i stopping after (i+1)/N of --max-tokens, "
+                        "so the batch shrinks from N to 1 as they finish; the longest request's tokens are printed "
+                        "(default: %(default)s)")
     p.add_argument("--seed", type=int, default=None,
                    help="sampling seed; the draw depends on seed and position. Has no effect under greedy "
                         "decoding (--temperature 0). (default: none - the engine's own seed)")
@@ -86,7 +90,7 @@ def run(args: argparse.Namespace) -> int:
         llm = LLM(args.model, dtype=getattr(torch, args.dtype), batch_invariant=args.batch_invariant,
                   device=device, kernels=args.kernels)
         show = not args.no_progress and args.max_tokens >= PROGRESS_MIN_TOKENS
-        out = llm.generate(args.prompt_ids, params, use_tqdm=show)[0]
+        out = llm.generate(*_requests(args.prompt_ids, params, args.requests), use_tqdm=show)[-1]
     except GenerationError as err:
         partial = err.outputs[0].token_ids
         if partial:
@@ -96,8 +100,22 @@ def run(args: argparse.Namespace) -> int:
         return fail(args, err)
     stats, cb = llm.last_stats, out.cache_bytes
     print("tokens:", " ".join(map(str, out.token_ids)))
+    report = getattr(llm.model.ctx.ops, "report", None)
+    if report is not None:
+        for op, (calls, builds) in sorted(report().items()):
+            print(f"generated kernels: {op}: {calls} calls on {builds} build(s)")
     print(f"speed: {stats.generated_tokens} tokens in {stats.seconds:.2f} s = {stats.tokens_per_second:.1f} tokens/s")
     print(f"cache bytes: {cb.total} (window {cb.window}, compressed {cb.compressed}, index keys {cb.index_keys}, "
           f"compressor state {cb.compressor_state}, engram history {cb.engram_history}); "
           f"reference tensors {out.allocated_cache_bytes}")
     return 0
+
+
+def _requests(prompt: list[int], params, n: int):
+    """(prompts, params) for ``--requests N``: the last request runs the whole --max-tokens."""
+    import dataclasses
+
+    if n < 1:
+        raise ValueError(f"--requests {n}: at least one request")
+    cut = [max(1, params.max_tokens * (i + 1) // n) for i in range(n)]
+    return [list(prompt)] * n, [dataclasses.replace(params, max_tokens=m) for m in cut]

@@ -23,6 +23,8 @@ import torch
 
 from .ops import FastOps
 
+_OP_OF = {"rmsnorm": "rms_norm"}  # the runtime primitive each spec serves
+
 
 class GeneratedOps:
     """`base`'s primitives, with the ones a duotile kernel covers swapped in."""
@@ -35,6 +37,16 @@ class GeneratedOps:
 
     def __getattr__(self, name: str):
         return getattr(self.base, name)
+
+    def report(self) -> dict[str, tuple[int, int]]:
+        """Per op: (calls served by a generated kernel, builds made for them). A kernel whose
+        sizes are dynamic builds once for every token count and batch (``codegen.compile``
+        caches one build per call signature, dynamic sizes left out)."""
+        builds: dict[str, int] = {}
+        for (spec_name, *_), kernel in self._kernels.items():
+            op = _OP_OF.get(spec_name, spec_name)
+            builds[op] = builds.get(op, 0) + len(kernel._cache)
+        return {op: (n, builds.get(op, 0)) for op, n in self.calls.items()}
 
     def _kernel(self, spec_name: str, device: torch.device, constants: dict) -> Any:
         from .. import codegen

@@ -69,3 +69,15 @@ def test_generated_kernels_take_the_tuned_config(monkeypatch):
     (kernel,) = ops._kernels.values()
     ((module,), _artifacts, _fn), = kernel._cache.values()
     assert module.config == {"ROWS": 2}
+
+
+def test_a_generation_with_a_changing_batch_builds_once_per_width(capsys):
+    """Token counts change every step (prefill chunks, a batch that shrinks as requests finish):
+    the rmsnorm build is dynamic in them, so builds are bounded by the distinct widths."""
+    from duotile.cli import main
+
+    assert main(["generate", "--prompt-ids", "1", "2", "3", "--max-tokens", "12", "--requests", "3",
+                 "--kernels", "generated", "--no-progress"]) == 0
+    line = next(ln for ln in capsys.readouterr().out.splitlines() if ln.startswith("generated kernels: rms_norm"))
+    calls, builds = (int(w) for w in line.replace("(s)", "").split() if w.isdigit())
+    assert calls > 50 and 1 <= builds <= 3, line
