@@ -58,7 +58,7 @@ def reason_of(kind: str, message: str) -> str:
     body = re.sub(r"^.*?kernels_spec/\w+\.py:\d+\s+`[^`]*`:\s*", "", message)
     body = re.sub(r"^(sm90|sm100|ascend950):\s*", "", body)
     body = re.sub(r"\s*\([^)]*\)", "", body)  # "UB (unified buffer) overflow" -> "UB overflow"
-    head = re.split(r"[;:(]|\d", body, maxsplit=1)[0].strip().rstrip(",")
+    head = re.split(r"[;:(]|\s\d", body, maxsplit=1)[0].strip().rstrip(",")  # "L1 overflow" keeps its 1
     return f"{kind}: {head}" + (f" at {where.group(1)}" if where else "")
 
 
