@@ -65,7 +65,7 @@ def reason_of(kind: str, message: str) -> str:
 def generate_row(spec, shape: str, case: dict, target: str) -> Row:
     t0 = time.perf_counter()
     try:
-        arts = generate_case(spec, case, target, use_tuned=False)
+        arts = generate_case(spec, case, target)  # the config a user gets
         return Row(spec.name, shape, target, "generated", seconds=time.perf_counter() - t0,
                    sources=tuple(a.stages["tilelang"] for a in arts))
     except DslError as err:
@@ -75,7 +75,7 @@ def generate_row(spec, shape: str, case: dict, target: str) -> Row:
 
 
 def build_row(spec, shape: str, case: dict, target: str) -> Row:
-    r = build_case(spec, shape, case, target, use_tuned=False)
+    r = build_case(spec, shape, case, target)  # the config a user gets
     if r.ok:
         return Row(spec.name, shape, target, "built", seconds=r.seconds)
     kind, _, msg = r.error.partition(": ")

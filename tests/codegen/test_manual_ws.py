@@ -343,3 +343,26 @@ def test_a_tail_block_off_the_wgmma_k_step_keeps_full_gemms():
     tl = _build("flash_attention", "d128_tail", {**MANUAL, "overlap": True, "BN": 64},
                 compile_it=False).stages["tilelang"]
     assert "_tail" not in tl
+
+
+@pytest.mark.parametrize("rows", [8192, 4000])
+def test_shipped_fp8_config_decodes_every_tile_of_a_dynamic_token_count(rows):
+    """Regression: with M dynamic, the persistent decode printed ``tile_id % 64 * T.ceildiv(n_M,
+    128)`` for ``tile_id % (64 * ...)``; the shipped fp8 config then wrote only its first tiles on
+    the H200 (the rest NaN or 0). Every tile id must decode to a distinct tile of the grid."""
+    import json
+    from pathlib import Path
+
+    import duotile
+
+    table = json.loads((Path(duotile.__file__).parent / "tuned" / "tuning.json").read_text())["entries"]
+    cfg = next(e["config"] for e in table.values() if e["key"]["kernel"] == "gemm"
+               and e["key"]["dtypes"]["a"] == "f8e4m3")
+    spec = load_all()["gemm"]
+    sig = spec.kernel.bind(spec.meta_inputs({"M": rows, "N": 8192, "K": 8192, "dtype": "f8e4m3"}))
+    assert "M" in sig.dynamic
+    module, kn = specialize(spec.kernel, sig, "sm90", cfg)
+    tl = get_target("sm90").generate(module, kn).stages["tilelang"]
+    tiles = _decode(tl, ["m", "n"], {"n_M": rows})
+    bm, bn = cfg["BM"], cfg["BN"]
+    assert sorted(tiles) == [(m, n) for m in range(-(-rows // bm)) for n in range(8192 // bn)]
