@@ -23,7 +23,7 @@ def make_launcher(artifact: Artifact, module: Module, arch: Arch):
     import tilelang
     from tilelang import tvm
 
-    path = Path(artifact.meta["dir"]) / "kernel_tilelang.py"
+    path = _verified_copy(artifact)
     prim, configs = toolchain.load_generated(str(path), artifact.meta["entry"])
     target = tvm.target.Target({"kind": "cuda", "arch": arch.sm})
     jit = tilelang.compile(prim, target=target, pass_configs=configs)
@@ -35,3 +35,23 @@ def make_launcher(artifact: Artifact, module: Module, arch: Arch):
 
     run.jit = jit
     return run
+
+
+def _verified_copy(artifact: Artifact) -> Path:
+    """The cached source, read once, checked against the digest its entry recorded, and loaded from
+    a private copy: an edit to the cache directory after the check never runs."""
+    import hashlib
+    import tempfile
+
+    cached = Path(artifact.meta["dir"]) / "kernel_tilelang.py"
+    data = cached.read_bytes()
+    want = (artifact.meta.get("digests") or {}).get("kernel_tilelang.py")
+    if want is not None and hashlib.sha256(data).hexdigest() != want:
+        raise UnsupportedError(f"{cached}: does not match the digest its cache entry recorded (edited after the "
+                               "build); rebuild it (duotile build --no-cache)")
+    if data.decode() != artifact.stages.get("tilelang", data.decode()):
+        raise UnsupportedError(f"{cached}: differs from the source this build generated; rebuild it")
+    fd, tmp = tempfile.mkstemp(prefix="duotile_launch_", suffix=".py")
+    with open(fd, "wb") as f:
+        f.write(data)
+    return Path(tmp)
