@@ -102,7 +102,9 @@ def starting_config(kernel: KernelDef, target: str, sig: Signature, constants: d
     """The first entry of the shipped starting table (``duotile/tuned/starting.json``) for this
     kernel and target whose ``when`` matches the call: sizes by name, ``dtypes`` by tensor, and
     constants by name."""
-    from ..passes.autotune import cache as tcache
+    from ..dsl.errors import DslError
+    from .compile import check_config
+    from .target import get_target
 
     consts = kernel.resolve_constants(constants)
     for entry in load_starting(path):
@@ -114,11 +116,15 @@ def starting_config(kernel: KernelDef, target: str, sig: Signature, constants: d
             continue
         if any(getattr(sig.dtypes.get(t), "name", None) != d for t, d in dtypes.items()):
             continue
-        why = tcache.entry_problem(kernel, target, sig.shapes, entry.get("config"), sig.dtypes, sig.present, constants)
-        if why is None:
-            return dict(entry["config"])
-        if skipped is not None:
-            skipped.append(f"starting config for {kernel.name} on {target} skipped: {why}")
+        # names and values are checked; capacity is not: an entry is the config meant for these
+        # sizes, and where it does not fit, its build's refusal names the memory (not a fallback's)
+        try:
+            check_config(kernel, get_target(target), entry["config"])
+        except DslError as err:
+            if skipped is not None:
+                skipped.append(f"starting config for {kernel.name} on {target} skipped: {err}")
+            continue
+        return dict(entry["config"])
     return None
 
 

@@ -54,7 +54,8 @@ def test_attention_pairs_query_blocks_and_multicasts_k_and_v():
     blocks (the innermost grid axis) and multicast both; each block loads its own Q."""
     spec = load_all()["flash_attention"]
     case = spec.build_cases["d128"]
-    r = build_case(spec, "d128", case, "sm90", config={"cluster": 2}, use_tuned=False)
+    manual = {"warp_specialize": "manual", "overlap": True, "persistent": True, "BN": 192}
+    r = build_case(spec, "d128", case, "sm90", config={**manual, "cluster": 2})
     assert r.ok, r.error
     text = r.artifact.stages["tilelang"]
     assert "m = (tile_id % 16) * 2 + cta % 2" in text  # 32 query blocks: 16 pairs a head

@@ -58,8 +58,9 @@ def test_ascend_loads_the_shared_rows_twice_once_transposed():
 def test_head_dim_512_on_ascend_fits_only_halved_between_the_vector_cores():
     pytest.importorskip("tilelang")
     case = SPEC.build_cases["hca_1m"]
-    r = build_case(SPEC, "hca_1m", case, "ascend950", use_tuned=False)  # unsplit, vector_split
+    r = build_case(SPEC, "hca_1m", case, "ascend950")  # the starting table's: unsplit, vector_split
     assert r.ok, r.error
-    whole = build_case(SPEC, "hca_1m", case, "ascend950", use_tuned=False,
-                       config={**SPEC.config_of(case, "ascend950"), "vector_split": False})
+    assert r.artifact.meta["config_source"] == "starting" and r.module.config["SPLIT"] == 1
+    cfg = {"SPLIT": 1, "STAGES": 2, "vector_split": False}
+    whole = build_case(SPEC, "hca_1m", case, "ascend950", config=cfg)
     assert not whole.ok and whole.rejected and "UB (unified buffer) overflow" in whole.error
