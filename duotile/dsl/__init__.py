@@ -16,6 +16,7 @@ from .ir import Module, Role
 from .kernel import Const, KernelDef, OptionalTensor, Tensor, Tunable, kernel
 from .ops import (
     arange,
+    bitcast,
     cdiv,
     empty,
     exp,
@@ -45,7 +46,7 @@ __all__ = [
     "DType", "bf16", "bool_", "f8e4m3", "f16", "f32", "i32", "i64", "u8",
     "CallError", "CapacityError", "DslError", "SourceLoc", "UnsupportedError",
     "Module", "Role", "Const", "KernelDef", "OptionalTensor", "Tensor", "Tunable", "kernel",
-    "arange", "cdiv", "empty", "exp", "exp2", "full", "gemm", "grid", "load", "log", "log2",
+    "arange", "bitcast", "cdiv", "empty", "exp", "exp2", "full", "gemm", "grid", "load", "log", "log2",
     "maximum", "minimum", "next_pow2", "pipelined", "range", "rsqrt", "sigmoid", "sqrt", "store", "where",
     "workspace", "zeros",
     "boolean", "choice", "enum", "int_range", "pow2",

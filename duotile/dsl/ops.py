@@ -14,11 +14,16 @@ from .tile import TensorRef, TensorView, Tile, as_expr, is_role
 
 UNARY = ("neg", "abs", "not", "exp", "exp2", "log", "log2", "sqrt", "rsqrt", "sigmoid")
 BINARY = ("add", "sub", "mul", "div", "floordiv", "mod", "max", "min", "lt", "le", "gt", "ge", "eq", "ne", "and",
-          "or")
+          "or", "bitand", "bitor", "bitxor", "shl", "shr")
 COMPARE = ("lt", "le", "gt", "ge", "eq", "ne", "and", "or", "not")
 FLOAT_ONLY = ("exp", "exp2", "log", "log2", "sqrt", "rsqrt", "sigmoid")
 INTEGER_ONLY = ("floordiv", "mod")  # `//` and `%`: Python's floor semantics, integers only
 REDUCE = ("sum", "max", "min")
+# bit operations on integer tiles (``&``, ``|``, ``^``, ``<<``, ``>>``); shifts take a constant count
+BITWISE = ("bitand", "bitor", "bitxor", "shl", "shr")
+SHIFTS = ("shl", "shr")
+# ``t.bitcast(dtype)``: the same bits read as another type of the same width
+BITCASTS = {("f32", "i32"), ("i32", "f32")}
 
 
 # -- loops ----------------------------------------------------------------------------------
@@ -322,6 +327,8 @@ def elementwise(fn: str, *args) -> Tile:
                                     for a in args))
     if fn in INTEGER_ONLY:
         _check_integer_division(fn, ops, dtype)
+    if fn in BITWISE:
+        _check_bitwise(fn, ops, dtype)
     if fn == "where" and (not isinstance(ops[0], Value) or ops[0].type.dtype != dtypes.bool_):
         raise builder.error("dsl.where's condition must be a boolean tile (a comparison)")
     if fn in FLOAT_ONLY and not dtype.is_float:
@@ -346,6 +353,65 @@ def _check_integer_division(fn: str, ops: list, dtype: DType) -> None:
     divisor = ops[1]
     if isinstance(divisor, sympy.Basic) and divisor.is_number and divisor == 0:
         raise builder.error(f"integer `{sym}` by the constant 0")
+
+
+_BIT_SYMBOL = {"bitand": "&", "bitor": "|", "bitxor": "^", "shl": "<<", "shr": ">>"}
+
+
+def _check_bitwise(fn: str, ops: list, dtype: DType) -> None:
+    """``& | ^ << >>`` on integer tiles: two's complement bits of the operands' integer type. ``>>``
+    is arithmetic on signed types (Python's: ``-8 >> 1 == -4``) and logical on ``u8``; ``<<``
+    drops the bits shifted out. A shift count is a constant in ``[0, bits)``."""
+    sym = _BIT_SYMBOL[fn]
+    if dtype.is_float or any(isinstance(v, float) for v in ops):
+        raise builder.error(f"`{sym}` takes integer tiles and integer constants, got {dtype}: reinterpret a "
+                            "float's bits with .bitcast(dsl.i32) first")
+    if dtype == dtypes.bool_ or any(isinstance(v, Value) and v.type.dtype == dtypes.bool_ for v in ops):
+        raise builder.error(f"`{sym}` takes integer tiles, not booleans: cast with .to(dsl.i32)"
+                            + (", or combine conditions with & and |" if fn == "bitxor" else ""))
+    lo, hi = int_range(dtype)
+    for v in ops:
+        if isinstance(v, sympy.Basic) and v.is_Integer and not lo <= int(v) <= hi:
+            raise builder.error(f"the constant {int(v)} of `{sym}` does not fit {dtype} ([{lo}, {hi}]): write "
+                                "it as the signed value of the same bits")
+    if fn in SHIFTS:
+        value, count = ops
+        if not isinstance(value, Value):
+            raise builder.error(f"`{sym}` shifts a tile by a constant; the value shifted must be the tile")
+        if not (isinstance(count, sympy.Basic) and count.is_Integer):
+            raise builder.error(f"the count of `{sym}` must be a constant integer, not a tile or an index")
+        if not 0 <= int(count) < dtype.bits:
+            raise builder.error(f"the count of `{sym}` on {dtype} must lie in [0, {dtype.bits}), got {int(count)}")
+
+
+def int_range(dtype: DType) -> tuple[int, int]:
+    """The values an integer dtype holds (``u8`` is unsigned, the others two's complement)."""
+    if dtype == dtypes.u8:
+        return 0, 255
+    return -(1 << (dtype.bits - 1)), (1 << (dtype.bits - 1)) - 1
+
+
+def bitcast(x: Tile, dtype: DType) -> Tile:
+    """The bits of ``x`` read as ``dtype``, a type of the same width (``f32 <-> i32``): no value
+    conversion, e.g. ``x.bitcast(dsl.i32) >> 23 & 0xFF`` is an f32's biased exponent."""
+    if not isinstance(x, Tile):
+        raise builder.error("dsl.bitcast reinterprets a tile")
+    if not isinstance(dtype, DType):
+        raise builder.error(f"bitcast target must be a dsl dtype, got {dtype!r}")
+    if (x.dtype.name, dtype.name) not in BITCASTS:
+        pairs = ", ".join(f"{a} -> {b}" for a, b in sorted(BITCASTS))
+        raise builder.error(f"cannot bitcast {x.dtype} to {dtype}: supported are {pairs}")
+    t = TileType(x.shape, dtype, Role.VECTOR)
+    op = Op("ew", args=(x.value,), attrs={"fn": "bitcast"}, result=Value(t))
+    return Tile(builder.current().emit(op))
+
+
+def logical_or_bitwise(fn: str, a, b) -> Tile:
+    """``&`` / ``|``: logical on boolean tiles (conditions), bitwise on integer tiles."""
+    tiles = [x for x in (a, b) if isinstance(x, Tile)]
+    if tiles and all(not t.dtype.is_float and t.dtype != dtypes.bool_ for t in tiles):
+        return elementwise("bit" + fn, a, b)
+    return elementwise(fn, a, b)
 
 
 def _result_dtype(fn: str, tile_dtypes: list[DType], data) -> DType:

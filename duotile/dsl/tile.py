@@ -56,8 +56,16 @@ class Tile:
     def __le__(self, o): return self._ew("le", o)
     def __gt__(self, o): return self._ew("gt", o)
     def __ge__(self, o): return self._ew("ge", o)
-    def __and__(self, o): return self._ew("and", o)
-    def __or__(self, o): return self._ew("or", o)
+    def __and__(self, o): return _logic("and", self, o)
+    def __rand__(self, o): return _logic("and", o, self)
+    def __or__(self, o): return _logic("or", self, o)
+    def __ror__(self, o): return _logic("or", o, self)
+    def __xor__(self, o): return self._ew("bitxor", o)
+    def __rxor__(self, o): return elementwise_r("bitxor", o, self)
+    def __lshift__(self, o): return self._ew("shl", o)
+    def __rlshift__(self, o): return elementwise_r("shl", o, self)
+    def __rshift__(self, o): return self._ew("shr", o)
+    def __rrshift__(self, o): return elementwise_r("shr", o, self)
     def __invert__(self): return self._ew("not")
 
     def eq(self, o):
@@ -70,6 +78,12 @@ class Tile:
         from .ops import cast
 
         return cast(self, dtype)
+
+    def bitcast(self, dtype: DType) -> Tile:
+        """The same bits read as ``dtype`` (``f32 <-> i32``); ``.to`` converts values instead."""
+        from .ops import bitcast
+
+        return bitcast(self, dtype)
 
     # -- reductions ---------------------------------------------------------------
     def sum(self, axis: int) -> Tile:
@@ -107,6 +121,12 @@ class Tile:
         if index != slice(None) and index != (slice(None),) * len(self.shape):
             raise builder.error("only whole-buffer writes `buf[:] = value` are supported")
         assign(self, value)
+
+
+def _logic(fn: str, a, b) -> Tile:
+    from .ops import logical_or_bitwise
+
+    return logical_or_bitwise(fn, a, b)
 
 
 def elementwise_r(fn: str, scalar, tile: Tile) -> Tile:

@@ -6,13 +6,20 @@ It changes nothing. It raises DslError, naming the op's source line, when:
 - a top-level op is not a ``grid`` (a module holds one grid per phase), or a loop sits outside one;
 - a phase reads a workspace that no earlier phase writes;
 - a tile dimension is not a positive integer (only checked once ``shapes`` are bound);
-- an index expression uses a symbol that is neither a loop variable nor a size.
+- an index expression uses a symbol that is neither a loop variable nor a size;
+- a bit operation (``& | ^ << >>`` on integers, ``bitcast``) breaks its type rule: bitwise
+  operands are integer (not boolean) tiles, a shift count is a constant in ``[0, bits)``, a
+  bitcast joins two types of one width (``f32 <-> i32``); checked on ``ew`` ops and inside the
+  expression trees of fused ``map`` ops alike.
 """
 
 from __future__ import annotations
 
+from ..dsl import dtypes
 from ..dsl.errors import DslError
-from ..dsl.ir import Block, Module, Op
+from ..dsl.expr import Node
+from ..dsl.ir import Block, Module, Op, Value
+from ..dsl.ops import BITCASTS, BITWISE, SHIFTS
 
 
 def verify_ir(module: Module) -> Module:
@@ -48,6 +55,7 @@ def _check_block(block: Block, module: Module, visible: set[int], symbols: set, 
                 raise DslError(f"{op.name} uses {v!r} before (or outside) its definition", op.loc)
         _check_writes(op)
         _check_symbols(op, symbols)
+        _check_bit_ops(op)
         if op.result is not None:
             _check_dims(op, bound)
             visible.add(op.result.id)
@@ -91,3 +99,38 @@ def _check_dims(op: Op, bound: bool):
     for d in op.result.type.shape:
         if bound and not (d.is_Integer and int(d) > 0):
             raise DslError(f"{op.name} produces a tile with dimension {d}, not a positive int", op.loc)
+
+
+def _check_bit_ops(op: Op):
+    if op.name == "ew" and (op.attrs["fn"] in BITWISE or op.attrs["fn"] == "bitcast"):
+        kids = [(a.type.dtype, None) if isinstance(a, Value) else (None, a) for a in op.args]
+        _check_bit_rule(op.attrs["fn"], op.result.type.dtype, kids, op)
+    elif op.name == "map":
+        for node in _nodes(op.attrs["expr"]):
+            if node.kind in BITWISE or node.kind == "bitcast":
+                kids = [(None, c.attr) if c.kind == "const" else (c.dtype, None) for c in node.children]
+                _check_bit_rule(node.kind, node.dtype, kids, op)
+
+
+def _nodes(node: Node):
+    yield node
+    for c in node.children:
+        yield from _nodes(c)
+
+
+def _check_bit_rule(fn: str, result, kids: list, op: Op):
+    """``kids``: (dtype, None) for a tile operand, (None, value) for an immediate."""
+    if fn == "bitcast":
+        src = kids[0][0]
+        if src is None or (src.name, result.name) not in BITCASTS:
+            raise DslError(f"bitcast from {src} to {result}: only {sorted(BITCASTS)} reinterpret bits", op.loc)
+        return
+    if result.is_float or result == dtypes.bool_ or any(d is not None and (d.is_float or d == dtypes.bool_)
+                                                        for d, _ in kids):
+        raise DslError(f"{fn} needs integer operands and result, got {[d for d, _ in kids]} -> {result}", op.loc)
+    if fn in SHIFTS:
+        count = kids[1][1]
+        if count is None or isinstance(count, float) or not hasattr(count, "__int__") \
+                or not 0 <= int(count) < result.bits:
+            raise DslError(f"{fn} needs a constant count in [0, {result.bits}), got "
+                           f"{kids[1][0] or count}", op.loc)

@@ -9,6 +9,9 @@ Semantics, for every target to match:
 - ``/`` divides floats (the tracer converts integer operands); ``//`` and ``%`` on integers
   floor like Python's (``-7 // 2 == -4``, ``-7 % 2 == 1``); a zero divisor gives 0 for ``//``
   and the dividend for ``%``, so ``(a // b) * b + a % b == a`` holds for every b.
+- ``& | ^`` on integers act on two's complement bits; ``<<`` by a constant drops the bits shifted
+  out of the type, ``>>`` is arithmetic on signed types and logical on ``u8``; ``bitcast`` reads
+  the same bits as another type of the width (``f32 <-> i32``), NaN payloads included.
 """
 
 from __future__ import annotations
@@ -206,6 +209,8 @@ _EW = {
     "and": torch.logical_and, "or": torch.logical_or, "not": torch.logical_not,
     "neg": torch.neg, "abs": torch.abs, "exp": torch.exp, "exp2": torch.exp2, "log": torch.log,
     "log2": torch.log2, "sqrt": torch.sqrt, "rsqrt": torch.rsqrt, "sigmoid": torch.sigmoid,
+    "bitand": torch.bitwise_and, "bitor": torch.bitwise_or, "bitxor": torch.bitwise_xor,
+    "shl": torch.bitwise_left_shift, "shr": torch.bitwise_right_shift,
 }
 
 
@@ -219,6 +224,8 @@ def apply_ew(fn: str, args: list, dtype: torch.dtype, device) -> torch.Tensor:
         return torch.where(c, _as_tensor(a, dtype, device), _as_tensor(b, dtype, device)).to(dtype)
     if fn == "splat":
         return torch.tensor(args[0], dtype=dtype, device=device)
+    if fn == "bitcast":  # the same bits, another type of the width
+        return args[0].contiguous().view(dtype)
     tensors = [_as_tensor(a, dtype if not isinstance(a, bool) else torch.bool, device) for a in args]
     if fn in ("lt", "le", "gt", "ge", "eq", "ne", "and", "or", "not"):
         return _EW[fn](*tensors)

@@ -272,6 +272,9 @@ class Emitter:
 
     def op_reduce(self, op: Op, depth: int) -> None:
         src = op.args[0]
+        if not src.type.dtype.is_float:  # TileLang's SIMD reduce starts from a float immediate
+            raise unsupported(f"reduce.{op.attrs['fn']} of a {src.type.dtype} tile has no Ascend lowering "
+                              "(TileLang Ascend reduces float tiles only)", op)
         if len(src.type.shape) < 2:
             raise unsupported("a reduction of a 1-d tile (to a single value) is not lowered for Ascend; "
                               "reduce a [1, N] tile along axis 1", op)

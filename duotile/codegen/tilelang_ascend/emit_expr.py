@@ -76,6 +76,17 @@ def floor_division(kind: str, node: Node, parts: list[str]) -> str:
     return f"T.if_then_else({b} == {zero}, {zero if kind == 'floordiv' else a}, {op})"
 
 
+BITS = {"bitand": "T.bitwise_and", "bitor": "T.bitwise_or", "bitxor": "T.bitwise_xor", "shl": "T.shift_left",
+        "shr": "T.shift_right"}
+
+
+def bit_op(kind: str, node: Node, parts: list[str]) -> str:
+    """``& | ^ << >>`` on integers; a result narrower than int32 is cast back to its type, so
+    ``u8 << 4`` drops the bits above 8 as in the interpreter."""
+    text = f"{BITS[kind]}({parts[0]}, {parts[1]})"
+    return text if node.dtype.bits == 32 else f'T.cast({text}, "{node.dtype.tilelang_name}")'
+
+
 class ExprPrinter:
     """Prints a map's expression tree for one element; ``args`` are buffer names of the inputs."""
 
@@ -99,6 +110,8 @@ class ExprPrinter:
             return self(node.children[0], kids[0])
         if k == "cast":
             return f'T.cast({self(node.children[0], kids[0])}, "{node.attr.tilelang_name}")'
+        if k == "bitcast":
+            return f'T.reinterpret({self(node.children[0], kids[0])}, "{node.dtype.tilelang_name}")'
         data = [c for c in node.children if c.kind != "const"]
         ctx_dtype = data[0].dtype if data else node.dtype
         if k in ("and", "or"):
@@ -109,6 +122,8 @@ class ExprPrinter:
         parts = [self(c, i, ctx_dtype) for c, i in zip(node.children, kids)]
         if k in ("floordiv", "mod"):
             return floor_division(k, node, parts)
+        if k in BITS:
+            return bit_op(k, node, parts)
         if k in INFIX:
             return f"({parts[0]} {INFIX[k]} {parts[1]})"
         if k in CALLS:

@@ -68,6 +68,19 @@ _CALL = {"max": "T.max", "min": "T.min", "and": "T.And", "or": "T.Or", "not": "T
 
 
 _FLOOR = {"floordiv": "T.floordiv", "mod": "T.floormod"}
+_BITS = {"bitand": "T.bitwise_and", "bitor": "T.bitwise_or", "bitxor": "T.bitwise_xor", "shl": "T.shift_left",
+         "shr": "T.shift_right"}
+
+
+def bit_op(kind: str, node: Node, kids: list[str]) -> str:
+    """``& | ^ << >>`` on integers (TIR's bitwise intrinsics). CUDA computes a narrower type than
+    int32 in int, so a ``u8`` result is cast back: ``(x << 4)`` drops the bits above 8 as the
+    interpreter's does."""
+    tl = node.dtype.tilelang_name
+    if node.dtype.bits != 32:  # index expressions and constants are int32: give them the tile's type
+        kids = [f'T.cast({x}, "{tl}")' if c.kind in ("scalar", "const") else x for c, x in zip(node.children, kids)]
+    text = f"{_BITS[kind]}({kids[0]}, {kids[1]})"
+    return text if node.dtype.bits == 32 else f'T.cast({text}, "{tl}")'
 
 
 def floor_division(kind: str, node: Node, kids: list[str]) -> str:
@@ -113,6 +126,10 @@ class ElementPrinter:
             return f'T.cast({kids[0]}, "{node.attr.tilelang_name}")'
         if k == "neg":
             return f"(-{kids[0]})"
+        if k == "bitcast":  # the same bits as another type of the width
+            return f'T.reinterpret({kids[0]}, "{node.dtype.tilelang_name}")'
+        if k in _BITS:
+            return bit_op(k, node, kids)
         if k in _FLOOR:
             return floor_division(k, node, kids)
         if k in _BINARY:
