@@ -218,6 +218,30 @@ def gather_shapes(m: ModelDims, decode_b=DECODE_SAMPLE) -> dict[str, Case]:
     return out
 
 
+def fp8_activation_widths(m: ModelDims) -> dict[int, tuple[str, ...]]:
+    """The input widths (K) of the GEMMs whose activations are quantised to FP8 (model.md 2.7):
+    every dense projection with an FP8 weight, and the routed experts' two grouped GEMMs (FP4 or
+    FP8 weights, FP8 activations: K = hidden, then the expert width); ``K -> the GEMMs``."""
+    widths: dict[int, list[str]] = {}
+    for name, (_, k, dtype) in dense_gemms(m).items():
+        if dtype == "f8e4m3":
+            widths.setdefault(k, []).append(name)
+    widths.setdefault(m.hidden, []).append("experts_w13")
+    widths.setdefault(m.moe_intermediate, []).append("experts_w2")
+    return {k: tuple(v) for k, v in sorted(widths.items())}
+
+
+def act_quant_shapes(m: ModelDims, decode_t=DECODE_SAMPLE) -> dict[str, Case]:
+    """The FP8 activation quantiser at each FP8 GEMM input width, for the decode rows ``decode_t``
+    and a prefill chunk: BF16 rows of ``D`` channels, one UE8M0 scale per ``fp8_block`` channels
+    (128 in V4, 32 in V4.1: the block of the weights' scales), so ``NB = D / fp8_block``."""
+    out: dict[str, Case] = {}
+    for width in fp8_activation_widths(m):
+        for phase, t in [*((f"decode{b}", b) for b in decode_t), (f"prefill{PREFILL_CHUNK}", PREFILL_CHUNK)]:
+            out[f"{m.short}/k{width}/{phase}"] = _tag(m, {"T": t, "D": width, "NB": -(-width // m.fp8_block)})
+    return out
+
+
 def for_models(fn, **kwargs) -> dict[str, Case]:
     """``fn(model)`` for both models, merged (names carry the model's prefix, so none collide)."""
     out: dict[str, Case] = {}

@@ -173,6 +173,14 @@ def get(name: str) -> Spec:
 
 
 def load_all() -> dict[str, Spec]:
-    from . import flash_attention, gather_rows, gemm, gemm_splitk, mqa_decode, rmsnorm  # noqa: F401  (they register)
+    from . import (  # noqa: F401  (they register)
+        flash_attention,
+        gather_rows,
+        gemm,
+        gemm_splitk,
+        mqa_decode,
+        quantize,
+        rmsnorm,
+    )
 
     return REGISTRY
