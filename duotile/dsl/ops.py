@@ -409,7 +409,14 @@ def bitcast(x: Tile, dtype: DType) -> Tile:
 def logical_or_bitwise(fn: str, a, b) -> Tile:
     """``&`` / ``|``: logical on boolean tiles (conditions), bitwise on integer tiles."""
     tiles = [x for x in (a, b) if isinstance(x, Tile)]
-    if tiles and all(not t.dtype.is_float and t.dtype != dtypes.bool_ for t in tiles):
+    kinds = {"bool" if t.dtype == dtypes.bool_ else "float" if t.dtype.is_float else "int" for t in tiles}
+    sym = "&" if fn == "and" else "|"
+    if "float" in kinds:
+        raise builder.error(f"`{sym}` takes boolean tiles (conditions) or integer tiles, not floats: compare "
+                            "first, or reinterpret a float's bits with .bitcast(dsl.i32)")
+    if kinds == {"bool", "int"}:
+        raise builder.error(f"`{sym}` of a boolean and an integer tile: cast the condition with .to(dsl.i32)")
+    if kinds == {"int"}:
         return elementwise("bit" + fn, a, b)
     return elementwise(fn, a, b)
 

@@ -275,6 +275,10 @@ class Emitter:
         if not src.type.dtype.is_float:  # TileLang's SIMD reduce starts from a float immediate
             raise unsupported(f"reduce.{op.attrs['fn']} of a {src.type.dtype} tile has no Ascend lowering "
                               "(TileLang Ascend reduces float tiles only)", op)
+        extent, width = int(src.type.shape[op.attrs["axis"]]), max(1, src.type.dtype.bits // 8)
+        if (extent * width) % 256:
+            raise unsupported(f"reduce.{op.attrs['fn']} over {extent} {src.type.dtype} elements: TileLang Ascend "
+                              f"reduces whole 256-byte VRegs ({256 // width} elements)", op)
         if len(src.type.shape) < 2:
             raise unsupported("a reduction of a 1-d tile (to a single value) is not lowered for Ascend; "
                               "reduce a [1, N] tile along axis 1", op)

@@ -122,7 +122,9 @@ class ExprPrinter:
         parts = [self(c, i, ctx_dtype) for c, i in zip(node.children, kids)]
         if k in ("floordiv", "mod"):
             return floor_division(k, node, parts)
-        if k in BITS:
+        if k in BITS:  # constants in the tile's own integer type (``const`` prints narrow ones as floats)
+            parts = [f"T.{node.dtype.tilelang_name}({int(c.attr)})" if c.kind == "const" else p
+                     for c, p in zip(node.children, parts)]
             return bit_op(k, node, parts)
         if k in INFIX:
             return f"({parts[0]} {INFIX[k]} {parts[1]})"
