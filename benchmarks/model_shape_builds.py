@@ -35,6 +35,7 @@ REPRESENTATIVE = {
     "mqa_decode": {"v4-flash": "v4/hca1m8320/decode4", "v41-flash": "v41/topk640/decode64"},
     "flash_attention": {"v4-flash": "v4/d512/prefill4096_causal", "v41-flash": "v41/d128/s4096_causal"},
     "gather_rows": {"v4-flash": "v4/topk_rows_r4/decode16", "v41-flash": "v41/moe_permute/prefill4096"},
+    "quantize": {"v4-flash": "v4/k4096/prefill4096", "v41-flash": "v41/k5120/decode16"},
 }
 
 

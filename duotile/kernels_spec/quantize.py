@@ -47,10 +47,10 @@ def f32_bits(value: float) -> int:
 
 
 @dsl.kernel(batch_dim="T", dynamic=("T",))
-def fp8_act_quant(x: dsl.Tensor["T", "D", dsl.bf16 | dsl.f32], q: dsl.Tensor["T", "D", dsl.f8e4m3],
-                  scale: dsl.Tensor["T", "NB", dsl.u8], *,
-                  BLOCK: dsl.Const = 128, FLOOR: dsl.Const = 1e-4,
-                  ROWS: dsl.Tunable = dsl.choice(4, 1, 2, 8, 16), BLOCKS: dsl.Tunable = dsl.choice(1, 2, 4, 8)):
+def quantize(x: dsl.Tensor["T", "D", dsl.bf16 | dsl.f32], q: dsl.Tensor["T", "D", dsl.f8e4m3],
+             scale: dsl.Tensor["T", "NB", dsl.u8], *,
+             BLOCK: dsl.Const = 128, FLOOR: dsl.Const = 1e-4,
+             ROWS: dsl.Tunable = dsl.choice(4, 1, 2, 8, 16), BLOCKS: dsl.Tunable = dsl.choice(1, 2, 4, 8)):
     if not 2.0 ** -118 <= FLOOR <= FP8_MAX:
         raise dsl.DslError(f"FLOOR {FLOOR} out of range: the scale codes assume 2^-118 <= FLOOR <= 448")
     floor = f32_bits(FLOOR)
@@ -69,7 +69,7 @@ def fp8_act_quant(x: dsl.Tensor["T", "D", dsl.bf16 | dsl.f32], q: dsl.Tensor["T"
             dsl.store(scale[t * ROWS, n * BLOCKS + g], code[:, None].to(dsl.u8))
 
 
-def fp8_act_quant_reference(x: torch.Tensor, BLOCK: int = 128, FLOOR: float = 1e-4) -> dict:
+def quantize_reference(x: torch.Tensor, BLOCK: int = 128, FLOOR: float = 1e-4) -> dict:
     """From model.md's formulas, with the runtime's UE8M0 and e4m3 rounding (runtime/quant.py)."""
     t, d = x.shape
     nb = -(-d // BLOCK)
@@ -122,8 +122,8 @@ def _inputs(case, device, seed):
 
 
 SPEC = register(Spec(
-    kernel=fp8_act_quant,
-    reference=fp8_act_quant_reference,
+    kernel=quantize,
+    reference=quantize_reference,
     make_inputs=_inputs,
     outputs=("q", "scale"),
     cases={"t3_d4096": {"T": 3, "D": 4096}, "t5_d1024_b32": {"T": 5, "D": 1024, "BLOCK": 32},
