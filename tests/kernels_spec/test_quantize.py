@@ -68,7 +68,7 @@ def test_scale_codes_at_exact_powers_of_two_do_not_round_up():
     for k in (-20, -1, 0, 1, 7, 100):
         top = torch.tensor(448.0 * 2.0**k)
         rows += [top, torch.nextafter(top, torch.tensor(float("inf"))), torch.nextafter(top, torch.tensor(0.0))]
-    rows += [torch.tensor(0.0), torch.tensor(1e-4), torch.tensor(2.0**-140), torch.tensor(torch.finfo(torch.float32).max)]
+    rows += [torch.tensor(v) for v in (0.0, 1e-4, 2.0**-140, torch.finfo(torch.float32).max)]
     x = torch.zeros(len(rows), 128)
     x[:, 17] = -torch.stack(rows)  # the sign does not matter
     q, scale = run(x)
