@@ -248,3 +248,13 @@ def for_models(fn, **kwargs) -> dict[str, Case]:
     for m in MODELS.values():
         out.update(fn(m, **kwargs))
     return out
+
+
+def router_shapes(m: ModelDims, decode_t=DECODE_SAMPLE) -> dict[str, Case]:
+    """The MoE router's selection over a layer's gate logits: ``E`` experts, ``K`` picked per
+    token, for the decode rows ``decode_t`` and a prefill chunk."""
+    out: dict[str, Case] = {}
+    for phase, t in [*((f"decode{b}", b) for b in decode_t), (f"prefill{PREFILL_CHUNK}", PREFILL_CHUNK)]:
+        out[f"{m.short}/e{m.experts}_top{m.experts_per_token}/{phase}"] = _tag(
+            m, {"T": t, "E": m.experts, "K": m.experts_per_token})
+    return out

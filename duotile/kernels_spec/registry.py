@@ -181,6 +181,7 @@ def load_all() -> dict[str, Spec]:
         mqa_decode,
         quantize,
         rmsnorm,
+        router,
     )
 
     return REGISTRY
