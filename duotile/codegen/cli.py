@@ -93,16 +93,18 @@ def cmd_build(args) -> int:
             note = f"[{len(notes)}] {kind}".rstrip()
         cache = r.artifact.meta.get("cache", "") if r.artifact else ""
         source = r.artifact.meta.get("config_source", "") if r.artifact else ""
-        status = "ok" if r.ok else ("too big" if r.rejected else "FAIL")
+        status = "ok" if r.ok else ("too big" if r.rejected else ("refused" if r.unsupported else "FAIL"))
         rows.append((r.spec, r.case, r.target, status, str(r.lines), f"{r.seconds:.1f}", cache, source, note))
     _table(rows)
     if notes:
         print("\nnotes:")
         print(_numbered(notes))
-    failed = sum(not r.ok and not r.rejected for r in results)
     rejected = sum(r.rejected for r in results)
-    print(f"\n{len(results) - failed - rejected} built, {rejected} rejected by a capacity check (the config does "
-          f"not fit that target's memories; see the note), {failed} failed; artifacts under {cache_root()}")
+    refused = sum(r.unsupported for r in results)
+    failed = sum(not r.ok for r in results) - rejected - refused
+    print(f"\n{len(results) - failed - rejected - refused} built, {rejected} rejected by a capacity check (the config "
+          f"does not fit that target's memories), {refused} refused by the target (an op it does not lower, named in "
+          f"the note), {failed} failed; artifacts under {cache_root()}")
     return 1 if failed else 0
 
 

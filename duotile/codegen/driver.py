@@ -7,7 +7,7 @@ import warnings
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..dsl.errors import CapacityError
+from ..dsl.errors import CapacityError, UnsupportedError
 from ..dsl.ir import Module
 from ..kernels_spec.registry import Case, Spec
 from .compile import build_phases, specialize_phases
@@ -25,6 +25,7 @@ class BuildResult:
     modules: list[Module] = field(default_factory=list)
     error: str = ""
     rejected: bool = False  # the config does not fit the target's memories (a CapacityError)
+    unsupported: bool = False  # the target does not lower an op of the kernel, and says which (UnsupportedError)
 
     @property
     def artifact(self) -> Artifact | None:
@@ -59,7 +60,8 @@ def build_case(spec: Spec, case_name: str, case: Case, target: str, config: dict
     except Exception as err:  # reported per row; the build goes on
         msg = f"{type(err).__name__}: {err}"
         return BuildResult(spec.name, case_name, target, False, time.perf_counter() - t0, error=msg,
-                           rejected=isinstance(err, CapacityError))
+                           rejected=isinstance(err, CapacityError),
+                           unsupported=type(err) is UnsupportedError)
 
 
 def generate_case(spec: Spec, case: Case, target: str, config: dict[str, Any] | None = None,

@@ -37,3 +37,12 @@ def test_show_prints_every_phase_of_a_split_kernel(capsys):
     out = capsys.readouterr().out
     assert "# ---- phase 0 of 2: gemm_splitk_p0 ----" in out and "# ---- phase 1 of 2: gemm_splitk_p1 ----" in out
     assert out.count("kernel gemm_splitk_p") == 2 and "partial: workspace<4 x n_M x 4096 x f32>" in out
+
+
+def test_build_reports_a_target_that_refuses_an_op_as_refused_not_failed(capsys):
+    """A target that does not lower an op of the kernel says so, naming the op: the build
+    table marks it refused and the command still succeeds (a failure is something else)."""
+    code = main(["build", "--kernel", "quantize", "--target", "ascend950"])
+    out = capsys.readouterr().out
+    assert "refused" in out and "UnsupportedError" in out and "reduces whole 256-byte VRegs" in " ".join(out.split())
+    assert code == 0 and "1 refused by the target" in out and "0 failed" in out
