@@ -26,11 +26,14 @@ FP4_FLOOR = 6.0 * 2.0**-126
 
 
 def ue8m0_scale(amax: torch.Tensor, qmax: float) -> torch.Tensor:
-    """Smallest power of two `s` with `amax / s <= qmax` (FP32, exact at powers of two)."""
+    """Smallest power of two `s` with `amax / s <= qmax` (FP32, exact at powers of two); NaN where
+    `amax` is not finite (UE8M0's NaN code, as the quantiser kernel writes: frexp of Inf or NaN
+    gives exponent 0, which read as a scale of 1)."""
     ratio = amax.float() / qmax
     mantissa, exponent = torch.frexp(ratio)  # ratio = mantissa * 2^exponent, mantissa in [0.5, 1)
     exponent = exponent - (mantissa == 0.5).to(exponent.dtype)
-    return torch.ldexp(torch.ones_like(ratio), exponent)
+    scale = torch.ldexp(torch.ones_like(ratio), exponent)
+    return torch.where(torch.isfinite(ratio), scale, torch.full_like(scale, float("nan")))
 
 
 def fp8_round(x: torch.Tensor) -> torch.Tensor:

@@ -73,3 +73,13 @@ def test_fp8_row_codec_for_engram_tables():
     assert q.shape == (10, 64) and s.shape == (10, 2)
     deq = quant.dequantize_fp8_rows(q, s)
     assert torch.equal(quant.dequantize_fp8_rows(*quant.quantize_fp8_rows(deq)), deq)
+
+
+def test_ue8m0_scale_of_a_non_finite_block_is_nan():
+    """A block holding Inf or NaN has no power-of-two scale: UE8M0's NaN, as the quantiser
+    kernel writes (code 255), so the block dequantises to NaN instead of passing as scale 1."""
+    from duotile.runtime.quant import ue8m0_scale
+
+    amax = torch.tensor([float("inf"), float("nan"), 448.0, 1e-4])
+    s = ue8m0_scale(amax, 448.0)
+    assert torch.isnan(s[:2]).all() and s[2] == 1.0 and s[3] == 2.0 ** -22
