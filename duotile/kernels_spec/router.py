@@ -56,27 +56,27 @@ def router(logits: dsl.Tensor["T", "E", dsl.f32], bias: dsl.Tensor["E", dsl.f32]
     if not (isinstance(TOPK, int) and TOPK >= 1):
         raise dsl.DslError(f"TOPK {TOPK!r} must be a positive int: the rounds unroll over it")
     n = logits.E
-    width = dsl.next_pow2(n)  # every expert in one row tile; the padding is never picked
+    # every expert in one row tile, a power of two wide: TileLang's row reductions on CUDA need a
+    # power-of-two count of threads a row (a 384-wide tile fails at 512 threads); Ascend, which
+    # lowers whole tiles only, then refuses 384 experts (a partial 512-wide tile)
+    width = dsl.next_pow2(n)
     for t in dsl.grid(dsl.cdiv(logits.T, ROWS)):
-        x = dsl.load(logits[t * ROWS, 0], (ROWS, width))
+        # padding reads logits -inf (s = 0) and bias -inf (biased score -inf): never picked
+        x = dsl.load(logits[t * ROWS, 0], (ROWS, width), other=NEG_INF)
         y = dsl.exp(-abs(x))
         u = 1.0 + y
         s = dsl.sqrt(dsl.maximum(x, 0.0) + (dsl.log(u) + (y - (u - 1.0)) / u))
         ids = dsl.arange(width).to(dsl.f32)[None, :]
-        real = ids < n
-        b = dsl.load(bias[0], (width,))[None, :]
-        live = dsl.empty((ROWS, width), dsl.f32)  # biased scores of the experts not yet taken
-        live[:] = dsl.where(real, s + b, NEG_INF)
-        key = dsl.empty((ROWS, width), dsl.f32)  # the expert's index while it is live, else E
-        key[:] = dsl.where(real, ids, n)
+        live = dsl.empty((ROWS, width), dsl.f32)  # the biased scores; a taken expert's is -inf
+        live[:] = s + dsl.load(bias[0], (width,), other=NEG_INF)[None, :]
         picked, w = [], []
         for _ in range(TOPK):  # unrolled at trace time
             top = live.max(axis=1)
-            idx = dsl.where(live.eq(top[:, None]), key, n).min(axis=1)
-            hit = ids.eq(idx[:, None])
-            w.append(dsl.where(hit, s, 0.0).max(axis=1))
-            live[:] = dsl.where(hit, NEG_INF, live)
-            key[:] = dsl.where(hit, n, key)
+            idx = dsl.where(live.eq(top[:, None]), ids, n).min(axis=1)  # ties: the lowest index
+            # the test is written at each use: a bool tile used twice would be materialised, which
+            # TileLang's Ascend lowering cannot vectorise (int8x2); used once it fuses away
+            w.append(dsl.where(ids.eq(idx[:, None]), s, 0.0).max(axis=1))  # its unbiased score, exactly
+            live[:] = dsl.where(ids.eq(idx[:, None]), NEG_INF, live)
             picked.append(idx)
         total = w[0]
         for wk in w[1:]:  # in pick order

@@ -1,0 +1,149 @@
+"""The MoE router's selection (kernels_spec/router.py) on the interpreter: bit for bit against its
+reference in every case, ties to the lowest index, a bias that picks but does not weigh, equal
+rows, one build for every token count, its softplus against float64, and agreement with the
+runtime's own router (runtime/layers/moe.py) on the same logits."""
+
+from __future__ import annotations
+
+import math
+from types import SimpleNamespace
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from duotile import codegen
+from duotile.kernels_spec import load_all
+from duotile.kernels_spec.router import router_reference, softplus
+from duotile.runtime.layers.common import Ctx
+from duotile.runtime.layers.moe import MoE
+from duotile.runtime.ops import FastOps, InvariantOps
+
+SPEC = load_all()["router"]
+
+
+def route(logits: torch.Tensor, bias: torch.Tensor, topk: int = 6, config: dict | None = None):
+    t = logits.shape[0]
+    experts = torch.full((t, topk), -1, dtype=torch.int32)
+    weights = torch.full((t, topk), float("nan"))
+    kernel = codegen.compile(SPEC.kernel, "interpret", config=config, constants={"TOPK": topk})
+    kernel(logits=logits, bias=bias, experts=experts, weights=weights)
+    return experts, weights
+
+
+@pytest.mark.parametrize("case_name", sorted(SPEC.cases))
+def test_every_case_matches_the_reference_bit_for_bit(case_name):
+    """Both outputs, bitwise (the spec's weight tolerance is for GPUs' expf / logf)."""
+    case = SPEC.cases[case_name]
+    inputs = SPEC.make_inputs(case, torch.device("cpu"), seed=7)
+    codegen.compile(SPEC.kernel, "interpret", config=SPEC.config_of(case), constants=SPEC.constants_of(case))(**inputs)
+    want = SPEC.run_reference(inputs, case)
+    assert torch.equal(inputs["experts"], want["experts"])
+    assert torch.equal(inputs["weights"], want["weights"])
+
+
+def test_ties_go_to_the_lowest_index_in_order():
+    logits = torch.full((2, 256), -1.0)
+    logits[0, [200, 17, 5, 130, 64, 255, 3]] = 2.0  # seven tied at the top: the six lowest, ascending
+    logits[1, [9, 250]] = 3.0
+    logits[1, [100, 8, 40, 41]] = 1.0  # two above, then four tied
+    experts, weights = route(logits, torch.zeros(256))
+    assert experts.tolist() == [[3, 5, 17, 64, 130, 200], [9, 250, 8, 40, 41, 100]]
+    assert torch.equal(weights[0], torch.full((6,), 0.25))
+
+
+def test_bias_picks_and_the_unbiased_scores_weigh():
+    g = torch.Generator().manual_seed(3)
+    logits = torch.randn(4, 384, generator=g)
+    bias = torch.zeros(384)
+    bias[[7, 70, 300]] = 50.0  # taken first whatever their logits, in index order (equal biased score
+    logits[:, [7, 70, 300]] = 0.0  # only where the logits are equal too)
+    experts, weights = route(logits, bias)
+    assert (experts[:, :3] == torch.tensor([7, 70, 300], dtype=torch.int32)).all()
+    s = torch.sqrt(softplus(logits))
+    top3 = torch.sort(s, dim=-1, descending=True, stable=True).indices[:, :3]
+    assert torch.equal(experts[:, 3:].long(), top3)  # the rest by score alone
+    chosen = s.gather(-1, experts.long())
+    assert torch.allclose(weights, chosen / chosen.sum(-1, keepdim=True) * 1.5, rtol=1e-6, atol=0)
+    assert torch.allclose(weights.sum(-1), torch.full((4,), 1.5), rtol=1e-6)
+
+
+def test_equal_rows_pick_the_first_experts_with_equal_weights():
+    for value in (-40.0, 0.0, 1e-30, 3.0, 1e30):
+        experts, weights = route(torch.full((3, 256), value), torch.zeros(256))
+        assert experts.tolist() == [list(range(6))] * 3, value
+        assert torch.equal(weights, weights[:1, :1].expand(3, 6)), value  # one value throughout
+        assert weights[0, 0].item() == pytest.approx(0.25, rel=1e-6), value  # 1.5 / 6, to the sum's rounding
+
+
+def test_a_negative_bias_can_push_the_top_scores_out():
+    logits = torch.zeros(1, 256)
+    logits[0, :6] = 5.0
+    bias = torch.zeros(256)
+    bias[:6] = -10.0  # below every other expert's biased score
+    experts, _ = route(logits, bias)
+    assert experts.tolist() == [[6, 7, 8, 9, 10, 11]]
+
+
+def test_one_build_serves_every_token_count_row_by_row():
+    """T is dynamic and the batch dimension: a row's experts and weights are bitwise the same
+    whatever rows are routed beside it."""
+    g = torch.Generator().manual_seed(11)
+    logits, bias = torch.randn(37, 384, generator=g), 0.1 * torch.randn(384, generator=g)
+    kernel = codegen.compile(SPEC.kernel, "interpret", config={"ROWS": 4})
+    full_e, full_w = torch.empty(37, 6, dtype=torch.int32), torch.empty(37, 6)
+    kernel(logits=logits, bias=bias, experts=full_e, weights=full_w)
+    for lo, hi in ((0, 1), (5, 21), (36, 37), (3, 37)):
+        e, w = torch.empty(hi - lo, 6, dtype=torch.int32), torch.empty(hi - lo, 6)
+        kernel(logits=logits[lo:hi].contiguous(), bias=bias, experts=e, weights=w)
+        assert torch.equal(e, full_e[lo:hi]) and torch.equal(w, full_w[lo:hi]), (lo, hi)
+
+
+@pytest.mark.parametrize("rows", [1, 2, 8])
+def test_rows_a_program_do_not_change_the_result(rows):
+    inputs = SPEC.make_inputs({"T": 19, "E": 256, "values": "mixed"}, torch.device("cpu"), seed=2)
+    want = router_reference(inputs["logits"], inputs["bias"])
+    e, w = route(inputs["logits"], inputs["bias"], config={"ROWS": rows})
+    assert torch.equal(e, want["experts"]) and torch.equal(w, want["weights"])
+
+
+def test_softplus_is_accurate_in_both_tails():
+    """The compensated log1p keeps softplus within a few ulp of float64 everywhere, where plain
+    log(1 + exp(-|x|)) is 0 below x = -17 and off by up to 2^-24 absolute above it."""
+    x = torch.cat([torch.linspace(-100, 100, 20001), -torch.logspace(-30, 2, 500), torch.logspace(-30, 2, 500)])
+    got = softplus(x).double()
+    want = F.softplus(x.double(), threshold=1000)
+    ulp = torch.finfo(torch.float32).eps * want.abs()
+    assert ((got - want).abs() <= 2 * ulp + 1e-45).all()
+    assert softplus(torch.tensor([-30.0])).item() == pytest.approx(math.exp(-30), rel=1e-6)
+
+
+def _runtime_moe(gate, bias, topk=6, scale=1.5):
+    cfg = SimpleNamespace(num_experts_per_tok=topk, routed_scaling_factor=scale)
+    return MoE(cfg, gate, bias, None, experts=[], shared=None, act_block=128)
+
+
+@pytest.mark.parametrize("ops", [FastOps(), InvariantOps()], ids=["fast", "invariant"])
+@pytest.mark.parametrize("experts_n,hidden", [(256, 96), (384, 128)])
+def test_agrees_with_the_runtime_router(ops, experts_n, hidden):
+    """The runtime's route() on the same logits (its own gate GEMM) picks the same experts; its
+    weights agree to a few ulp (it takes torch's softplus and sums by torch.sum or a tree)."""
+    g = torch.Generator().manual_seed(experts_n)
+    x = torch.randn(23, hidden, generator=g).to(torch.bfloat16)
+    gate = torch.randn(experts_n, hidden, generator=g) / math.sqrt(hidden)
+    bias = 0.05 * torch.randn(experts_n, generator=g)
+    ctx = Ctx(ops=ops)
+    moe = _runtime_moe(gate, bias)
+    want_idx, want_w = moe.route(ctx, x, torch.arange(23))
+    logits = ops.linear(x.float(), gate)
+    experts, weights = route(logits.contiguous(), bias)
+    assert torch.equal(experts.long(), want_idx)
+    assert torch.allclose(weights, want_w, rtol=4e-7, atol=0), (weights - want_w).abs().max()
+
+
+def test_the_reference_mirrors_the_runtimes_selection_rule():
+    """Both stable-sort the biased scores: the same experts on tie-heavy rows."""
+    inputs = SPEC.make_inputs({"T": 16, "E": 256, "values": "ties"}, torch.device("cpu"), seed=5)
+    s = torch.sqrt(F.softplus(inputs["logits"]))
+    idx = torch.sort(s + inputs["bias"], dim=-1, descending=True, stable=True).indices[:, :6]
+    assert torch.equal(router_reference(inputs["logits"], inputs["bias"])["experts"].long(), idx)
