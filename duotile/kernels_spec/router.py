@@ -10,13 +10,16 @@ TOPK = 6 and SCALE = 1.5 in both models; E = 256 (V4-Flash) or 384 (V4.1-Flash).
 output's ``K`` must equal ``TOPK`` (a build cannot check it: ``K`` is a size, ``TOPK`` a
 constant the rounds unroll over; ``constants_of`` takes TOPK from the case's K).
 
-The selection runs TOPK rounds over one row tile holding every expert: the largest live
-biased score ``m``, then the lowest expert index whose live score equals ``m`` (a ``min`` over
-``where(score == m, index, E)``), then that expert leaves (its score becomes -inf and its key
-E, so an expert is never taken twice even where scores are -inf). Indices are carried as f32
-(exact below 2^24) so that every reduction is a float max / min, which every target lowers.
-The weight of a round is the chosen expert's unbiased ``s`` (a max over one hit: exact); the sum
-runs in pick order, ``((w0 + w1) + w2) + ...``, the same on every target.
+The selection runs TOPK rounds over one row tile holding every expert (a power of two wide;
+the padding reads logits -inf, so s = 0 there, and bias -inf, so it is never picked): the
+largest live biased score ``m``, then the lowest expert index whose live score equals ``m`` (a
+``min`` over ``where(score == m, index, E)``), then that expert leaves (its score becomes -inf).
+A real expert's biased score is finite for finite inputs, so a taken one never ties with ``m``;
+this needs E >= TOPK, as in every model (256 / 384 >= 6; 128 >= 3 in V4.1's DSpark blocks).
+Indices are carried as f32 (exact below 2^24) so that every reduction is a float max / min,
+which every target lowers. The weight of a round is the chosen expert's unbiased ``s`` (a max
+over one hit: exact); the sum runs in pick order, ``((w0 + w1) + w2) + ...``, the same on every
+target, and each weight is ``w_k / total * SCALE``.
 
 softplus, as written here and in the reference (both the same f32 operations, so the
 interpreter is bit-exact against the reference)::
@@ -32,7 +35,8 @@ the two agree to a few ulp (tests/kernels_spec/test_router.py), not bit for bit.
 
 Tolerances: experts exact everywhere (0, 0); weights exact on the interpreter (the test checks
 bit equality) and within 1e-6 + 1e-5 relative elsewhere, since a GPU's expf / logf are not
-torch's CPU ones (a few ulp). A row holding a NaN logit or bias has unspecified experts.
+torch's CPU ones (a few ulp), and the CUDA builds flush subnormals (``--ftz``). A row holding a
+NaN logit or bias, or an infinite bias, has unspecified experts.
 
 Decode path: each row is routed on its own; T is dynamic and the batch dimension.
 """
