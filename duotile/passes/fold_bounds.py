@@ -113,8 +113,9 @@ def node_interval(node: Node, env: dict) -> Interval | None:
         return (node.attr, node.attr) if isinstance(node.attr, (int, float)) else None
     if k == "scalar":
         return interval(node.attr, env)
-    if k == "iota":
-        return (0, int(node.shape[0]) - 1)
+    if k == "iota":  # a size not bound yet (a module the knob filter reads before binding) is unknown
+        n = node.shape[0]
+        return (0, int(n) - 1) if getattr(n, "is_Integer", isinstance(n, int)) else None
     if k in ("expand", "cast"):
         return node_interval(node.children[0], env)
     if k not in ("add", "sub", "mul", "max", "min"):

@@ -91,3 +91,19 @@ def test_loop_with_a_start_is_bounded_by_its_end():
     x, y = torch.randn(250), torch.zeros(250)
     Interpreter(module, {"x": x, "y": y}).run()
     assert torch.equal(y[128:], x[128:] + 1.0) and torch.equal(y[:128], torch.zeros(128))
+
+
+def test_an_unbound_iota_is_left_undecided():
+    """Regression: a mask on ``arange(next_pow2(E)) < E`` in a module whose sizes were not bound
+    yet (the tuner's and the config choice's knob filter read the traced module) crashed on
+    ``int()`` of a symbol; the condition is now undecided and stays."""
+    import sympy
+
+    from duotile.dsl.dtypes import i32
+    from duotile.dsl.expr import Node
+    from duotile.passes.fold_bounds import node_interval, truth
+
+    e = sympy.Symbol("E", integer=True, positive=True)
+    iota = Node("iota", (e,), i32, (), 0)
+    assert node_interval(iota, {}) is None
+    assert truth(Node("lt", (e,), i32, (iota, Node("scalar", (), i32, (), e))), {}) is None
