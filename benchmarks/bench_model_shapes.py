@@ -26,7 +26,7 @@ import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks.common import MEASURED, copy_bandwidth, interleaved, mqa_peer, write_results  # noqa: E402
+from benchmarks.common import MEASURED, copy_bandwidth, interleaved, mqa_peer, scaled_mm_peer, write_results  # noqa: E402
 from duotile import codegen  # noqa: E402
 from duotile.kernels_spec.registry import load_all  # noqa: E402
 
@@ -38,13 +38,8 @@ def peer(name: str, case: dict, inputs: dict, config: dict):
     """(label, call) of the torch operation that computes what the kernel does."""
     if name in ("gemm", "gemm_splitk"):
         a, b = inputs["a"], inputs["b"]
-        if a.dtype == torch.float8_e4m3fn:
-            sa = inputs["a_scale"][:, None].contiguous()
-            sb = inputs["b_scale"][None, :].contiguous()
-            fast = config.get("fp8_promote_k") == 0
-            return ("_scaled_mm" + (" fast" if fast else ""),
-                    lambda: torch._scaled_mm(a, b.t(), scale_a=sa, scale_b=sb, out_dtype=torch.bfloat16,
-                                             use_fast_accum=fast))
+        if a.dtype == torch.float8_e4m3fn:  # like for like: fast accumulation where ours never promotes
+            return scaled_mm_peer(inputs, config)
         return "F.linear", lambda: F.linear(a, b)
     if name == "flash_attention":
         q, k, v = inputs["q"], inputs["k"], inputs["v"]
