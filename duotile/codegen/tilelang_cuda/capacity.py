@@ -58,6 +58,9 @@ def usage(module: Module, arch: Arch, threads: int | None = None) -> dict[str, i
     plan = make_plan(module, arch, threads)
     stages = _stages_of(module)
     smem = tmem_cols = 0
+    # a buffer that vector code rewrites takes TMEM on sm100 only where a gemm writes it (each gemm
+    # goes into a fresh TMEM tile that is then added in); a plain vector buffer stays in registers
+    gemm_written = {o.args[2].id for o in module.walk() if o.name == "gemm"}
     for op in module.walk():
         v = op.result
         if v is None:
@@ -68,7 +71,7 @@ def usage(module: Module, arch: Arch, threads: int | None = None) -> dict[str, i
             smem += nbytes * (stages[v.id] if op.name == "load" else 1)
         elif v.id in plan.staged:
             smem += nbytes
-        if scope == "tmem" or (arch.has_tmem and v.id in plan.mutated):
+        if scope == "tmem" or (arch.has_tmem and v.id in plan.mutated and v.id in gemm_written):
             tmem_cols += int(v.type.shape[-1])
     registers = sum(n for _, n in register_tiles(module, arch, plan))
     return {"shared": smem, "tmem_columns": tmem_cols, "register_bytes": registers}
