@@ -22,36 +22,15 @@ from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
 import torch
-import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks.common import MEASURED, copy_bandwidth, interleaved, mqa_peer, scaled_mm_peer, write_results  # noqa: E402
+from benchmarks.common import MEASURED, copy_bandwidth, interleaved, spec_peer, write_results  # noqa: E402
 from duotile import codegen  # noqa: E402
 from duotile.kernels_spec.registry import load_all  # noqa: E402
 
 KERNELS = ("gemm", "gemm_splitk", "flash_attention", "rmsnorm", "mqa_decode")
 COPY_TBS: dict[str, float] = {}
-
-
-def peer(name: str, case: dict, inputs: dict, config: dict):
-    """(label, call) of the torch operation that computes what the kernel does."""
-    if name in ("gemm", "gemm_splitk"):
-        a, b = inputs["a"], inputs["b"]
-        if a.dtype == torch.float8_e4m3fn:  # like for like: fast accumulation where ours never promotes
-            return scaled_mm_peer(inputs, config)
-        return "F.linear", lambda: F.linear(a, b)
-    if name == "flash_attention":
-        q, k, v = inputs["q"], inputs["k"], inputs["v"]
-        causal = bool(case.get("causal", False))
-        return "SDPA", lambda: F.scaled_dot_product_attention(q, k, v, is_causal=causal)
-    if name == "mqa_decode":
-        return "SDPA gqa", mqa_peer(inputs)
-    if name == "rmsnorm":
-        x = inputs["x"]
-        out = torch.empty_like(x)
-        return "copy", lambda: out.copy_(x)
-    raise KeyError(name)
 
 
 def _bytes(inputs: dict) -> float:
@@ -129,7 +108,7 @@ def run(names, model, rounds, jobs, budget_s):
         from duotile.codegen.choose_config import explain_choice
 
         row["config"] = explain_choice(spec.kernel, "sm90", sig, spec.constants_of(case))[1]
-        label, peer_fn = peer(name, case, inputs, config)
+        label, peer_fn = spec_peer(name, inputs, config, causal=bool(case.get("causal", False)))
         t = interleaved({"peer": peer_fn, "ours": _call(kernel, inputs)}, rounds)
         ours, theirs = statistics.median(t["ours"]), statistics.median(t["peer"])
         unit, ceiling = _ceiling(name, inputs)

@@ -70,6 +70,29 @@ def mqa_peer(inputs: dict):
     return lambda: F.scaled_dot_product_attention(q, kv, kv, enable_gqa=True)
 
 
+def spec_peer(name: str, inputs: dict, config: dict, causal: bool = False) -> tuple[str, object]:
+    """(label, call) of the torch operation that computes what spec ``name`` computes on
+    ``inputs``, like for like with ``config`` (an fp8 gemm that never promotes meets fast
+    accumulation); rmsnorm's peer is a copy of the same bytes, its bandwidth ceiling."""
+    import torch.nn.functional as F
+
+    if name in ("gemm", "gemm_splitk"):
+        a, b = inputs["a"], inputs["b"]
+        if a.dtype == torch.float8_e4m3fn:
+            return scaled_mm_peer(inputs, config)
+        return "F.linear", lambda: F.linear(a, b)
+    if name == "flash_attention":
+        q, k, v = inputs["q"], inputs["k"], inputs["v"]
+        return "SDPA", lambda: F.scaled_dot_product_attention(q, k, v, is_causal=causal)
+    if name == "mqa_decode":
+        return "SDPA enable_gqa", mqa_peer(inputs)
+    if name == "rmsnorm":
+        x = inputs["x"]
+        y = torch.empty_like(x)
+        return "copy (x -> y)", lambda: y.copy_(x)
+    raise KeyError(f"no torch peer for {name!r}")
+
+
 def copy_bandwidth(nbytes: int) -> float:
     """Measured device-to-device copy bandwidth (TB/s, read + write counted) for ``nbytes``."""
     src = torch.empty(nbytes // 2, dtype=torch.bfloat16, device="cuda").normal_()

@@ -1,14 +1,16 @@
 #!/usr/bin/env bash
-# Device calls for the H200, one phase per call (each fits the 10-minute limit). Usage on the H200:
-#   source .device/activate && bash benchmarks/gpu_run.sh tests [ARGS] # pytest -m gpu [ARGS] (about 5 min)
-#   source .device/activate && bash benchmarks/gpu_run.sh bench [ARGS] # bench_kernels.py --sweep [ARGS], e.g. --kernels gemm_fp8 --interleave
-#   source .device/activate && bash benchmarks/gpu_run.sh tune NAMES   # tune_sweep.py --budget quick --only NAMES
-#   source .device/activate && bash benchmarks/gpu_run.sh profile [ARGS] # ncu: a kernel and its peer, one launch each
-#                                                                        # (profile_kernel.py --kernel attention|gemm_fp8)
+# The GPU phases on an H200 with duotile and TileLang importable (bash scripts/install), one phase a
+# run, each short enough for a 10-minute job:
+#   bash benchmarks/gpu_run.sh tests [ARGS]    # pytest -m gpu [ARGS], 8 workers (about 5 min)
+#   bash benchmarks/gpu_run.sh bench [ARGS]    # bench_kernels.py --sweep [ARGS], e.g. --kernels gemm_fp8 --interleave
+#   bash benchmarks/gpu_run.sh tune NAMES      # tune_sweep.py --budget quick --only NAMES
+#   bash benchmarks/gpu_run.sh profile [ARGS]  # ncu: a kernel and its peer, one launch each
+#                                              # (profile_kernel.py --kernel attention|gemm_fp8)
 # Phases may be chained: `bash benchmarks/gpu_run.sh bench && bash benchmarks/gpu_run.sh tune gemm_fp8`.
 # Each phase runs under `timeout $PHASE_LIMIT` (default 540 s), writes into $WORK, and then packs
 # everything into $OUT/<phase>.tgz (tune: tune_<NAMES>.tgz, its tables under $WORK/tune_<NAMES>/, so
-# chained sweeps do not overwrite each other); its log and summary table are also copied to $OUT.
+# chained sweeps do not overwrite each other); its log and summary table are also copied to $OUT
+# (default /tmp/duotile-out).
 set -uo pipefail
 export DUOTILE_CACHE=${DUOTILE_CACHE:-/tmp/duotile-cache}
 OUT=${OUT:-/tmp/duotile-out}; WORK=${WORK:-/tmp/duotile-run}

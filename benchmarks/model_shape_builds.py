@@ -116,21 +116,18 @@ def summary_table(rows: list[Row]) -> str:
     return "\n".join(lines)
 
 
-def detail_table(rows: list[Row]) -> str:
-    """One row a shape and target."""
-    lines = ["| spec | shape | target | result |", "|---|---|---|---|"]
+def detail_table(rows: list[Row], seconds: bool = False) -> str:
+    """One row a shape and target (with ``seconds``: how long each took)."""
+    head = "| spec | shape | target | result |" + (" seconds |" if seconds else "")
+    lines = [head, "|---" * head.count(" | ") + "|---|"]
     for r in rows:
         result = r.status if r.status != "refused" else f"refused: {r.reason}"
-        lines.append(f"| {r.spec} | {r.shape} | {r.target} | {result} |")
+        lines.append(f"| {r.spec} | {r.shape} | {r.target} | {result} |" + (f" {r.seconds:.1f} |" if seconds else ""))
     return "\n".join(lines)
 
 
 def build_table(rows: list[Row]) -> str:
-    lines = ["| spec | shape | target | result | seconds |", "|---|---|---|---|---|"]
-    for r in rows:
-        result = r.status if r.status != "refused" else f"refused: {r.reason}"
-        lines.append(f"| {r.spec} | {r.shape} | {r.target} | {result} | {r.seconds:.1f} |")
-    return "\n".join(lines)
+    return detail_table(rows, seconds=True)
 
 
 def main(argv=None) -> None:

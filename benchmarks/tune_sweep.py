@@ -56,26 +56,15 @@ TARGETS = {"gemm_bf16": "0.95x torch.matmul", "gemm_fp8": "0.95x torch._scaled_m
 
 def peer(name, inputs, config):
     """(peer label, a call of it) for the torch baseline of a sweep, like for like with ``config``."""
-    import torch
-    import torch.nn.functional as F
+    from benchmarks.common import scaled_mm_peer, spec_peer
 
-    if name in ("gemm_bf16", "gemm_splitk_decode"):
-        a, b = inputs["a"], inputs["b"]
-        return "torch.matmul", lambda: a @ b.t()
     if name == "gemm_fp8":
-        from benchmarks.common import scaled_mm_peer
         return scaled_mm_peer(inputs, config)
-    if name == "flash_attention_d128":
-        q, k, v = inputs["q"], inputs["k"], inputs["v"]
-        return "F.scaled_dot_product_attention", lambda: F.scaled_dot_product_attention(q, k, v)
-    if name == "mqa_decode_hca":
-        from benchmarks.common import mqa_peer
-        return "F.scaled_dot_product_attention, enable_gqa", mqa_peer(inputs)
-    if name == "rmsnorm_16M":
-        x = inputs["x"]
-        y = torch.empty_like(x)
-        return "copy (x -> y)", lambda: y.copy_(x)
-    raise KeyError(name)
+    spec_of = {"gemm_bf16": "gemm", "gemm_splitk_decode": "gemm_splitk",
+               "flash_attention_d128": "flash_attention", "mqa_decode_hca": "mqa_decode", "rmsnorm_16M": "rmsnorm"}
+    if name not in spec_of:
+        raise KeyError(name)
+    return spec_peer(spec_of[name], inputs, config)
 
 
 def against_peer(name, spec, case, config) -> dict:
