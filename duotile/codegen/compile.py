@@ -81,7 +81,7 @@ def specialize_phases(kernel: KernelDef, sig: Signature, target: str | Target = 
     cfg, knobs = split_config(kernel, tgt, config)
     # traces the kernel; for a decode-path kernel (batch_dim) it also rejects batch-dependent reductions
     module = verify_ir(check_batch_invariance(kernel, sig.dtypes, sig.present, constants, cfg))
-    if not getattr(tgt, "dynamic_shapes", True) or getattr(tgt, "static_under", lambda c: False)(config or {}):
+    if not tgt.dynamic_shapes or tgt.static_under(config or {}):
         sig = sig.with_static(sig.dynamic)  # this target, or this config, builds every size on its own
     module = verify_ir(bind_shapes(module, sig.shapes, sig.dynamic))
     return [verify_ir(tgt.lower(p, tgt.phase_knobs(p, knobs))) for p in split_phases(module)], knobs
@@ -116,6 +116,15 @@ class PhasedCall:
     def __init__(self, phases: list[Module], fns: list):
         self.phases, self.fns = phases, fns
         self.workspaces: dict[str, Any] | None = None
+        self._shapes: dict[tuple, dict[str, tuple[int, ...]]] = {}  # workspace shapes by dynamic sizes
+
+    def _workspace_shapes(self, sizes: dict[str, int]) -> dict[str, tuple[int, ...]]:
+        """Each workspace's shape at these dynamic sizes (sympy once per distinct sizes, not per call)."""
+        key = tuple(sorted(sizes.items()))
+        if key not in self._shapes:
+            first = self.phases[0]
+            self._shapes[key] = {p.name: first.workspace_shape(p, sizes) for p in first.workspaces}
+        return self._shapes[key]
 
     def __call__(self, tensors: dict) -> None:
         first = self.phases[0]
@@ -124,7 +133,7 @@ class PhasedCall:
 
             sizes = first.dynamic_sizes(tensors) if first.dynamic else {}
             device = next(t.device for t in tensors.values() if t is not None and hasattr(t, "device"))
-            shapes = {p.name: first.workspace_shape(p, sizes) for p in first.workspaces}
+            shapes = self._workspace_shapes(sizes)
             have = self.workspaces or {}
             if any(n not in have or have[n].numel() < _numel(s) or have[n].device != device
                    for n, s in shapes.items()):
@@ -163,10 +172,10 @@ class CompiledKernel:
     def _prepare(self, tensors: dict):
         tgt = get_target(self.target)
         sig = self.kernel.bind(tensors)
-        if not getattr(tgt, "dynamic_shapes", True):  # this target builds each size on its own
+        if not tgt.dynamic_shapes:  # this target builds each size on its own
             sig = sig.with_static(sig.dynamic)
         config = self._config(sig)
-        if sig.dynamic and config and getattr(tgt, "static_under", lambda c: False)(config):
+        if sig.dynamic and config and tgt.static_under(config):
             sig = sig.with_static(sig.dynamic)  # this config cannot serve a dynamic size
         key = (sig.key(), tuple(sorted((config or {}).items(), key=str)))
         if key not in self._cache:

@@ -45,6 +45,12 @@ class Target:
     name: str = ""
     stages: tuple[str, ...] = ("ir",)
     knobs: dict[str, Space] = {}  # target-specific tunables (threads, cores, ...)
+    dynamic_shapes: bool = True  # keeps a kernel's dynamic sizes symbolic (else builds each size)
+
+    @staticmethod
+    def static_under(config: dict[str, Any]) -> bool:
+        """Whether this config needs every size static on this target (it cannot serve a dynamic one)."""
+        return False
 
     def lower(self, module: Module, knobs: dict[str, Any]) -> Module:
         """The target's pass pipeline on a bound module."""

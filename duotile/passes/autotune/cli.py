@@ -249,7 +249,7 @@ def run_model(spec, args) -> int:
                              cache_dir=None if args.no_cache else args.cache_dir, progress=not args.no_progress,
                              seed=args.seed)
     print(model_sweep.table(runs))
-    where = model_sweep.shipped_path() if args.ship else "the tuning cache"
+    where = model_sweep.SHIPPED if args.ship else "the tuning cache"
     print(f"  {sum(r.result is not None and r.result.best is not None for r in runs)} of {len(runs)} shape buckets "
           f"tuned; written to {where}")
     return 0 if all(r.result is not None and r.result.best is not None for r in runs) else 1

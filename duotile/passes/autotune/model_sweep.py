@@ -11,7 +11,6 @@ budget (``quick``: minutes a shape) and records its best config in the tuning ca
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from pathlib import Path
 
 from .cache import SHIPPED, shape_bucket
 
@@ -82,6 +81,3 @@ def table(runs: list[ShapeRun]) -> str:
     lines.insert(1, "  ".join("-" * w for w in widths))
     return "\n".join(lines)
 
-
-def shipped_path() -> Path:
-    return SHIPPED
