@@ -18,7 +18,7 @@ from .arch import Arch
 from .exprs import ElementPrinter, index, literal
 from .manual_ws import PRODUCER_THREADS, ManualWarpSpecialization
 from .plan import Plan, make_plan
-from .promote_fp8 import promoted_gemm
+from .promote_fp8 import every, promoted_gemm
 from .source import Source
 
 HANDLERS = OpHandlers()
@@ -360,7 +360,7 @@ def _gemm(e: Emitter, op: Op):
     clear = e.plan.clear_by_gemm.get(id(op))
     scope = e.plan.scope[acc.id]
     if not e.arch.has_tmem:
-        if a.type.dtype.bits == 8 and e.knobs.get("fp8_promote_k") and e.loop_stack:
+        if e.loop_stack and every(op, e.knobs, e.loop_stack[-1]) is not None:
             promotion = promoted_gemm(e, op, a_buf, b_buf, policy)
             if promotion is not None:
                 e.promotions.append(promotion)

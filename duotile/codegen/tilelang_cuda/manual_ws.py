@@ -341,7 +341,7 @@ class ManualWarpSpecialization:
         if two_gemm and self._rotatable(self.gemms[0], self.gemms[-1]):
             return "rotated"
         if all(op.name in ("gemm", "load") or not _touched(op) & gemm_ids for op in self.body):
-            promoted = {promote_fp8.every(g, self.e.knobs) for g in self.gemms} - {None}
+            promoted = {promote_fp8.every(g, self.e.knobs, self.loop) for g in self.gemms} - {None}
             if not promoted:
                 return "in_flight"
             if len(promoted) == 1 and len(self.gemms) == 1:

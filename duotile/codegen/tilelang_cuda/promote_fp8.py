@@ -26,10 +26,14 @@ from ...dsl.ir import Op
 from .exprs import index
 
 
-def every(op: Op, knobs: dict) -> int | None:
-    """K steps per promotion group for an fp8 gemm under ``fp8_promote_k``; None when it is not
-    promoted (not fp8, or the knob is 0)."""
+def every(op: Op, knobs: dict, loop: Op | None = None) -> int | None:
+    """K steps per promotion group for an fp8 gemm under ``fp8_promote_k`` in ``loop``; None when
+    it is not promoted (not fp8, the knob is 0, or the accumulator is made inside ``loop``'s
+    body: a fresh sum of one step, which the kernel itself scales or adds each iteration, as a
+    block-scaled gemm does; promoting it would add it only every few steps and never clear it)."""
     if op.name != "gemm" or op.args[0].type.dtype.bits != 8 or not knobs.get("fp8_promote_k"):
+        return None
+    if loop is not None and any(o.result is op.args[2] for o in loop.regions[0].walk()):
         return None
     k_tile = int(op.args[0].type.shape[0 if op.attrs["transpose_a"] else 1])
     return max(1, int(knobs["fp8_promote_k"]) // k_tile)
@@ -56,8 +60,8 @@ def promoted_gemm(e, op: Op, a_buf: str, b_buf: str, policy: str) -> Promotion |
     unrolled over two groups) the gemm goes into that step fragment and stays in flight; the
     ``Promotion`` returned lets the mainloop place the adds. Otherwise the synchronous form."""
     acc = op.args[2]
-    n_every = every(op, e.knobs)
     loop = e.loop_stack[-1]
+    n_every = every(op, e.knobs, loop)
     k, start, stop = loop.attrs["var"], loop.attrs["start"], loop.attrs["extent"]
     shape = ", ".join(str(int(d)) for d in acc.type.shape)
     rel = f"({index(k - start)})"
