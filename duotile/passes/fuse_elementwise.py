@@ -38,12 +38,15 @@ def fuse_elementwise(module: Module) -> Module:
 
 
 def _index_only_ops(module: Module) -> dict[int, Op]:
-    """Ops computing from loop indices alone (iota, index math): cheap, so recomputed at every use."""
+    """Ops computing from loop indices alone (iota, index math): cheap, so recomputed at every
+    elementwise use. One that another kind of op reads (a gather's index tile) is not listed: it
+    stays a value of its own."""
     found: dict[int, Op] = {}
     for op in module.walk():  # definitions come before uses in a walk
         if op.name in FUSIBLE and op.result is not None and all(v.id in found for v in op.values()):
             found[op.result.id] = op
-    return found
+    read_elsewhere = {v.id for op in module.walk() if op.name not in (*FUSIBLE, "assign") for v in _reads(op)}
+    return {k: op for k, op in found.items() if k not in read_elsewhere}
 
 
 def _reads(op: Op):
