@@ -23,6 +23,7 @@ FP4_GRID = torch.tensor([0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0])
 _FP4_MIDPOINTS = (0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0)
 FP8_ACT_FLOOR = 1e-4
 FP4_FLOOR = 6.0 * 2.0**-126
+NVFP4_FLOOR = 6.0 * 2.0**-9  # the E4M3 scale's floor: amax / 6 >= 2^-9, e4m3's smallest subnormal
 
 
 def ue8m0_scale(amax: torch.Tensor, qmax: float) -> torch.Tensor:
@@ -61,6 +62,17 @@ def fp4_round(x: torch.Tensor) -> torch.Tensor:
     return fp4_decode(fp4_codes(x))
 
 
+def pack_fp4(codes: torch.Tensor) -> torch.Tensor:
+    """e2m1 codes (uint8, an even last dim) two a byte: the low nibble holds element 2k, the high
+    nibble element 2k + 1 (model.md 4.1, torch's ``float4_e2m1fn_x2``)."""
+    return codes[..., 0::2] | (codes[..., 1::2] << 4)
+
+
+def unpack_fp4(packed: torch.Tensor) -> torch.Tensor:
+    raw = packed.view(torch.uint8)
+    return torch.stack([raw & 15, raw >> 4], dim=-1).flatten(-2)
+
+
 def _blocks(x: torch.Tensor, block: int) -> torch.Tensor:
     if x.shape[-1] % block:
         raise ValueError(f"last dim {x.shape[-1]} is not a multiple of the quantisation block {block}")
@@ -88,10 +100,15 @@ def mxfp4_round(x: torch.Tensor, block: int = 32) -> torch.Tensor:
     return (fp4_round(b / scale) * scale).flatten(-2)
 
 
+def nvfp4_scale(amax: torch.Tensor) -> torch.Tensor:
+    """The E4M3 scale of a block: ``e4m3(max(amax, 6 x 2^-9) / 6)``, clamped to e4m3's 448."""
+    return fp8_round(amax.float().clamp(min=NVFP4_FLOOR) / FP4_MAX)
+
+
 def nvfp4_round(x: torch.Tensor, block: int = 16) -> torch.Tensor:
     """V4.1 compressed-KV format: e2m1 values with an E4M3 scale per 16 channels, no global scale."""
     b = _blocks(x, block)
-    scale = fp8_round(b.abs().amax(-1, keepdim=True).clamp(min=6.0 * 2.0**-9) / FP4_MAX)
+    scale = nvfp4_scale(b.abs().amax(-1, keepdim=True))
     return (fp4_round(b / scale) * scale).flatten(-2)
 
 
@@ -129,15 +146,12 @@ def quantize_fp4_rows(w: torch.Tensor, block: int = 32) -> tuple[torch.Tensor, t
     """[out, in] -> packed int8 [out, in/2] (low nibble = even element) and UE8M0 scales [out, in/32]."""
     b = _blocks(w, block)
     scale = ue8m0_scale(b.abs().amax(-1, keepdim=True).clamp(min=FP4_FLOOR), FP4_MAX)
-    codes = fp4_codes(b / scale).flatten(-2)
-    packed = codes[:, 0::2] | (codes[:, 1::2] << 4)
+    packed = pack_fp4(fp4_codes(b / scale).flatten(-2))
     return packed.view(torch.int8), scale.squeeze(-1).to(torch.float8_e8m0fnu)
 
 
 def dequantize_fp4_rows(packed: torch.Tensor, scale: torch.Tensor, block: int = 32) -> torch.Tensor:
-    raw = packed.view(torch.uint8)
-    codes = torch.stack([raw & 15, raw >> 4], dim=-1).flatten(-2)
-    values = fp4_decode(codes)
+    values = fp4_decode(unpack_fp4(packed))
     return (values.unflatten(-1, (-1, block)) * scale.float()[..., None]).flatten(-2)
 
 
