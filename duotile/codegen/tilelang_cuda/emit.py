@@ -44,7 +44,7 @@ class Emitter:
     # -- names and declarations -----------------------------------------------------------------
     def name(self, v: Value) -> str:
         if v.id not in self.names:
-            base = {"shared": "smem", "fragment": "frag", "tmem": "tmem"}[self.plan.scope[v.id]]
+            base = {"shared": "smem", "fragment": "frag", "tmem": "tmem", "local": "local"}[self.plan.scope[v.id]]
             self.names[v.id] = f"{v.hint or 't'}{len(self.names)}_{base}"
             self.declare(v, self.names[v.id], self.plan.scope[v.id])
         return self.names[v.id]
@@ -55,7 +55,8 @@ class Emitter:
             dims.insert(0, str(self.ring_slots[v.id]))
         shape = "(" + ", ".join(dims) + ",)"
         dt = v.type.dtype.tilelang_name
-        alloc = {"shared": "T.alloc_shared", "fragment": "T.alloc_fragment", "tmem": "T.alloc_tmem"}[scope]
+        alloc = {"shared": "T.alloc_shared", "fragment": "T.alloc_fragment", "tmem": "T.alloc_tmem",
+                 "local": "T.alloc_local"}[scope]
         self.src.decl(f'{name} = {alloc}({shape}, "{dt}")')
         if scope == "tmem":
             self.src.decl(f'{name}_frag = T.alloc_fragment({shape}, "{dt}")')
@@ -251,6 +252,16 @@ def _load(e: Emitter, op: Op):
     shape = op.attrs["shape"]
     if e.ws is not None and e.ws.load_wait(op):
         return
+    if e.plan.scope[v.id] == "local":  # one element, read by every thread (plan.py)
+        p = e.m.param(op.attrs["tensor"])
+        idx = [index(o) for o in op.attrs["offsets"]]
+        lead = len(p.shape) - len(shape)
+        conds = [f"{i} < {index(n)}" for i, n in list(zip(idx, p.shape))[lead:] if n != 1]
+        read = f"{p.name}[{', '.join(idx)}]"
+        if conds:
+            read = f"T.if_then_else({_tl_and(' and '.join(conds))}, {read}, {literal(op.attrs['other'], v.type.dtype)})"
+        e.src.line(f"{name}[{', '.join(['0'] * len(shape))}] = {read}", op.loc)
+        return
     if op.attrs["other"] == 0.0:
         e.src.line(f"T.copy({e.global_region(op)}, {name})", op.loc)
         return
@@ -328,7 +339,8 @@ def _map(e: Emitter, op: Op, store: tuple[str, str] | None = None):
         e.deferred[op.result.id] = op
         return
     shape = [int(d) for d in out.type.shape]
-    lv = tuple(f"i{d}" for d in range(len(shape)))
+    local = store is None and into is None and e.plan.scope[out.id] == "local"
+    lv = tuple("0" if local else f"i{d}" for d in range(len(shape)))
     cond, dst = store or ("True", (e.readable(out, op) if into is not None else e.name(out)) + f"[{', '.join(lv)}]")
     bufs = [e.readable(a, op) for a in op.args]
 
@@ -341,6 +353,9 @@ def _map(e: Emitter, op: Op, store: tuple[str, str] | None = None):
     root_idx = tuple(None if (int(r) == 1 and s != 1) else i for r, s, i in zip(root.shape, shape, lv)) \
         if len(root.shape) == len(shape) else lv
     text = ElementPrinter(read, lv).expr(root, root_idx)
+    if local:  # one element every thread computes (plan.py): no parallel loop
+        e.src.line(f"{dst} = {text}", op.loc)
+        return
     e.src.line(f"for {', '.join(lv)} in T.Parallel({', '.join(map(str, shape))}):", op.loc)
     if cond == "True":
         e.src.line(f"    {dst} = {text}", op.loc)

@@ -16,6 +16,10 @@ Rules (each a target lowering rule any kernel can hit, never a kernel special ca
   a store reads is written straight to global memory instead of into a fragment: the column
   split is for accumulators too big for one warp group's registers (head dim 512).
 - a zero-filled accumulator consumed first by a gemm is cleared by the gemm (``clear_accum``).
+- a one-element tile loaded from global memory, or computed by maps from such tiles alone, that
+  only maps read (a per-sequence position broadcast into a mask) is a thread-local value, which
+  every thread loads and computes itself: TileLang 0.1.15 finds no fragment layout for a
+  one-element fragment read inside a parallel loop of another shape.
 """
 
 from __future__ import annotations
@@ -29,7 +33,7 @@ from .exprs import index
 
 @dataclass
 class Plan:
-    scope: dict[int, str] = field(default_factory=dict)  # value id -> shared | fragment | tmem
+    scope: dict[int, str] = field(default_factory=dict)  # value id -> shared | fragment | tmem | local
     mutated: set[int] = field(default_factory=set)  # accumulators that vector ops write
     full_row: set[int] = field(default_factory=set)  # accumulators needing FullRow
     clear_by_gemm: dict[int, str] = field(default_factory=dict)  # gemm op id -> clear_accum expr
@@ -58,9 +62,13 @@ def make_plan(module: Module, arch: Arch, threads: int | None = None) -> Plan:
     gemm_a = {op.args[0].id for op in ops if op.name == "gemm"}
     if plan.col_split:  # fragments derived from a column-split accumulator come through shared memory
         gemm_a = {v for v in gemm_a if sources.get(v, {v}) & plan.col_split}
+    local = _thread_local(ops)
     for op in ops:
         v = op.result
         if v is None:
+            continue
+        if v.id in local:
+            plan.scope[v.id] = "local"
             continue
         plan.scope[v.id] = _scope(op, v, arch, plan, v.id in gemm_b, v.id in gemm_a)
         if op.name != "load" and plan.scope[v.id] == "fragment":
@@ -68,6 +76,31 @@ def make_plan(module: Module, arch: Arch, threads: int | None = None) -> Plan:
                 plan.staged.add(v.id)
     _find_gemm_clears(module, plan)
     return plan
+
+
+def _thread_local(ops: list[Op]) -> set[int]:
+    """Ids of the one-element values every thread holds itself (the module docstring): made by a
+    load, or by a map of such values only, and read by maps only."""
+    def one(v: Value) -> bool:
+        return all(d == 1 for d in v.type.shape)
+
+    made = {op.result.id: op for op in ops if op.result is not None and one(op.result)
+            and (op.name == "load" or (op.name == "map" and op.attrs.get("into") is None))}
+    readers: dict[int, set[str]] = {}
+    for op in ops:
+        for a in op.values():
+            readers.setdefault(a.id, set()).add(op.name)
+        if op.attrs.get("into") is not None:
+            readers.setdefault(op.attrs["into"].id, set()).add("into")
+    local = {vid for vid in made if readers.get(vid, set()) <= {"map"}}
+    changed = True
+    while changed:  # a map of a value that is not local is not local either
+        changed = False
+        for vid in list(local):
+            if any(a.id not in local for a in made[vid].values()):
+                local.discard(vid)
+                changed = True
+    return local
 
 
 def col_splittable(rows: int, cols: int, warps: int) -> bool:
