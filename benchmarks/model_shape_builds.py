@@ -28,10 +28,11 @@ TARGETS = ("sm90", "sm100", "ascend950")
 # the shape of each spec and model that is fully built: the model's defining GEMM (fp8 and bf16),
 # a decode GEMM, the hidden norm, a long decode attention, a prefill attention (head dim 512 for V4,
 # where sm90 alone fits it, and 128 for V4.1), a top-k row gather and the MoE router over each
-# model's experts
+# model's experts, and the FP8 block-scaled GEMM at a V4 decode and a V4.1 prefill (32-wide blocks)
 REPRESENTATIVE = {
     "gemm": {"v4-flash": "v4/wo_b/prefill4096", "v41-flash": "v41/compressor_ratio2/prefill4096"},
     "gemm_splitk": {"v4-flash": "v4/wo_b/decode16", "v41-flash": "v41/wq_a/decode1"},
+    "gemm_blockscaled": {"v4-flash": "v4/wo_b/decode16", "v41-flash": "v41/wq_b/prefill4096"},
     "rmsnorm": {"v4-flash": "v4/hidden/prefill4096", "v41-flash": "v41/kv_norm/decode64"},
     "mqa_decode": {"v4-flash": "v4/hca1m8320/decode4", "v41-flash": "v41/topk640/decode64"},
     "flash_attention": {"v4-flash": "v4/d512/prefill4096_causal", "v41-flash": "v41/d128/s4096_causal"},

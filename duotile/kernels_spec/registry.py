@@ -177,6 +177,7 @@ def load_all() -> dict[str, Spec]:
         flash_attention,
         gather_rows,
         gemm,
+        gemm_blockscaled,
         gemm_splitk,
         mqa_decode,
         quantize,
