@@ -144,9 +144,10 @@ def gemm_blockscaled(a: dsl.Tensor["G", "M", "K", dsl.f8e4m3], a_scale: dsl.Tens
 
 # -- reference ------------------------------------------------------------------------------------
 def ue8m0_values(codes: torch.Tensor) -> torch.Tensor:
-    """UE8M0 codes as their values 2^(code - 127) in float64 (code 255: NaN), through torch's
-    float8_e8m0fnu."""
-    return codes.contiguous().view(torch.float8_e8m0fnu).double()
+    """UE8M0 codes as their values 2^(code - 127) in float64 (code 255: NaN), float8_e8m0fnu's
+    meaning, computed with a power of two (exact in float64) on any device."""
+    values = torch.pow(2.0, codes.double() - 127.0)
+    return torch.where(codes == 255, torch.full_like(values, float("nan")), values)
 
 
 def _expanded_scales(a_scale, b_scale, n: int, k: int, block: int):
