@@ -27,8 +27,9 @@ from duotile.kernels_spec import load_all
 TARGETS = ("sm90", "sm100", "ascend950")
 # the shape of each spec and model that is fully built: the model's defining GEMM (fp8 and bf16),
 # a decode GEMM, the hidden norm, a long decode attention, a prefill attention (head dim 512 for V4,
-# where sm90 alone fits it, and 128 for V4.1), a top-k row gather and the MoE router over each
-# model's experts, and the FP8 block-scaled GEMM at a V4 decode and a V4.1 prefill (32-wide blocks)
+# where sm90 alone fits it, and 128 for V4.1), a top-k row gather, the MoE router over each
+# model's experts, the FP4 quantiser in each format (V4's MXFP4 index queries, V4.1's NVFP4 KV
+# rows), and the FP8 block-scaled GEMM at a V4 decode and a V4.1 prefill (32-wide blocks)
 REPRESENTATIVE = {
     "gemm": {"v4-flash": "v4/wo_b/prefill4096", "v41-flash": "v41/compressor_ratio2/prefill4096"},
     "gemm_splitk": {"v4-flash": "v4/wo_b/decode16", "v41-flash": "v41/wq_a/decode1"},
@@ -38,6 +39,7 @@ REPRESENTATIVE = {
     "flash_attention": {"v4-flash": "v4/d512/prefill4096_causal", "v41-flash": "v41/d128/s4096_causal"},
     "gather_rows": {"v4-flash": "v4/topk_rows_r4/decode16", "v41-flash": "v41/moe_permute/prefill4096"},
     "quantize": {"v4-flash": "v4/k4096/prefill4096", "v41-flash": "v41/k5120/decode16"},
+    "quantize_fp4": {"v4-flash": "v4/mxfp4_index_q8192/prefill4096", "v41-flash": "v41/nvfp4_kv512/decode16"},
     "router": {"v4-flash": "v4/e256_top6/prefill4096", "v41-flash": "v41/e384_top6/decode16"},
 }
 

@@ -181,6 +181,7 @@ def load_all() -> dict[str, Spec]:
         gemm_splitk,
         mqa_decode,
         quantize,
+        quantize_fp4,
         rmsnorm,
         router,
     )
