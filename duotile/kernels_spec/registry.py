@@ -179,6 +179,7 @@ def load_all() -> dict[str, Spec]:
         gemm,
         gemm_blockscaled,
         gemm_splitk,
+        indexer_logits,
         mqa_decode,
         quantize,
         quantize_fp4,

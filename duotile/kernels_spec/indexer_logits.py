@@ -1,0 +1,204 @@
+"""The lightning indexer's logits at decode (model.md 2.5.5, 2.13, 5.4): one query token per
+sequence, ``H`` index heads of width ``D`` against the sequence's own ``L`` index-key rows,
+
+    s_j = sum_h w_h * relu(q_h . k_j)    for j < (P + 1) // RATIO,    -inf otherwise
+
+where ``P`` is the query's 0-based position (``pos``, one per sequence) and ``RATIO`` the layer's
+compress ratio (a compressed row is visible once its window is complete). V4-Flash: 64 heads,
+ratio 4 (CSA layers). V4.1-Flash: 32 heads, ratio 2 (layers 2, 8, 14) or 1 (layer 20 and the
+Reindex layers, which score layer 20's keys). Both: D = 128; ``w`` carries the weights already
+scaled by ``D^-0.5 * H^-0.5`` (the runtime's ``wts``). The keys are the cache's rows, ``L`` a
+sequence (the batch's longest: rows past a sequence's visible count are scored -inf whatever
+they hold). Output: ``logits`` (B, L) f32, -inf for every invisible row, so a sequence with no
+visible row (P + 1 < RATIO) gets a row of -inf.
+
+A block scores ``NB`` consecutive tiles of ``BN`` rows of one sequence: one gemm
+``k_tile @ q^T`` (BN x H, f32) a tile, ReLU, times ``w`` per head, summed over the heads (the
+row reduction of the tile), then the mask. The query tile and ``w`` are loaded once a block.
+``pos`` is read as a one-element tile, broadcast against the tile's row indices in the mask.
+Every row's sum runs over its own heads inside one block, so a sequence's logits do not depend
+on the batch (``B`` is the batch dimension) and one build serves every ``B`` and ``L``.
+
+Tolerance (``_error_bound``): the reference runs in float64. The kernel's bf16 products are
+exact in f32; the D-term dot and the H-term sum round in f32 in whatever order a target sums
+them, so |error| <= gamma * sum_h |w_h| sum_d |q_hd k_jd| with gamma = 2 (D + H + 2) 2^-24
+(twice the textbook (n) u bound, for tensor cores that truncate instead of rounding), plus
+2^-24 relative for the f32 output and an absolute 1e-30 for flushed subnormal products. ReLU is
+1-Lipschitz, so a dot that lands on the other side of 0 stays inside the same bound. Logits of
+small-integer inputs ("ints", the ties cases) are exact on every target: every partial sum is an
+integer below 2^24.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .. import dsl
+from . import model_shapes as shapes
+from .registry import Dim, OneOf, Spec, register
+
+NEG_INF = float("-inf")
+
+
+@dsl.kernel(batch_dim="B", dynamic=("B", "L"))
+def indexer_logits(q: dsl.Tensor["B", "H", "D", dsl.bf16], w: dsl.Tensor["B", "H", dsl.f32],
+                   k: dsl.Tensor["B", "L", "D", dsl.bf16], pos: dsl.Tensor["B", dsl.i32],
+                   logits: dsl.Tensor["B", "L", dsl.f32], *,
+                   RATIO: dsl.Const = 4,
+                   BN: dsl.Tunable = dsl.choice(64, 32, 128),
+                   NB: dsl.Tunable = dsl.choice(4, 1, 2, 8, 16),
+                   STAGES: dsl.Tunable = dsl.int_range(1, 3, default=2)):
+    if not (isinstance(RATIO, int) and RATIO >= 1):
+        raise dsl.DslError(f"RATIO {RATIO!r} must be a positive int (a compress ratio)")
+    H, D = q.H, q.D
+    for b, g in dsl.grid(q.B, dsl.cdiv(dsl.cdiv(k.L, BN), NB)):
+        q_tile = dsl.load(q[b, 0, 0], (H, D), role="operand")
+        wts = dsl.load(w[b, 0], (H,))
+        visible = (dsl.load(pos[b], (1,)) + 1) // RATIO  # rows of this sequence's window count
+        for i in dsl.pipelined(NB, stages=STAGES):
+            row = (g * NB + i) * BN
+            k_tile = dsl.load(k[b, row, 0], (BN, D), role="operand")
+            dots = dsl.zeros((BN, H), dsl.f32, role="accumulator")
+            dsl.gemm(k_tile, q_tile, dots, transpose_b=True)
+            s = (dsl.maximum(dots, 0.0) * wts[None, :]).sum(axis=1)
+            dsl.store(logits[b, row], dsl.where(row + dsl.arange(BN) < visible, s, NEG_INF))
+
+
+def indexer_logits_reference(q, w, k, pos, RATIO: int = 4) -> dict:
+    """model.md 2.5.5 in float64, rounded once to f32: per sequence b and row j,
+    sum_h w[b, h] * relu(q[b, h] . k[b, j]) where j < (pos[b] + 1) // RATIO, else -inf. Rows are
+    taken in chunks so that a model-sized call (64 sequences of 262,144 rows) fits a GPU."""
+    b, h, _ = q.shape
+    rows = k.shape[1]
+    q64, w64 = q.double(), w.double()
+    out = torch.empty(b, rows, dtype=torch.float32, device=q.device)
+    chunk = max(1, (1 << 24) // max(1, b * h))
+    for lo in range(0, rows, chunk):
+        dots = torch.einsum("bhd,bld->bhl", q64, k[:, lo:lo + chunk].double())
+        out[:, lo:lo + chunk] = (dots.clamp(min=0) * w64[:, :, None]).sum(1).float()
+    visible = torch.div(pos.long() + 1, RATIO, rounding_mode="floor")
+    cols = torch.arange(rows, device=q.device)
+    return {"logits": out.masked_fill(cols[None, :] >= visible[:, None].to(q.device), NEG_INF)}
+
+
+def _error_bound(case, output, inputs) -> torch.Tensor:
+    """gamma * sum_h |w_h| sum_d |q_hd| |k_jd| (the module docstring), as |k| times the per-sequence
+    vector sum_h |w_h| |q_h| (cheap at every size)."""
+    q, w, k = inputs["q"], inputs["w"], inputs["k"]
+    gamma = 2.0 * (q.shape[2] + q.shape[1] + 2) * 2.0 ** -24
+    v = (w.double().abs()[:, :, None] * q.double().abs()).sum(1)  # (B, D)
+    bound = torch.empty(k.shape[:2], dtype=torch.float64, device=k.device)
+    chunk = max(1, (1 << 24) // max(1, k.shape[0] * k.shape[2]))
+    for lo in range(0, k.shape[1], chunk):
+        bound[:, lo:lo + chunk] = torch.einsum("bld,bd->bl", k[:, lo:lo + chunk].double().abs(), v)
+    return (gamma * bound).float()
+
+
+def _positions(case, b: int, g: torch.Generator) -> torch.Tensor:
+    """Each sequence's position. ``visible`` "mixed" cycles through: no visible row
+    (P = RATIO - 2, or P = 0 at ratio 1: one row), a single visible row, a random count, every
+    row, and a position past the rows (more visible than the L the cache holds); "all": every row
+    visible; an int: that many rows visible in every sequence."""
+    ratio, rows, kind = case.get("RATIO", 4), case["L"], case.get("visible", "mixed")
+    if isinstance(kind, int):  # the last position that sees `kind` rows (ratio 1 sees at least one)
+        return torch.full((b,), max(0, (kind + 1) * ratio - 2), dtype=torch.int32)
+    if kind == "all":
+        return torch.full((b,), rows * ratio + ratio - 1, dtype=torch.int32)
+    pos = []
+    for i in range(b):
+        pick = i % 5
+        if pick == 0:
+            p = max(0, ratio - 2)
+        elif pick == 1:
+            p = max(0, 2 * ratio - 2)  # one row
+        elif pick == 2:
+            p = int(torch.randint(0, rows * ratio + ratio, (1,), generator=g))
+        elif pick == 3:
+            p = rows * ratio + ratio - 1
+        else:
+            p = (rows + 7) * ratio + 3
+        pos.append(p)
+    return torch.tensor(pos, dtype=torch.int32)
+
+
+def _inputs(case, device, seed):
+    b, h, rows, d = case["B"], case["H"], case["L"], case["D"]
+    out = {"logits": torch.full((b, rows), float("nan"), dtype=torch.float32, device=device)}
+    if device.type == "meta":
+        return {"q": torch.empty(b, h, d, dtype=torch.bfloat16, device=device),
+                "w": torch.empty(b, h, dtype=torch.float32, device=device),
+                "k": torch.empty(b, rows, d, dtype=torch.bfloat16, device=device),
+                "pos": torch.empty(b, dtype=torch.int32, device=device), **out}
+    # model-sized keys (up to 4 GiB) are drawn where they are used: a CUDA generator on a GPU
+    gen_device = device if device.type == "cuda" else torch.device("cpu")
+    g = torch.Generator(device=gen_device).manual_seed(seed)
+    g_cpu = torch.Generator().manual_seed(seed)
+    if case.get("values", "normal") == "ints":  # small integers and powers of two: exact sums, ties
+        q = torch.randint(-1, 2, (b, h, d), generator=g, device=gen_device).to(torch.bfloat16)
+        k = torch.randint(-2, 3, (b, rows, d), generator=g, device=gen_device).to(torch.bfloat16)
+        w = torch.exp2(torch.randint(-3, 2, (b, h), generator=g, device=gen_device).float())
+        w = w * (torch.rand(b, h, generator=g, device=gen_device) < 0.8)  # some heads weigh 0
+        if rows > 3:
+            k[:, 3] = k[:, 1]  # an exact tie between two rows
+    else:
+        q = torch.randn(b, h, d, generator=g, device=gen_device, dtype=torch.bfloat16)
+        k = torch.randn(b, rows, d, generator=g, device=gen_device, dtype=torch.bfloat16)
+        # the model's weights are (x @ weights_proj^T) * D^-0.5 * H^-0.5, either sign
+        w = torch.randn(b, h, generator=g, device=gen_device) * (d * h) ** -0.5
+    return {"q": q.to(device), "w": w.to(device), "k": k.to(device),
+            "pos": _positions(case, b, g_cpu).to(device), **out}
+
+
+def indexer_shapes(m: shapes.ModelDims) -> dict[str, dict]:
+    """Decode scoring at the compressed rows the indexed layers see: every index ratio of the model
+    (V4: 4; V4.1: 2 and 1) at contexts of 4K, 64K and 1M tokens (L = context / ratio), for the
+    decode batches 1, 4, 16 and 64, leaving out calls whose bf16 keys pass 4 GiB (2^24 rows of
+    128: a GPU test holds several calls at once)."""
+    ratios = (4,) if m.name == "v4-flash" else (2, 1)
+    out: dict[str, dict] = {}
+    for ratio in ratios:
+        for context in (4096, 1 << 16, shapes.CONTEXT):
+            rows = context // ratio
+            for b in (1, 4, 16, 64):
+                if b * rows > 1 << 24:
+                    continue
+                label = f"{context >> 20}m" if context >= 1 << 20 else f"{context >> 10}k"
+                out[f"{m.short}/r{ratio}_ctx{label}/decode{b}"] = {
+                    "B": b, "H": m.index_heads, "L": rows, "D": m.index_head_dim, "RATIO": ratio,
+                    "model": m.name}
+    return out
+
+
+SMALL = {"BN": 32, "NB": 2, "STAGES": 1}
+SPEC = register(Spec(
+    kernel=indexer_logits,
+    reference=indexer_logits_reference,
+    make_inputs=_inputs,
+    outputs=("logits",),
+    cases={
+        # five sequences: no visible row, one, a random count, all, past the end (V4: 64 heads)
+        "v4_mixed": {"B": 5, "H": 64, "L": 150, "D": 128, "RATIO": 4, "config": SMALL},
+        # V4.1's 32 heads, ratio 2 and 1, a ragged last tile
+        "v41_r2_ragged": {"B": 3, "H": 32, "L": 77, "D": 128, "RATIO": 2, "config": SMALL},
+        "v41_r1": {"B": 4, "H": 32, "L": 64, "D": 128, "RATIO": 1, "visible": "all"},
+        # every sequence sees exactly 0 (all -inf) / 5 rows
+        "none_visible": {"B": 2, "H": 64, "L": 40, "D": 128, "RATIO": 4, "visible": 0, "config": SMALL},
+        "few_visible": {"B": 3, "H": 32, "L": 100, "D": 128, "RATIO": 2, "visible": 5, "config": SMALL},
+        # small integers: exact logits, tied rows (row 3 repeats row 1), heads of weight 0
+        "ties_ints": {"B": 3, "H": 64, "L": 50, "D": 128, "RATIO": 4, "values": "ints", "visible": "all",
+                      "config": {**SMALL, "NB": 1}},
+        # one row, a block of one tile, more tiles a block than the rows need
+        "one_row": {"B": 2, "H": 32, "L": 1, "D": 128, "RATIO": 1, "visible": "all"},
+    },
+    build_cases={"v4_1m_decode16": {"B": 16, "H": 64, "L": 262144, "D": 128, "RATIO": 4},
+                 "v41_r1_1m_decode4": {"B": 4, "H": 32, "L": 1 << 20, "D": 128, "RATIO": 1}},
+    tolerance=lambda case, out: (1e-30, 2.0 ** -24),
+    extra_error=_error_bound,
+    constants_of=lambda case: {"RATIO": case.get("RATIO", 4)},
+    flops=lambda c: 2.0 * c["B"] * c["H"] * c["L"] * c["D"],
+    bytes_moved=lambda c: c["B"] * (2.0 * c["L"] * c["D"] + 4.0 * c["L"] + 2.0 * c["H"] * c["D"] + 4.0 * c["H"]),
+    model_shapes=shapes.for_models(indexer_shapes),
+    sweep={"B": Dim(1, 6, large=64), "H": OneOf(32, 64), "L": Dim(1, 300, large=70000), "D": OneOf(64, 128),
+           "RATIO": OneOf(1, 2, 4), "values": OneOf("normal", "normal", "ints"),
+           "config": {"BN": OneOf(32, 64), "NB": OneOf(1, 2, 4), "STAGES": OneOf(1, 2)}},
+))
