@@ -160,10 +160,11 @@ def quantize_fp4_reference(x: torch.Tensor, FORMAT: str = "mxfp4") -> dict:
     return {"q": quant.pack_fp4(codes.flatten(1))[:, : -(-d // 2)], "scale": bits.squeeze(-1)}
 
 
-def fp4_quant_shapes(m: shapes.ModelDims, decode_t=shapes.DECODE_BATCHES) -> dict[str, shapes.Case]:
-    """Where each format quantises activations, at every decode batch (``T`` = the batch: a row
-    a sequence, the most a step emits) and at one prefill chunk (``PREFILL_CHUNK`` tokens, which
-    emit ``chunk / ratio`` compressed rows):
+def fp4_quant_shapes(m: shapes.ModelDims, decode_t=shapes.DECODE_SAMPLE) -> dict[str, shapes.Case]:
+    """Where each format quantises activations, at the decode batches ``decode_t`` (``T`` = the
+    batch: a row a sequence, the most a step emits; 1, 16 and 64 sample 1..64, which one build
+    serves since T is dynamic) and at one prefill chunk (``PREFILL_CHUNK`` tokens, which emit
+    ``chunk / ratio`` compressed rows):
 
     * MXFP4 index queries, ``index_heads x index_head_dim`` wide (V4: 64 x 128, V4.1: 32 x 128);
     * MXFP4 index keys, ``index_head_dim`` (128) wide: one a compressed row, for each ratio with
