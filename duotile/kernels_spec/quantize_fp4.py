@@ -34,6 +34,12 @@ q then divides by the scale in f32 (the division torch's round trip does, so tie
 alike). The e2m1 code counts the midpoints |q| passes: above 0.25, 1.25, 2.5 and 5 (a tie goes down
 to the even code), at or above 0.75, 1.75 and 3.5 (a tie goes up).
 
+Subnormal inputs: below the UE8M0 floor the scale is 2^-126, so a subnormal x can have a nonzero
+code (2^-127 is 0.5). A target built with ftz flushes subnormal float operands to zero, so such
+an x is rebuilt from its mantissa bits (``_scaled_by_code``) rather than multiplied; every other
+float operation either sees normal operands or yields a result whose code is 0 either way. With
+E4M3 (s >= 2^-9) a subnormal x always has code 0.
+
 Non-finite input (decided as the FP8 quantiser decides, ``quantize.py``): a block holding a NaN or
 an Inf gets the scale's NaN (UE8M0 code 255, E4M3 byte 0x7F) and every code of the block is 0, so
 dequantising gives NaN across the block (NaN x 0) and a bad activation is never silently clipped.
