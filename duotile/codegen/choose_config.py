@@ -23,13 +23,16 @@ from __future__ import annotations
 import json
 import math
 import warnings
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 from ..dsl.kernel import KernelDef, Signature
 
 MAX_OCTAVES = 3  # a table entry serves a shape at most this many doublings away (summed over sizes)
-MAX_CANDIDATES = 48  # the target's choice ranks at most this many configs
+MAX_CANDIDATES = 48  # the target's choice starts from the best of at most this many configs
+CHOICE_BATCH = 1  # the batch a batch-invariant kernel's config is chosen at (one sequence)
+SEARCH_PASSES = 3  # rounds of the coordinate search over the tunables
 
 
 def choose_config(kernel: KernelDef, target: str, sig: Signature,
@@ -46,6 +49,7 @@ def explain_choice(kernel: KernelDef, target: str, sig: Signature,
     or "default", one line per cached entry skipped because today's code refuses it)."""
     from ..passes.autotune.cache import lookup
 
+    sig = at_choice_batch(kernel, sig)
     user, skipped = lookup(kernel, target, sig.shapes, dtypes=sig.dtypes, present=sig.present, constants=constants,
                            shipped=None)
     if user is not None:
@@ -58,6 +62,18 @@ def explain_choice(kernel: KernelDef, target: str, sig: Signature,
         return start, "starting", skipped
     chosen = target_choice(kernel, target, sig, constants)
     return (chosen, "model", skipped) if chosen is not None else (None, "default", skipped)
+
+
+def at_choice_batch(kernel: KernelDef, sig: Signature) -> Signature:
+    """The call with a dynamic batch size set to ``CHOICE_BATCH``: a batch-invariant kernel has one
+    config for every batch (one build serves them all), so which batch came first must not choose
+    it. The cost model ranks configs at one sequence: there a decode kernel has the least
+    parallelism of its own and needs its splits most, while at a larger batch the same splits
+    cost one more combine over more blocks."""
+    dim = kernel.batch_dim
+    if dim is None or dim not in sig.dynamic or dim in sig.bucketed or dim not in sig.shapes:
+        return sig
+    return replace(sig, shapes={**sig.shapes, dim: CHOICE_BATCH})
 
 
 def bucket_distance(a: dict[str, int], b: dict[str, int]) -> float:
@@ -150,7 +166,14 @@ def load_starting(path=None) -> list[dict]:
 
 def target_choice(kernel: KernelDef, target: str, sig: Signature,
                   constants: dict | None = None) -> dict[str, Any] | None:
-    """The cost model's best of a small candidate set that the target accepts, or None."""
+    """The cost model's best config that the target accepts, found by a coordinate search, or
+    None for the defaults.
+
+    Start: the best of the defaults, the target's start points and their neighbours. Then, in
+    turn for each tunable of the kernel, every value of its space with the others held, keeping
+    an improvement; passes repeat until one changes nothing (at most ``SEARCH_PASSES``). A whole
+    axis is tried, not a step: a decode GEMM of one row wants a K split of 8 where the default is
+    1, a few steps away through configs that are each slower than the last."""
     from ..passes.autotune.constraints import Constraints
     from ..passes.autotune.cost_model import estimate_phases
     from ..passes.autotune.space import ConfigSpace, config_key
@@ -172,24 +195,42 @@ def target_choice(kernel: KernelDef, target: str, sig: Signature,
         pool.append({**default, **partial})
     for base in list(pool):
         pool.extend(space.neighbours(base))
+    # every tunable at its least value (the smallest tiles): a start that fits where the defaults
+    # overflow more than one size at once, which a search moving one tunable at a time cannot leave
+    pool.append({**default, **{k: min(space.params[k].values()) for k in kernel.tunables
+                               if k not in space.pinned and _numeric(space.params[k].values())}})
     if not tgt.modelled:  # a target we measure on: the model moves tile sizes only, never the
         # schedule knobs, whose combinations only measurements (the shipped table) may choose
         pool = [c for c in pool if all(c[k] == default[k] for k in c if k not in kernel.tunables)]
-    seen, cands = set(), []
-    for c in pool:
-        k = config_key(c)
-        if k not in seen:
-            seen.add(k)
-            cands.append(c)
     cons = Constraints(kernel, sig, target, constants)
-    scored = []
-    for c in cands[:MAX_CANDIDATES]:
-        verdict = cons.check(c)
-        if not verdict.ok:
-            continue
-        knobs = {k: v for k, v in c.items() if k not in kernel.tunables}
-        scored.append((estimate_phases(verdict.phases, machine, knobs).time_s, len(scored), c))
-    if not scored:
-        return None
-    best = min(scored)[2]
-    return None if config_key(best) == config_key(default) else best
+    scores: dict[tuple, float] = {}
+
+    def score(c: dict[str, Any]) -> float:  # the quick checks only: the lowering check is slow
+        k = config_key(c)
+        if k not in scores:
+            verdict = cons.check(c, full=False)
+            knobs = {n: v for n, v in c.items() if n not in kernel.tunables}
+            scores[k] = (estimate_phases(verdict.phases, machine, knobs).time_s if verdict.ok else math.inf)
+            seen[k] = c
+        return scores[k]
+
+    seen: dict[tuple, dict[str, Any]] = {}
+
+    best = min([*pool[:MAX_CANDIDATES - 1], pool[-1]], key=score)  # may be refused: the search moves on from it
+    for _ in range(SEARCH_PASSES):
+        before = config_key(best)
+        for name in kernel.tunables:
+            if name in space.pinned:
+                continue
+            best = min((best, *({**best, name: v} for v in space.params[name].values())), key=score)
+        if config_key(best) == before:
+            break
+    # the fastest modelled config that the target's own lowering and capacity checks accept
+    for k in sorted((k for k in scores if scores[k] < math.inf), key=scores.get):
+        if cons.check(seen[k]).ok:
+            return None if k == config_key(default) else seen[k]
+    return None
+
+
+def _numeric(values: list) -> bool:
+    return all(isinstance(v, int) and not isinstance(v, bool) for v in values)

@@ -25,16 +25,22 @@ class Builder:
         self.workspaces: list = []  # TensorParams declared by dsl.workspace, in order
 
     def loc(self) -> SourceLoc | None:
-        """The line of the kernel function (or a helper it called) that is running now."""
+        """The spec line that is running now: the innermost line of the kernel's own file (the
+        kernel function or a helper beside it, such as a gemm's K-range loop), else the kernel
+        function's line, else the innermost line outside the DSL."""
         frame = sys._getframe(1)
-        helper = None
+        helper = kernel = None
         while frame is not None:
-            if frame.f_code is self.code:
+            code = frame.f_code
+            if code.co_filename == self.code.co_filename and not code.co_filename.startswith(_DSL_DIR):
                 return _loc_of(frame)
-            if helper is None and not frame.f_code.co_filename.startswith(_DSL_DIR):
+            if code is self.code:
+                kernel = frame
+            if helper is None and not code.co_filename.startswith(_DSL_DIR):
                 helper = frame
             frame = frame.f_back
-        return _loc_of(helper) if helper is not None else None
+        chosen = kernel or helper
+        return _loc_of(chosen) if chosen is not None else None
 
     def emit(self, op: Op) -> Value | None:
         if op.loc is None:

@@ -2,7 +2,13 @@
 optional per-row (A) and per-column (B) fp32 scales applied to the accumulator.
 
 Model shapes (model.md 5.1): the dense projections of V4.1-Flash, e.g. wq_b 1024 -> 32768,
-wo_b 8192 -> 4096, and the shared expert 4096 -> 2048; benchmarked at 8192^3.
+wo_b 8192 -> 4096, and the shared expert 4096 -> 2048, at decode rows (1 to 64) and a prefill
+chunk (4,096).
+
+At decode the output has few tiles (a 64 x 128 tile grid of 4096 columns is 32 blocks on 132 SMs)
+and a block streams its whole K range alone: ``SPLIT`` cuts K into that many contiguous ranges
+(phase 0, fp32 partial sums in a workspace) and phase 1 adds them in range order and applies the
+scales, so a result never depends on the split's timing (no atomics). ``SPLIT = 1`` is one phase.
 """
 
 from __future__ import annotations
@@ -16,27 +22,54 @@ from .registry import Dim, OneOf, Spec, register
 FP8_MAX = 448.0
 
 
+def _scaled(acc, a_scale, b_scale, m, n, BM, BN):
+    """The accumulator times the optional per-row (A) and per-column (B) scales."""
+    out = acc
+    if a_scale is not None:
+        out = out * dsl.load(a_scale[m * BM], (BM,))[:, None]
+    if b_scale is not None:
+        out = out * dsl.load(b_scale[n * BN], (BN,))[None, :]
+    return out
+
+
+def _k_range(a, b, m, n, k_start, k_stop, BM, BN, BK, STAGES):
+    """acc = A[m tile, K blocks k_start .. k_stop-1] @ B[n tile, same]^T, in fp32."""
+    acc = dsl.zeros((BM, BN), dsl.f32, role="accumulator")
+    for k in dsl.pipelined(k_stop, stages=STAGES, start=k_start):
+        a_tile = dsl.load(a[m * BM, k * BK], (BM, BK), role="operand")
+        b_tile = dsl.load(b[n * BN, k * BK], (BN, BK), role="operand")
+        dsl.gemm(a_tile, b_tile, acc, transpose_b=True)
+    return acc
+
+
 @dsl.kernel(bucketed=("M",))
 def gemm(a: dsl.Tensor["M", "K", dsl.bf16 | dsl.f8e4m3], b: dsl.Tensor["N", "K", dsl.bf16 | dsl.f8e4m3],
          c: dsl.Tensor["M", "N", dsl.bf16],
          a_scale: dsl.OptionalTensor["M", dsl.f32] = None, b_scale: dsl.OptionalTensor["N", dsl.f32] = None,
          *,
          BM: dsl.Tunable = dsl.choice(128, 64, 256),
-         BN: dsl.Tunable = dsl.choice(256, 128, 64, 192),
+         BN: dsl.Tunable = dsl.choice(256, 128, 64, 192, 32),
          BK: dsl.Tunable = dsl.choice(64, 128, 32),
-         STAGES: dsl.Tunable = dsl.int_range(2, 5, default=3)):
-    for m, n in dsl.grid(dsl.cdiv(a.M, BM), dsl.cdiv(b.N, BN)):
-        acc = dsl.zeros((BM, BN), dsl.f32, role="accumulator")
-        for k in dsl.pipelined(dsl.cdiv(a.K, BK), stages=STAGES):
-            a_tile = dsl.load(a[m * BM, k * BK], (BM, BK), role="operand")
-            b_tile = dsl.load(b[n * BN, k * BK], (BN, BK), role="operand")
-            dsl.gemm(a_tile, b_tile, acc, transpose_b=True)
-        out = acc
-        if a_scale is not None:
-            out = out * dsl.load(a_scale[m * BM], (BM,))[:, None]
-        if b_scale is not None:
-            out = out * dsl.load(b_scale[n * BN], (BN,))[None, :]
-        dsl.store(c[m * BM, n * BN], out.to(dsl.bf16))
+         STAGES: dsl.Tunable = dsl.int_range(2, 5, default=3),
+         SPLIT: dsl.Tunable = dsl.choice(1, 2, 4, 8, 16, 32)):
+    k_blocks = dsl.cdiv(a.K, BK)
+    tiles = (dsl.cdiv(a.M, BM), dsl.cdiv(b.N, BN))
+    if SPLIT == 1:
+        for m, n in dsl.grid(*tiles):
+            acc = _k_range(a, b, m, n, 0, k_blocks, BM, BN, BK, STAGES)
+            dsl.store(c[m * BM, n * BN], _scaled(acc, a_scale, b_scale, m, n, BM, BN).to(dsl.bf16))
+        return
+    # a few rows (decode): SPLIT contiguous ranges of K blocks fill the SMs that the few output
+    # tiles would leave idle; the partial sums are added in range order (no atomics), then scaled
+    partial = dsl.workspace("partial", (SPLIT, a.M, b.N), dsl.f32)
+    for m, n, s in dsl.grid(*tiles, SPLIT):
+        acc = _k_range(a, b, m, n, s * k_blocks // SPLIT, (s + 1) * k_blocks // SPLIT, BM, BN, BK, STAGES)
+        dsl.store(partial[s, m * BM, n * BN], acc)
+    for m, n in dsl.grid(*tiles):
+        total = dsl.zeros((BM, BN), dsl.f32)
+        for s in dsl.range(SPLIT):
+            total[:] = total + dsl.load(partial[s, m * BM, n * BN], (BM, BN))
+        dsl.store(c[m * BM, n * BN], _scaled(total, a_scale, b_scale, m, n, BM, BN).to(dsl.bf16))
 
 
 def gemm_reference(a, b, a_scale=None, b_scale=None) -> dict:
@@ -106,6 +139,11 @@ SPEC = register(Spec(
         "bf16_scaled": {"M": 96, "N": 160, "K": 64, "scales": True},
         "fp8_scaled": {"M": 130, "N": 256, "K": 256, "dtype": "f8e4m3"},
         "fp8_plain": {"M": 64, "N": 64, "K": 128, "dtype": "f8e4m3", "scales": False},
+        # decode rows with K split in ranges of 1 and 2 blocks (7 blocks in 4 ranges), scaled after the sum
+        "fp8_split4": {"M": 3, "N": 96, "K": 224, "dtype": "f8e4m3",
+                       "config": {"BM": 64, "BN": 32, "BK": 32, "SPLIT": 4}},
+        "bf16_split8_scaled": {"M": 1, "N": 40, "K": 200, "scales": True,
+                               "config": {"BM": 64, "BN": 32, "BK": 32, "SPLIT": 8}},
     },
     build_cases={"bf16_8192": {"M": 8192, "N": 8192, "K": 8192},
                  "fp8_8192": {"M": 8192, "N": 8192, "K": 8192, "dtype": "f8e4m3"}},
@@ -115,5 +153,6 @@ SPEC = register(Spec(
     model_shapes=shapes.for_models(shapes.gemm_shapes),
     # rows are free; a row of A, B (K) or C (N) is a whole number of 16 bytes, as TMA needs
     sweep={"M": Dim(1, 300, large=4100), "N": Dim(8, 320, multiple=8, large=4104),
-           "K": Dim(16, 336, multiple=16, large=4112), "dtype": OneOf("bf16", "f8e4m3"), "scales": OneOf(False, True)},
+           "K": Dim(16, 336, multiple=16, large=4112), "dtype": OneOf("bf16", "f8e4m3"), "scales": OneOf(False, True),
+           "config": {"SPLIT": OneOf(1, 2, 4, 8), "BK": OneOf(32, 64)}},
 ))

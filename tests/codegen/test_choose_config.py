@@ -99,3 +99,39 @@ def test_shipped_starting_table_is_valid_today():
         spec = specs[entry["kernel"]]
         assert set(entry["config"]) - set(spec.kernel.tunables) <= set(
             __import__("duotile.codegen.target", fromlist=["KNOB_NAMES"]).KNOB_NAMES), entry
+
+
+def _sm90_choice(spec, case):
+    sig = spec.kernel.bind(spec.meta_inputs(case))
+    return cc.target_choice(spec.kernel, "sm90", sig, spec.constants_of(case))
+
+
+def test_decode_gemm_is_split_over_k_and_a_prefill_gemm_is_not():
+    """One row of a 5120 -> 1280 projection makes 5 output tiles at the defaults (76 us
+    modelled, 67 us measured on an H200): the search must cross several slower splits to reach
+    one that fills the SMs; a 4,096-row chunk already fills them and stays one phase."""
+    spec = get("gemm")
+    decode = _sm90_choice(spec, {"M": 1, "N": 1280, "K": 5120, "dtype": "f8e4m3"})
+    assert decode["BM"] == 64 and decode["SPLIT"] >= 4, decode
+    prefill = _sm90_choice(spec, {"M": 4096, "N": 1280, "K": 5120, "dtype": "f8e4m3"})
+    assert prefill["SPLIT"] == 1, prefill
+
+
+def test_search_leaves_defaults_that_overflow_two_sizes_at_once():
+    """At 1 x 32 outputs the default tile (128 x 256) wastes both M and N; moving one tunable
+    at a time from it finds nothing, so the search also starts from the smallest tiles."""
+    spec = get("gemm")
+    choice = _sm90_choice(spec, {"M": 1, "N": 32, "K": 5120})
+    assert choice is not None and choice["BM"] == 64 and choice["BN"] <= 64, choice
+
+
+def test_one_row_tile_is_not_waste():
+    """The smallest tensor-core tile (64 rows) over one row is what a decode GEMM must take."""
+    from duotile.passes.autotune.constraints import Constraints
+
+    spec = get("gemm")
+    sig = spec.kernel.bind(spec.meta_inputs({"M": 1, "N": 256, "K": 256}))
+    cons = Constraints(spec.kernel, sig, "sm90")
+    assert cons.check({"BM": 64, "BN": 64, "BK": 64, "SPLIT": 2}).ok
+    verdict = cons.check({"BM": 128, "BN": 64, "BK": 64, "SPLIT": 2})
+    assert not verdict.ok and any("only masked work" in r for r in verdict.reasons), verdict.reasons

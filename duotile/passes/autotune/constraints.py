@@ -57,8 +57,13 @@ def mma_reasons(u: TileUsage, target: str, atom: tuple[int, int, int] | None) ->
 
 
 
+WASTE_FLOOR = 64  # a tile this small is never waste: wgmma's 64 rows are the smallest sm90 MMA tile
+
+
 def waste_reasons(module: Module, exempt: set[str]) -> list[str]:
-    """Tiles larger than the next power of two of the dimension they walk."""
+    """Tiles larger than the next power of two of the dimension they walk, and larger than
+    ``WASTE_FLOOR``: a decode GEMM of one row still takes a 64-row tile, the least the tensor
+    cores take, and refusing it would leave no candidate at all."""
     out, seen = [], set()
     for op in module.walk():
         if op.name not in ("load", "store"):
@@ -71,7 +76,7 @@ def waste_reasons(module: Module, exempt: set[str]) -> list[str]:
             if name in exempt or not (ext.is_Integer and size.is_Integer):
                 continue
             cap = 1 << max(0, int(size) - 1).bit_length()
-            if int(ext) > cap and (name, int(ext)) not in seen:
+            if int(ext) > max(cap, WASTE_FLOOR) and (name, int(ext)) not in seen:
                 seen.add((name, int(ext)))
                 out.append(f"tile extent {int(ext)} over {name}={int(size)} exceeds its power-of-two "
                            f"bucket {cap} (only masked work)")
@@ -135,13 +140,15 @@ class Constraints:
         return bind_shapes(self.kernel.trace(self.sig.dtypes, self.sig.present, kern, self.constants),
                            self.sig.shapes)
 
-    def check(self, config: dict[str, Any]) -> Verdict:
-        key = tuple(sorted((k, repr(v)) for k, v in config.items()))
+    def check(self, config: dict[str, Any], full: bool = True) -> Verdict:
+        """The verdict on ``config``; ``full=False`` skips the target's own lowering and capacity
+        check (the slow part), for ranking many configs before the chosen one is checked fully."""
+        key = (full, tuple(sorted((k, repr(v)) for k, v in config.items())))
         if key not in self._cache:
-            self._cache[key] = self._check(config)
+            self._cache[key] = self._check(config, full)
         return self._cache[key]
 
-    def _check(self, config: dict[str, Any]) -> Verdict:
+    def _check(self, config: dict[str, Any], full: bool = True) -> Verdict:
         reasons = self._relations(config)
         try:
             bound, phases, usages, knobs, tgt = self._trace(config)
@@ -157,7 +164,7 @@ class Constraints:
             for lim in limits:
                 needed[lim.memory] = max(needed.get(lim.memory, 0), int(lim.needed))
         reasons = list(dict.fromkeys(reasons))
-        if not reasons:
+        if not reasons and full:
             reasons += self._target_capacity(bound, knobs)
         return Verdict(not reasons, reasons, needed, phases)
 
