@@ -1,0 +1,91 @@
+"""The decode GEMM's chosen config against its neighbours on the H200: for a few model shapes at
+one row, the config a user gets (``codegen/choose_config.py``) and variants of its K step, stages
+and split, timed interleaved against ``F.linear`` / ``torch._scaled_mm``. It checks the cost
+model's ranking where the model is weakest (a few blocks streaming weights).
+
+    python3 benchmarks/decode_gemm_configs.py [--shapes v41/wq_a/decode1,...] [--jobs 14]
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+from concurrent.futures import ProcessPoolExecutor
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from benchmarks.common import interleaved, spec_peer  # noqa: E402
+from duotile import codegen  # noqa: E402
+from duotile.codegen.choose_config import explain_choice  # noqa: E402
+from duotile.kernels_spec.registry import load_all  # noqa: E402
+
+SHAPES = ("v41/wq_a/decode1", "v41/wo_b/decode1", "v41/shared_w13/decode16", "v41/compressor_ratio1/decode1")
+
+
+def variants(chosen: dict) -> list[dict]:
+    out = [dict(chosen)]
+    for bk in (32, 64, 128):
+        for stages in (2, 4):
+            out.append({**chosen, "BK": bk, "STAGES": stages})
+    for split in (chosen["SPLIT"] // 2, chosen["SPLIT"] * 2):
+        if 1 <= split <= 32:
+            out.append({**chosen, "SPLIT": split})
+    seen, unique = set(), []
+    for c in out:
+        key = tuple(sorted(c.items()))
+        if key not in seen:
+            seen.add(key)
+            unique.append(c)
+    return unique
+
+
+def _build(job):
+    shape, config = job
+    spec = load_all()["gemm"]
+    case = spec.model_cases()[shape]
+    try:
+        kernel = codegen.compile(spec.kernel, "sm90", config=config)
+        kernel(**spec.make_inputs(case, torch.device("cuda"), 0))
+        torch.cuda.synchronize()
+        return ""
+    except Exception as err:  # noqa: BLE001 - reported in the row
+        return f"{type(err).__name__}: {str(err).splitlines()[0][:120]}"
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--shapes", default=",".join(SHAPES), help="comma-separated gemm model shapes")
+    p.add_argument("--jobs", type=int, default=14, help="processes that build before timing")
+    p.add_argument("--rounds", type=int, default=3, help="interleaved rounds")
+    args = p.parse_args(argv)
+    spec = load_all()["gemm"]
+    jobs = []
+    for shape in args.shapes.split(","):
+        case = spec.model_cases()[shape]
+        sig = spec.kernel.bind(spec.meta_inputs(case))
+        chosen = explain_choice(spec.kernel, "sm90", sig)[0] or spec.kernel.default_config()
+        chosen = {k: v for k, v in chosen.items() if k in spec.kernel.tunables}
+        jobs += [(shape, c) for c in variants(chosen)]
+    with ProcessPoolExecutor(args.jobs, mp_context=__import__("multiprocessing").get_context("spawn")) as ex:
+        errors = list(ex.map(_build, jobs))
+    print("shape | config | ours us | peer us | peer/ours")
+    for (shape, config), err in zip(jobs, errors):
+        if err:
+            print(f"{shape} | {config} | {err}")
+            continue
+        case = spec.model_cases()[shape]
+        inputs = spec.make_inputs(case, torch.device("cuda"), 0)
+        kernel = codegen.compile(spec.kernel, "sm90", config=config)
+        _, peer = spec_peer("gemm", inputs, config)
+        t = interleaved({"peer": peer, "ours": lambda k=kernel, x=inputs: k(**x)}, args.rounds)
+        ours, theirs = statistics.median(t["ours"]), statistics.median(t["peer"])
+        print(f"{shape} | {config} | {ours * 1e3:.1f} | {theirs * 1e3:.1f} | {theirs / ours:.3f}", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
