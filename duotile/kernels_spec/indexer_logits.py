@@ -12,6 +12,11 @@ sequence (the batch's longest: rows past a sequence's visible count are scored -
 they hold). Output: ``logits`` (B, L) f32, -inf for every invisible row, so a sequence with no
 visible row (P + 1 < RATIO) gets a row of -inf.
 
+Keys are bf16 rows, or FP8 rows (model.md 3.1's FP8 index key: 128 e4m3 values and an f32 scale
+a row, ``k_scale``): the e4m3 tile is widened to bf16 (exactly) for the same bf16 gemm, and each
+row's dots are multiplied by its scale before the ReLU. The MXFP4 row format and the prefill
+form (a chunk of queries of one sequence) are not written.
+
 A block scores ``NB`` consecutive tiles of ``BN`` rows of one sequence: one gemm
 ``k_tile @ q^T`` (BN x H, f32) a tile, ReLU, times ``w`` per head, summed over the heads (the
 row reduction of the tile), then the mask. The query tile and ``w`` are loaded once a block.
@@ -21,8 +26,9 @@ on the batch (``B`` is the batch dimension) and one build serves every ``B`` and
 
 Tolerance (``_error_bound``): the reference runs in float64. The kernel's bf16 products are
 exact in f32; the D-term dot and the H-term sum round in f32 in whatever order a target sums
-them, so |error| <= gamma * sum_h |w_h| sum_d |q_hd k_jd| with gamma = 2 (D + H + 2) 2^-24
-(twice the textbook (n) u bound, for tensor cores that truncate instead of rounding), plus
+them, so |error| <= gamma * sum_h |w_h| sum_d |q_hd k_jd| with gamma = 2 (D + H + 3) 2^-24
+(twice the textbook (n) u bound, for tensor cores that truncate instead of rounding; one more
+rounding for an FP8 row's scale; k the dequantised keys), plus
 2^-24 relative for the f32 output and an absolute 1e-30 for flushed subnormal products. ReLU is
 1-Lipschitz, so a dot that lands on the other side of 0 stays inside the same bound. Logits of
 small-integer inputs ("ints", the ties cases) are exact on every target: every partial sum is an
@@ -42,8 +48,9 @@ NEG_INF = float("-inf")
 
 @dsl.kernel(batch_dim="B", dynamic=("B", "L"))
 def indexer_logits(q: dsl.Tensor["B", "H", "D", dsl.bf16], w: dsl.Tensor["B", "H", dsl.f32],
-                   k: dsl.Tensor["B", "L", "D", dsl.bf16], pos: dsl.Tensor["B", dsl.i32],
-                   logits: dsl.Tensor["B", "L", dsl.f32], *,
+                   k: dsl.Tensor["B", "L", "D", dsl.bf16 | dsl.f8e4m3], pos: dsl.Tensor["B", dsl.i32],
+                   logits: dsl.Tensor["B", "L", dsl.f32],
+                   k_scale: dsl.OptionalTensor["B", "L", dsl.f32] = None, *,
                    RATIO: dsl.Const = 4,
                    BN: dsl.Tunable = dsl.choice(64, 32, 128),
                    NB: dsl.Tunable = dsl.choice(4, 1, 2, 8, 16),
@@ -57,24 +64,36 @@ def indexer_logits(q: dsl.Tensor["B", "H", "D", dsl.bf16], w: dsl.Tensor["B", "H
         visible = (dsl.load(pos[b], (1,)) + 1) // RATIO  # rows of this sequence's window count
         for i in dsl.pipelined(NB, stages=STAGES):
             row = (g * NB + i) * BN
-            k_tile = dsl.load(k[b, row, 0], (BN, D), role="operand")
+            if k_scale is None:
+                k_tile = dsl.load(k[b, row, 0], (BN, D), role="operand")
+            else:  # FP8 rows: e4m3 values are exact in bf16 (a bf16 gemm), the scale comes after it
+                k_tile = dsl.load(k[b, row, 0], (BN, D)).to(dsl.bf16)
             dots = dsl.zeros((BN, H), dsl.f32, role="accumulator")
             dsl.gemm(k_tile, q_tile, dots, transpose_b=True)
+            if k_scale is not None:
+                dots = dots * dsl.load(k_scale[b, row], (BN,))[:, None]
             s = (dsl.maximum(dots, 0.0) * wts[None, :]).sum(axis=1)
             dsl.store(logits[b, row], dsl.where(row + dsl.arange(BN) < visible, s, NEG_INF))
 
 
-def indexer_logits_reference(q, w, k, pos, RATIO: int = 4) -> dict:
+def _keys(k: torch.Tensor, k_scale: torch.Tensor | None, lo: int, hi: int) -> torch.Tensor:
+    """Rows lo .. hi-1 of the keys in float64, FP8 rows times their scale (model.md 3.1)."""
+    rows = k[:, lo:hi].double()
+    return rows if k_scale is None else rows * k_scale[:, lo:hi].double()[:, :, None]
+
+
+def indexer_logits_reference(q, w, k, pos, k_scale=None, RATIO: int = 4) -> dict:
     """model.md 2.5.5 in float64, rounded once to f32: per sequence b and row j,
-    sum_h w[b, h] * relu(q[b, h] . k[b, j]) where j < (pos[b] + 1) // RATIO, else -inf. Rows are
-    taken in chunks so that a model-sized call (64 sequences of 262,144 rows) fits a GPU."""
+    sum_h w[b, h] * relu(q[b, h] . k[b, j]) where j < (pos[b] + 1) // RATIO, else -inf; FP8 keys
+    are dequantised first (value times the row's scale). Rows are taken in chunks so that a
+    model-sized call (64 sequences of 262,144 rows) fits a GPU."""
     b, h, _ = q.shape
     rows = k.shape[1]
     q64, w64 = q.double(), w.double()
     out = torch.empty(b, rows, dtype=torch.float32, device=q.device)
     chunk = max(1, (1 << 24) // max(1, b * h))
     for lo in range(0, rows, chunk):
-        dots = torch.einsum("bhd,bld->bhl", q64, k[:, lo:lo + chunk].double())
+        dots = torch.einsum("bhd,bld->bhl", q64, _keys(k, k_scale, lo, lo + chunk))
         out[:, lo:lo + chunk] = (dots.clamp(min=0) * w64[:, :, None]).sum(1).float()
     visible = torch.div(pos.long() + 1, RATIO, rounding_mode="floor")
     cols = torch.arange(rows, device=q.device)
@@ -84,13 +103,13 @@ def indexer_logits_reference(q, w, k, pos, RATIO: int = 4) -> dict:
 def _error_bound(case, output, inputs) -> torch.Tensor:
     """gamma * sum_h |w_h| sum_d |q_hd| |k_jd| (the module docstring), as |k| times the per-sequence
     vector sum_h |w_h| |q_h| (cheap at every size)."""
-    q, w, k = inputs["q"], inputs["w"], inputs["k"]
-    gamma = 2.0 * (q.shape[2] + q.shape[1] + 2) * 2.0 ** -24
+    q, w, k, k_scale = inputs["q"], inputs["w"], inputs["k"], inputs.get("k_scale")
+    gamma = 2.0 * (q.shape[2] + q.shape[1] + 3) * 2.0 ** -24  # (+1: an FP8 row's scale multiply)
     v = (w.double().abs()[:, :, None] * q.double().abs()).sum(1)  # (B, D)
     bound = torch.empty(k.shape[:2], dtype=torch.float64, device=k.device)
     chunk = max(1, (1 << 24) // max(1, k.shape[0] * k.shape[2]))
     for lo in range(0, k.shape[1], chunk):
-        bound[:, lo:lo + chunk] = torch.einsum("bld,bd->bl", k[:, lo:lo + chunk].double().abs(), v)
+        bound[:, lo:lo + chunk] = torch.einsum("bld,bd->bl", _keys(k, k_scale, lo, lo + chunk).abs(), v)
     return (gamma * bound).float()
 
 
@@ -124,10 +143,14 @@ def _positions(case, b: int, g: torch.Generator) -> torch.Tensor:
 def _inputs(case, device, seed):
     b, h, rows, d = case["B"], case["H"], case["L"], case["D"]
     out = {"logits": torch.full((b, rows), float("nan"), dtype=torch.float32, device=device)}
+    fp8 = case.get("dtype") == "f8e4m3"
+    if fp8:
+        out["k_scale"] = torch.empty(b, rows, dtype=torch.float32, device=device)
     if device.type == "meta":
+        k_dtype = torch.float8_e4m3fn if fp8 else torch.bfloat16
         return {"q": torch.empty(b, h, d, dtype=torch.bfloat16, device=device),
                 "w": torch.empty(b, h, dtype=torch.float32, device=device),
-                "k": torch.empty(b, rows, d, dtype=torch.bfloat16, device=device),
+                "k": torch.empty(b, rows, d, dtype=k_dtype, device=device),
                 "pos": torch.empty(b, dtype=torch.int32, device=device), **out}
     # model-sized keys (up to 4 GiB) are drawn where they are used: a CUDA generator on a GPU
     gen_device = device if device.type == "cuda" else torch.device("cpu")
@@ -145,6 +168,10 @@ def _inputs(case, device, seed):
         k = torch.randn(b, rows, d, generator=g, device=gen_device, dtype=torch.bfloat16)
         # the model's weights are (x @ weights_proj^T) * D^-0.5 * H^-0.5, either sign
         w = torch.randn(b, h, generator=g, device=gen_device) * (d * h) ** -0.5
+    if fp8:  # model.md 3.1's FP8 index-key row: 128 e4m3 values and an f32 scale, amax / 448
+        scale = (k.float().abs().amax(-1) / 448.0).clamp(min=2.0 ** -120)
+        out["k_scale"] = scale.to(device)
+        k = (k.float() / scale[:, :, None]).to(torch.float8_e4m3fn)
     return {"q": q.to(device), "w": w.to(device), "k": k.to(device),
             "pos": _positions(case, b, g_cpu).to(device), **out}
 
@@ -153,7 +180,8 @@ def indexer_shapes(m: shapes.ModelDims) -> dict[str, dict]:
     """Decode scoring at the compressed rows the indexed layers see: every index ratio of the model
     (V4: 4; V4.1: 2 and 1) at contexts of 4K, 64K and 1M tokens (L = context / ratio), for the
     decode batches 1, 4, 16 and 64, leaving out calls whose bf16 keys pass 4 GiB (2^24 rows of
-    128: a GPU test holds several calls at once)."""
+    128: a GPU test holds several calls at once); and FP8 keys at 1M context for 1 and 16
+    sequences."""
     ratios = (4,) if m.name == "v4-flash" else (2, 1)
     out: dict[str, dict] = {}
     for ratio in ratios:
@@ -166,6 +194,10 @@ def indexer_shapes(m: shapes.ModelDims) -> dict[str, dict]:
                 out[f"{m.short}/r{ratio}_ctx{label}/decode{b}"] = {
                     "B": b, "H": m.index_heads, "L": rows, "D": m.index_head_dim, "RATIO": ratio,
                     "model": m.name}
+        for b in (1, 16):  # FP8 keys with a row scale (model.md 3.1), at 1M context
+            out[f"{m.short}/r{ratio}_ctx1m_fp8/decode{b}"] = {
+                "B": b, "H": m.index_heads, "L": shapes.CONTEXT // ratio, "D": m.index_head_dim, "RATIO": ratio,
+                "dtype": "f8e4m3", "model": m.name}
     return out
 
 
@@ -189,6 +221,9 @@ SPEC = register(Spec(
                       "config": {**SMALL, "NB": 1}},
         # one row, a block of one tile, more tiles a block than the rows need
         "one_row": {"B": 2, "H": 32, "L": 1, "D": 128, "RATIO": 1, "visible": "all"},
+        # FP8 index keys with a scale per row (model.md 3.1's alternative to MXFP4)
+        "fp8_keys_v4": {"B": 5, "H": 64, "L": 90, "D": 128, "RATIO": 4, "dtype": "f8e4m3", "config": SMALL},
+        "fp8_keys_v41": {"B": 2, "H": 32, "L": 130, "D": 128, "RATIO": 1, "dtype": "f8e4m3", "visible": "all"},
     },
     build_cases={"v4_1m_decode16": {"B": 16, "H": 64, "L": 262144, "D": 128, "RATIO": 4},
                  "v41_r1_1m_decode4": {"B": 4, "H": 32, "L": 1 << 20, "D": 128, "RATIO": 1}},
@@ -199,6 +234,6 @@ SPEC = register(Spec(
     bytes_moved=lambda c: c["B"] * (2.0 * c["L"] * c["D"] + 4.0 * c["L"] + 2.0 * c["H"] * c["D"] + 4.0 * c["H"]),
     model_shapes=shapes.for_models(indexer_shapes),
     sweep={"B": Dim(1, 6, large=64), "H": OneOf(32, 64), "L": Dim(1, 300, large=70000), "D": OneOf(64, 128),
-           "RATIO": OneOf(1, 2, 4), "values": OneOf("normal", "normal", "ints"),
+           "RATIO": OneOf(1, 2, 4), "values": OneOf("normal", "normal", "ints"), "dtype": OneOf("bf16", "f8e4m3"),
            "config": {"BN": OneOf(32, 64), "NB": OneOf(1, 2, 4), "STAGES": OneOf(1, 2)}},
 ))

@@ -136,3 +136,18 @@ def test_model_shapes_follow_each_models_indexer():
                    for c in mine.values())
     assert shapes["v4/r4_ctx1m/decode64"]["L"] == 262144 and shapes["v41/r1_ctx1m/decode16"]["L"] == 1 << 20
     assert all(c["B"] * c["L"] <= 1 << 24 for c in shapes.values())
+
+
+def test_fp8_keys_with_power_of_two_scales_equal_their_bf16_values_bit_for_bit():
+    """Row j's scale multiplies row j's dots: with scales that are powers of two every product of
+    the dequantised row is the FP8 one scaled exactly, so both forms give the same bits."""
+    case = {"B": 3, "H": 32, "L": 75, "D": 128, "RATIO": 2, "dtype": "f8e4m3"}
+    inputs = SPEC.make_inputs(case, CPU, 13)
+    inputs["k_scale"] = torch.exp2(torch.randint(-12, 4, inputs["k_scale"].shape).float())
+    cfg = {"BN": 32, "NB": 2, "STAGES": 1}
+    fp8 = _run(case, inputs, cfg)
+    bf16 = {**inputs, "k": (inputs["k"].float() * inputs["k_scale"][:, :, None]).to(torch.bfloat16)}
+    bf16.pop("k_scale")
+    assert torch.equal(bf16["k"].float(), inputs["k"].float() * inputs["k_scale"][:, :, None])  # exact
+    assert torch.equal(fp8, _run({**case, "dtype": "bf16"}, bf16, cfg))
+    _check(case, inputs, fp8)
