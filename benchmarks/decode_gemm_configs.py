@@ -3,7 +3,7 @@ one row, the config a user gets (``codegen/choose_config.py``) and variants of i
 and split, timed interleaved against ``F.linear`` / ``torch._scaled_mm``. It checks the cost
 model's ranking where the model is weakest (a few blocks streaming weights).
 
-    python3 benchmarks/decode_gemm_configs.py [--shapes v41/wq_a/decode1,...] [--jobs 14]
+    python3 benchmarks/decode_gemm_configs.py [--shapes v41/wq_a/decode1,...] [--jobs 14] [--profile]
 """
 
 from __future__ import annotations
@@ -56,12 +56,58 @@ def _build(job):
         return f"{type(err).__name__}: {str(err).splitlines()[0][:120]}"
 
 
+def profile(shape: str) -> None:
+    """Where a call's time goes: each launch's GPU time (torch.profiler), the wall time of a
+    call back to back (no flush) and of the same call replayed from a CUDA graph."""
+    import time
+
+    from torch.profiler import ProfilerActivity
+    from torch.profiler import profile as torch_profile
+
+    spec = load_all()["gemm"]
+    case = spec.model_cases()[shape]
+    inputs = spec.make_inputs(case, torch.device("cuda"), 0)
+    kernel = codegen.compile(spec.kernel, "sm90")
+    for _ in range(3):
+        kernel(**inputs)
+    torch.cuda.synchronize()
+    with torch_profile(activities=[ProfilerActivity.CUDA, ProfilerActivity.CPU]) as prof:
+        for _ in range(20):
+            kernel(**inputs)
+        torch.cuda.synchronize()
+    print(f"-- {shape}: the 20 calls' launches")
+    print(prof.key_averages().table(sort_by="cuda_time_total", row_limit=6))
+    t0 = time.perf_counter()
+    for _ in range(200):
+        kernel(**inputs)
+    torch.cuda.synchronize()
+    eager = (time.perf_counter() - t0) / 200 * 1e6
+    graph = torch.cuda.CUDAGraph()
+    stream = torch.cuda.Stream()
+    with torch.cuda.stream(stream):
+        kernel(**inputs)
+        torch.cuda.synchronize()
+        with torch.cuda.graph(graph, stream=stream):
+            kernel(**inputs)
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    for _ in range(200):
+        graph.replay()
+    torch.cuda.synchronize()
+    print(f"{shape}: {eager:.1f} us a call back to back, {(time.perf_counter() - t0) / 200 * 1e6:.1f} us from a graph")
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--shapes", default=",".join(SHAPES), help="comma-separated gemm model shapes")
     p.add_argument("--jobs", type=int, default=14, help="processes that build before timing")
     p.add_argument("--rounds", type=int, default=3, help="interleaved rounds")
+    p.add_argument("--profile", action="store_true", help="profile the chosen config of each shape instead")
     args = p.parse_args(argv)
+    if args.profile:
+        for shape in args.shapes.split(","):
+            profile(shape)
+        return 0
     spec = load_all()["gemm"]
     jobs = []
     for shape in args.shapes.split(","):
