@@ -33,7 +33,8 @@ def test_without_case_or_shape_the_cases_and_sizes_are_named(capsys, no_sweep):
                            "options ")
     assert "dtype" in line and "scales" in line
     assert "--shape M=... --shape N=... --shape K=..." in line
-    assert "cases: bf16_128, bf16_ragged, bf16_scaled, fp8_scaled, fp8_plain, bf16_8192, fp8_8192" in line
+    assert ("cases: bf16_128, bf16_ragged, bf16_scaled, fp8_scaled, fp8_plain, fp8_split4, bf16_split8_scaled, "
+            "bf16_8192, fp8_8192") in line
     line = one_error_line(capsys, ["tune", "flash_attention", "--target", "sm100"])
     assert "flash_attention has sizes B, H, S, D; options causal" in line
 
@@ -85,7 +86,7 @@ def test_sm90_without_a_gpu_names_the_compile_only_targets(capsys, no_sweep, mon
 
 @pytest.mark.parametrize("pin, line", [
     ("XX=1", "duotile tune: --pin XX: gemm has no tunable 'XX' and sm100 no such knob; tunables: BM, BN, BK, "
-             "STAGES; sm100 knobs: threads, raster, ftz"),
+             "STAGES, SPLIT; sm100 knobs: threads, raster, ftz"),
     ("BM=7", "duotile tune: --pin BM=7: not one of [128, 64, 256]"),
     ("BM=big", "duotile tune: --pin BM=big: not one of [128, 64, 256]"),
     ("threads=7", "duotile tune: --pin threads=7: not one of [256, 128, 512]"),
