@@ -82,3 +82,24 @@ def test_static_copy_of_a_kernel_keys_every_size():
     static = dataclasses.replace(spec.kernel, dynamic=())
     a, b = (static.bind(spec.meta_inputs({"B": 1, "H": 64, "R": r, "D": 128})).key() for r in (10, 11))
     assert a != b
+
+
+def test_a_repeated_call_skips_binding_and_a_changed_one_is_checked_again(monkeypatch):
+    """Calls with the shapes, dtypes and devices of an earlier call reuse its loaded phases
+    without binding again; a call that differs (a dtype here) is bound and refused as before."""
+    from duotile.dsl.errors import CallError
+
+    spec = get("gemm_splitk")
+    kernel = codegen.compile(spec.kernel, "interpret", config={"SPLIT": 2, "BM": 64, "BN": 64, "BK": 64})
+    inputs = spec.make_inputs({"M": 3, "N": 64, "K": 128}, torch.device("cpu"), 0)
+    prepared = []
+    real = kernel._prepare
+    monkeypatch.setattr(kernel, "_prepare", lambda tensors: prepared.append(1) or real(tensors))
+    for _ in range(3):
+        kernel(**inputs)
+    assert len(prepared) == 1
+    want = spec.run_reference(inputs, {"M": 3, "N": 64, "K": 128})["c"]
+    assert torch.allclose(inputs["c"].float(), want.float(), atol=0.1, rtol=1e-2)
+    with pytest.raises(CallError, match="dtype"):
+        kernel(**{**inputs, "a": inputs["a"].float()})
+    assert len(prepared) == 2
