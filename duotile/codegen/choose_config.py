@@ -33,6 +33,7 @@ MAX_OCTAVES = 3  # a table entry serves a shape at most this many doublings away
 MAX_CANDIDATES = 48  # the target's choice starts from the best of at most this many configs
 CHOICE_BATCH = 1  # the batch a batch-invariant kernel's config is chosen at (one sequence)
 SEARCH_PASSES = 3  # rounds of the coordinate search over the tunables
+TIE = 0.02  # modelled times this close are a tie, broken toward the defaults
 
 
 def choose_config(kernel: KernelDef, target: str, sig: Signature,
@@ -216,17 +217,31 @@ def target_choice(kernel: KernelDef, target: str, sig: Signature,
 
     seen: dict[tuple, dict[str, Any]] = {}
 
-    best = min([*pool[:MAX_CANDIDATES - 1], pool[-1]], key=score)  # may be refused: the search moves on from it
+    def away(c: dict[str, Any]) -> int:  # tunables that differ from the defaults
+        return sum(c[n] != default[n] for n in kernel.tunables)
+
+    def pick(cands) -> dict[str, Any]:
+        """The fastest; among those the model cannot tell from it (within ``TIE``), the nearest
+        to the defaults: a plateau of equal estimates says nothing, and the defaults are the
+        configs measured at the shapes the kernel was tuned on."""
+        cands = list(cands)
+        fastest = min(score(c) for c in cands)
+        return min((c for c in cands if score(c) <= fastest * (1 + TIE)), key=lambda c: (away(c), score(c)))
+
+    best = pick([*pool[:MAX_CANDIDATES - 1], pool[-1]])  # may be refused: the search moves on from it
     for _ in range(SEARCH_PASSES):
         before = config_key(best)
         for name in kernel.tunables:
             if name in space.pinned:
                 continue
-            best = min((best, *({**best, name: v} for v in space.params[name].values())), key=score)
+            best = pick((best, *({**best, name: v} for v in space.params[name].values())))
         if config_key(best) == before:
             break
-    # the fastest modelled config that the target's own lowering and capacity checks accept
-    for k in sorted((k for k in scores if scores[k] < math.inf), key=scores.get):
+    # the chosen config if the target's own lowering and capacity checks accept it, else the
+    # next by the same order
+    ranked = sorted((k for k in scores if scores[k] < math.inf),
+                    key=lambda k: (k != config_key(best), scores[k], away(seen[k])))
+    for k in ranked:
         if cons.check(seen[k]).ok:
             return None if k == config_key(default) else seen[k]
     return None

@@ -135,3 +135,14 @@ def test_one_row_tile_is_not_waste():
     assert cons.check({"BM": 64, "BN": 64, "BK": 64, "SPLIT": 2}).ok
     verdict = cons.check({"BM": 128, "BN": 64, "BK": 64, "SPLIT": 2})
     assert not verdict.ok and any("only masked work" in r for r in verdict.reasons), verdict.reasons
+
+
+def test_a_plateau_of_equal_estimates_keeps_the_defaults():
+    """At one row of a 8192 -> 5120 fp8 projection every K step and stage count the model ranks
+    is weight-bandwidth bound at the same time; the smallest (32-byte steps, 2 stages) measured
+    139.5 us on an H200 where 128-byte steps with 4 stages took 79.5 us (2026-12-01,
+    benchmarks/results/decode_gemm_configs.md). A tie keeps the defaults' values."""
+    spec = get("gemm")
+    default = spec.kernel.default_config()
+    choice = _sm90_choice(spec, {"M": 1, "N": 5120, "K": 8192, "dtype": "f8e4m3"})
+    assert choice["SPLIT"] > 1 and (choice["BK"], choice["STAGES"]) == (default["BK"], default["STAGES"]), choice
