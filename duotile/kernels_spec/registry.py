@@ -185,6 +185,7 @@ def load_all() -> dict[str, Spec]:
         quantize_fp4,
         rmsnorm,
         router,
+        sparse_mqa_decode,
     )
 
     return REGISTRY

@@ -1,0 +1,286 @@
+"""Sparse decode attention with an attention sink (model.md 2.5.6, 2.13, 5.4): one query token per
+sequence, ``H`` heads sharing one K = V row per selected position (MQA: 64 heads x 512 in both
+V4-Flash and V4.1-Flash). The rows are gathered from the sequence's cache ``kv`` (B, N, D) by its
+index list ``idx`` (B, L): window slots and the selected (CSA, V4.1) or all visible (HCA)
+compressed rows, merged into one list padded with -1. For head h of sequence b
+
+    l_j  = (q_h . kv[b, idx_j]) * D^-0.5                 over the live slots j (0 <= idx_j < N)
+    o_h  = sum_j exp(l_j) kv[b, idx_j] / (exp(sink_h) + sum_j exp(l_j))
+    lse_h = log(exp(sink_h) + sum_j exp(l_j))            (natural log, the whole denominator)
+
+A slot of -1 (or any index outside the cache) takes no part in the softmax: its score is -inf,
+not that of a zero row. A repeated index counts as often as it is listed. The sink is a
+value-less logit: with no live slot the softmax is over the sink alone, so ``o`` is 0 and ``lse``
+is ``sink_h``. ``lse`` is optional (leave it out and it is not computed).
+
+Split: ``SPLIT`` cuts the index list into contiguous ranges of ``BN``-slot blocks; phase 0 runs
+a block per (sequence, range), an online softmax (base 2) over its slots, and writes the range's
+normalised output and base-2 log-sum-exp (its max and sum folded in one number) into
+workspaces; phase 1 combines the ranges of a sequence in range order, ``BD`` output columns a
+block, with the sink's ``2^(sink log2 e - top)`` added once to the denominator. A range without
+live slots writes zeros and an LSE of -inf, which weighs nothing. The order depends on ``L`` and
+``SPLIT`` only, never on the batch: no atomics, so a sequence's bits are the same at every batch
+size. ``SPLIT = 1`` is one phase, its online softmax started from the sink (max ``sink log2 e``,
+sum 1, output 0). A head whose running max is still -inf subtracts 0 instead, so blocks of dead
+slots give weights of 0, not NaN.
+
+Tolerance (``_error_bound``): the reference runs in float64. The kernel rounds the probabilities
+to bf16 for the P V gemm (relative 2^-9 each, while the denominator sums them unrounded) and the
+output to bf16 (2^-9 relative), so |o - ref|_c <= 2^-9 sum_j p_j |v_jc| + 2^-9 |ref_c| plus f32
+noise; the bound takes twice both terms. The scores' f32 sums (D products, exact bf16 products)
+move ``lse`` by at most 2 (D + 4) 2^-24 max_j sum_c |q_c k_jc| D^-0.5; the bound adds 2^-20
+relative for the base-2 log and exp on the targets.
+
+Model shapes (model.md 2.5.8, 3.3): rows per query 128 (SWA: window), 640 (CSA / CSA2:
+window + top-512) and, V4 HCA at 1M tokens, 128 + 8,192 = 8,320 (every visible compressed row);
+decode batches 1, 16 and 64. ``N``, the cache rows of a sequence, only bounds the gather: the
+window ring plus the compressed rows at a 64K context for the top-k lists (128 + 16,384 for
+ratio 4, 128 + 32,768 for ratio 2), the list itself for SWA and HCA.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from .. import dsl
+from . import model_shapes as shapes
+from .registry import Dim, OneOf, Spec, register
+
+LOG2E = 1.4426950408889634
+LN2 = 0.6931471805599453
+NEG_INF = float("-inf")
+
+
+def _attend(q, kv, idx, b, lo, hi, BN, STAGES):
+    """Online softmax of the heads of sequence b over the slot blocks lo .. hi-1: (acc, row_max,
+    row_sum), the output not yet divided by row_sum, in base-2 units; row_max is -inf and
+    row_sum 0 for a head that met no live slot."""
+    H, D, N = q.H, q.D, kv.N
+    q_tile = dsl.load(q[b, 0, 0], (H, D), role="operand")
+    acc = dsl.zeros((H, D), dsl.f32, role="accumulator")
+    row_max = dsl.full((H,), NEG_INF, dsl.f32)
+    row_sum = dsl.zeros((H,), dsl.f32)
+    scale = LOG2E * D ** -0.5
+    for n in dsl.pipelined(hi, stages=STAGES, start=lo):
+        rows = dsl.load(idx[b, n * BN], (BN,), other=-1)  # slots past L are dead like -1
+        kv_tile = dsl.load(kv[b, rows, 0], (BN, D), role="operand")  # a dead slot reads a zero row
+        scores = dsl.zeros((H, BN), dsl.f32, role="accumulator")
+        dsl.gemm(q_tile, kv_tile, scores, transpose_b=True)
+        live = (rows >= 0) & (rows < N)
+        masked = dsl.where(live[None, :], scores * scale, NEG_INF)
+        new_max = dsl.maximum(row_max, masked.max(axis=1))
+        base = dsl.where(new_max > NEG_INF, new_max, 0.0)  # no live slot yet: weights 0, not NaN
+        p = dsl.exp2(masked - base[:, None])
+        rescale = dsl.exp2(row_max - base)
+        row_sum[:] = row_sum * rescale + p.sum(axis=1)
+        acc[:] = acc * rescale[:, None]
+        row_max[:] = new_max
+        dsl.gemm(p.to(dsl.bf16), kv_tile, acc)
+    return acc, row_max, row_sum
+
+
+# SPLIT defaults to 16, the two-phase form, for the tuning cache key (see gemm_splitk.py)
+@dsl.kernel(batch_dim="B", dynamic=("B", "L", "N"))
+def sparse_mqa_decode(q: dsl.Tensor["B", "H", "D", dsl.bf16], kv: dsl.Tensor["B", "N", "D", dsl.bf16],
+                      idx: dsl.Tensor["B", "L", dsl.i32], sink: dsl.Tensor["H", dsl.f32],
+                      o: dsl.Tensor["B", "H", "D", dsl.bf16],
+                      lse: dsl.OptionalTensor["B", "H", dsl.f32] = None, *,
+                      BN: dsl.Tunable = dsl.choice(64, 32, 128),
+                      STAGES: dsl.Tunable = dsl.int_range(1, 3, default=1),
+                      SPLIT: dsl.Tunable = dsl.choice(16, 1, 2, 4, 8, 32),
+                      BD: dsl.Tunable = dsl.choice(128, 64, 256)):
+    H, D = q.H, q.D
+    blocks = dsl.cdiv(idx.L, BN)
+    if SPLIT == 1:
+        for b in dsl.grid(q.B):
+            acc, row_max, row_sum = _attend(q, kv, idx, b, 0, blocks, BN, STAGES)
+            sink2 = dsl.load(sink[0], (H,)) * LOG2E
+            top = dsl.maximum(row_max, sink2)
+            base = dsl.where(top > NEG_INF, top, 0.0)
+            w = dsl.exp2(row_max - base)
+            total = row_sum * w + dsl.exp2(sink2 - base)
+            dsl.store(o[b, 0, 0], (acc * (w / total)[:, None]).to(dsl.bf16))
+            if lse is not None:
+                dsl.store(lse[b, 0], (base + dsl.log2(total)) * LN2)
+        return
+    part_o = dsl.workspace("part_o", (SPLIT, q.B, H, D), dsl.f32)
+    part_lse = dsl.workspace("part_lse", (SPLIT, q.B, H), dsl.f32)
+    for b, s in dsl.grid(q.B, SPLIT):
+        acc, row_max, row_sum = _attend(q, kv, idx, b, s * blocks // SPLIT, (s + 1) * blocks // SPLIT, BN, STAGES)
+        seen = row_sum > 0.0  # false for a range without live slots
+        inv = dsl.where(seen, 1.0 / row_sum, 0.0)
+        dsl.store(part_o[s, b, 0, 0], acc * inv[:, None])
+        dsl.store(part_lse[s, b, 0], dsl.where(seen, row_max + dsl.log2(row_sum), NEG_INF))
+    for b, j in dsl.grid(q.B, dsl.cdiv(D, BD)):  # BD output columns a block
+        sink2 = dsl.load(sink[0], (H,)) * LOG2E
+        top = dsl.full((H,), NEG_INF, dsl.f32)
+        top[:] = sink2
+        for s in dsl.range(SPLIT):
+            top[:] = dsl.maximum(top, dsl.load(part_lse[s, b, 0], (H,)))
+        base = dsl.where(top > NEG_INF, top, 0.0)
+        total = dsl.zeros((H,), dsl.f32)
+        total[:] = dsl.exp2(sink2 - base)
+        out = dsl.zeros((H, BD), dsl.f32)
+        for s in dsl.range(SPLIT):  # in range order: the same sum at every batch size
+            w = dsl.exp2(dsl.load(part_lse[s, b, 0], (H,)) - base)
+            total[:] = total + w
+            out[:] = out + dsl.load(part_o[s, b, 0, j * BD], (H, BD)) * w[:, None]
+        dsl.store(o[b, 0, j * BD], (out * (1.0 / total)[:, None]).to(dsl.bf16))
+        if lse is not None:  # every column block writes the same bits
+            dsl.store(lse[b, 0], (base + dsl.log2(total)) * LN2)
+
+
+def _rows(kv, idx):
+    """The gathered rows (B, L, D) in float64 and which slots are live (B, L)."""
+    live = (idx >= 0) & (idx < kv.shape[1])
+    safe = torch.where(live, idx, torch.zeros_like(idx)).long()
+    rows = torch.gather(kv.double(), 1, safe[:, :, None].expand(-1, -1, kv.shape[2]))
+    return rows, live
+
+
+def _probabilities(q, kv, idx, sink):
+    """Each slot's softmax weight (B, H, L), the live rows, the log of the denominator (B, H) and
+    the scaled logits, in float64."""
+    rows, live = _rows(kv, idx)
+    logits = torch.einsum("bhd,bld->bhl", q.double(), rows) / math.sqrt(q.shape[-1])
+    logits = logits.masked_fill(~live[:, None, :], float("-inf"))
+    s = sink.double()[None, :]
+    mx = torch.maximum(logits.amax(-1), s)  # the sink in the max too: no overflow from a large sink
+    e = torch.exp(logits - mx[..., None])
+    den = e.sum(-1) + torch.exp(s - mx)
+    return e / den[..., None], rows, mx + torch.log(den), logits
+
+
+def sparse_mqa_decode_reference(q, kv, idx, sink) -> dict:
+    """model.md 2.5.6: one softmax over the live slots plus the value-less sink logit."""
+    p, rows, lse, _ = _probabilities(q, kv, idx, sink)
+    o = torch.einsum("bhl,bld->bhd", p, rows)
+    return {"o": o.to(torch.bfloat16), "lse": lse.float()}
+
+
+def _error_bound(case, output, inputs):
+    p, rows, _, logits = _probabilities(inputs["q"], inputs["kv"], inputs["idx"], inputs["sink"])
+    if output == "o":
+        return 2.0 ** -8 * torch.einsum("bhl,bld->bhd", p, rows.abs()).float()
+    d = inputs["q"].shape[-1]
+    mag = torch.einsum("bhd,bld->bhl", inputs["q"].double().abs(), rows.abs()) / math.sqrt(d)
+    live = torch.isfinite(logits)
+    worst = torch.where(live, mag, torch.zeros_like(mag)).amax(-1) if mag.shape[-1] else mag.sum(-1)
+    return (2 * (d + 4) * 2.0 ** -24 * worst).float()
+
+
+def _tolerance(case, output):
+    return (1e-6, 2.0 ** -8) if output == "o" else (1e-5, 2.0 ** -20)
+
+
+def _index_list(case, g):
+    """The index list (B, L): each sequence's first ``count`` slots name rows (with repeats
+    where asked), the rest -1; ``holes`` is the share of -1 among the named slots."""
+    b, n, length = case["B"], case["N"], case["L"]
+    idx = torch.randint(0, n, (b, length), generator=g, dtype=torch.int32)
+    valid = case.get("valid", "ragged")
+    if valid == "ragged":  # a count per sequence, from none to the whole list
+        counts = torch.randint(0, length + 1, (b,), generator=g)
+        counts[0] = length
+    elif valid == "one":  # all but one slot dead
+        counts = torch.ones(b, dtype=torch.long)
+    elif valid == "none":
+        counts = torch.zeros(b, dtype=torch.long)
+    else:
+        counts = torch.full((b,), length)
+    slots = torch.arange(length)[None, :]
+    holes = torch.rand(b, length, generator=g) < case.get("holes", 0.0)
+    if valid == "one":  # the live slot anywhere in the list, not only first
+        where = torch.randint(0, max(length, 1), (b, 1), generator=g)
+        dead = slots != where
+    else:
+        dead = (slots >= counts[:, None]) | holes
+    if case.get("repeat") and length >= 2:  # the first live rows listed again further on
+        idx[:, length // 2:] = idx[:, :length - length // 2].clone()
+    idx[dead] = -1
+    if case.get("out_of_range") and length >= 3:
+        idx[:, 2] = n  # past the cache: dead like -1
+    return idx
+
+
+def _inputs(case, device, seed):
+    b, h, d, n, length = case["B"], case["H"], case["D"], case["N"], case["L"]
+    if device.type == "meta":  # shapes and dtypes only
+        return {"q": torch.empty(b, h, d, dtype=torch.bfloat16), "kv": torch.empty(b, n, d, dtype=torch.bfloat16),
+                "idx": torch.empty(b, length, dtype=torch.int32), "sink": torch.empty(h),
+                "o": torch.empty(b, h, d, dtype=torch.bfloat16), "lse": torch.empty(b, h)}
+    on_device = device.type != "cpu"
+    # model-sized caches (up to GBs) are drawn where they live; small ones on the CPU generator
+    g = torch.Generator(device=device if on_device else "cpu").manual_seed(seed)
+    where = device if on_device else "cpu"
+    spread = case.get("spread", 1.0)  # scales q: a spread of 30 makes scores ~30 apart
+    q = (torch.randn(b, h, d, generator=g, device=where) * spread).to(torch.bfloat16)
+    kv = torch.randn(b, n, d, generator=g, device=where).to(torch.bfloat16)
+    sink = torch.randn(h, generator=g, device=where) * case.get("sink", 1.0)
+    gi = torch.Generator().manual_seed(seed + 1)
+    idx = _index_list(case, gi)
+    return {"q": q.to(device), "kv": kv.to(device), "idx": idx.to(device), "sink": sink.to(device),
+            "o": torch.full((b, h, d), float("nan"), dtype=torch.bfloat16, device=device),
+            "lse": torch.full((b, h), float("nan"), dtype=torch.float32, device=device)}
+
+
+def _model_shapes(m) -> dict:
+    """Per layer kind: the list length L (window, window + top-k, V4 HCA's window + every visible
+    row at 1M) and the cache rows N, at decode batches 1, 16 and 64."""
+    kinds = {"swa": (m.window, m.window)}
+    for ratio in m.compress_ratios:
+        if ratio == 128:
+            rows = m.window + shapes.CONTEXT // ratio
+            kinds[f"hca{rows}"] = (rows, rows)
+        else:
+            kinds[f"csa_r{ratio}_topk{m.window + m.index_topk}"] = (m.window + m.index_topk,
+                                                                     m.window + (1 << 16) // ratio)
+    out = {}
+    for kind, (length, n) in kinds.items():
+        if m.compress_ratios == (2, 1) and kind.startswith("csa_r1"):
+            continue  # ratio-1 layers read layer 20's rows: the same list length as ratio 2
+        for b in shapes.DECODE_SAMPLE:
+            out[f"{m.short}/{kind}/decode{b}"] = {"B": b, "H": m.heads, "D": m.head_dim, "L": length, "N": n,
+                                                  "model": m.name}
+    return out
+
+
+SMALL = {"BN": 32, "STAGES": 1}  # small slot blocks: several ranges even at a few hundred slots
+SPEC = register(Spec(
+    kernel=sparse_mqa_decode,
+    reference=sparse_mqa_decode_reference,
+    make_inputs=_inputs,
+    outputs=("o", "lse"),
+    cases={
+        "split4_holes": {"B": 3, "H": 64, "D": 64, "N": 300, "L": 200, "holes": 0.3,
+                         "config": {**SMALL, "SPLIT": 4}},
+        "one_phase_ragged": {"B": 4, "H": 64, "D": 64, "N": 90, "L": 96, "config": {**SMALL, "SPLIT": 1}},
+        "all_but_one": {"B": 3, "H": 64, "D": 64, "N": 50, "L": 100, "valid": "one",
+                        "config": {**SMALL, "SPLIT": 4}},
+        "all_dead": {"B": 2, "H": 64, "D": 64, "N": 50, "L": 70, "valid": "none", "config": {**SMALL, "SPLIT": 2}},
+        "all_dead_one_phase": {"B": 2, "H": 64, "D": 64, "N": 50, "L": 40, "valid": "none",
+                               "config": {**SMALL, "SPLIT": 1}},
+        "repeats": {"B": 2, "H": 64, "D": 64, "N": 20, "L": 128, "valid": "all", "repeat": True,
+                    "out_of_range": True, "config": {**SMALL, "SPLIT": 2}},
+        # scores ~30 apart and sinks ~20 apart: nearly one-hot weights, the sink often dominant
+        "spread": {"B": 2, "H": 64, "D": 64, "N": 200, "L": 160, "spread": 30.0, "sink": 20.0,
+                   "holes": 0.5, "config": {**SMALL, "SPLIT": 8}},
+        # 3 slot blocks over 8 ranges: empty ranges among full ones
+        "empty_ranges": {"B": 2, "H": 64, "D": 64, "N": 100, "L": 80, "holes": 0.2,
+                         "config": {**SMALL, "SPLIT": 8}},
+    },
+    build_cases={"v4_csa": {"B": 16, "H": 64, "D": 512, "L": 640, "N": 16512},
+                 "v4_hca_1m": {"B": 4, "H": 64, "D": 512, "L": 8320, "N": 8320}},
+    tolerance=_tolerance,
+    extra_error=_error_bound,
+    flops=lambda c: 4.0 * c["B"] * c["H"] * c["L"] * c["D"],
+    bytes_moved=lambda c: 2.0 * c["B"] * (c["L"] * c["D"] + 2 * c["H"] * c["D"]) + 4.0 * c["B"] * c["L"],
+    model_shapes=shapes.for_models(_model_shapes),
+    # index lists from one slot to several hundred blocks, caches from one row up
+    sweep={"B": Dim(1, 4, large=64), "H": 64, "D": OneOf(64, 128), "L": Dim(1, 260, large=9000),
+           "N": Dim(1, 300, large=300000), "holes": OneOf(0.0, 0.3, 0.9), "repeat": OneOf(False, True),
+           "valid": OneOf("ragged", "all", "one"), "spread": OneOf(1.0, 10.0), "sink": OneOf(1.0, 10.0),
+           "config": {"SPLIT": OneOf(1, 2, 4, 8, 16), "BN": OneOf(32, 64)}},
+))
