@@ -136,7 +136,7 @@ def _rows(kv, idx):
     """The gathered rows (B, L, D) in float64 and which slots are live (B, L)."""
     live = (idx >= 0) & (idx < kv.shape[1])
     safe = torch.where(live, idx, torch.zeros_like(idx)).long()
-    rows = torch.gather(kv.double(), 1, safe[:, :, None].expand(-1, -1, kv.shape[2]))
+    rows = torch.gather(kv, 1, safe[:, :, None].expand(-1, -1, kv.shape[2])).double()  # gather, then widen
     return rows, live
 
 
