@@ -30,18 +30,32 @@ from .rewrite import Rewriter
 def bind_shapes(module: Module, shapes: dict[str, int], dynamic: tuple[str, ...] = ()) -> Module:
     """Sizes in ``dynamic`` stay symbolic (as ``dynamic_symbol(name)``); every other size must be given."""
     symbols = {s for p in module.params for d in p.shape for s in d.free_symbols}
+    # a size only optional tensors carry is unknown where the call leaves them out: the kernel
+    # reads no such tensor, and a target that declares every parameter declares it with size 1
+    required = {s for p in module.params if not p.optional for d in p.shape for s in d.free_symbols}
+    absent = {s for s in symbols if s not in required and str(s) not in shapes and str(s) not in dynamic}
+    symbols -= absent
     missing = sorted(str(s) for s in symbols if str(s) not in shapes and str(s) not in dynamic)
     if missing:
         raise DslError(f"{module.name}: no size given for {', '.join(missing)}")
     subs = {s: (dynamic_symbol(str(s)) if str(s) in dynamic else sympy.Integer(shapes[str(s)])) for s in symbols}
+    subs.update({s: sympy.Integer(1) for s in absent})
+    symbols |= absent
+
+    seen: dict = {}  # a module repeats its offsets and extents: each expression is bound once
 
     def expr(e):
+        if e in seen:
+            return seen[e]
         if not e.free_symbols & symbols:
             return e
-        out = sympy.simplify(e.subs(subs))
-        return sympy.Float(out) if out.is_number and not out.is_Integer and not out.is_infinite else out
+        out = e.subs(subs)
+        if not out.is_number:  # simplify is the slow part, and a number is already simple
+            out = sympy.simplify(out)
+        seen[e] = out = sympy.Float(out) if out.is_number and not out.is_Integer and not out.is_infinite else out
+        return out
 
-    static = {str(s): shapes[str(s)] for s in sorted(symbols, key=str) if str(s) not in dynamic}
+    static = {str(s): shapes[str(s)] for s in sorted(symbols - absent, key=str) if str(s) not in dynamic}
     left = tuple(sorted(str(s) for s in symbols if str(s) in dynamic))
     bound = Rewriter(expr).module(module, shapes=static, dynamic=left)
     for op in bound.walk():

@@ -37,6 +37,27 @@ def test_bind_shapes_names_missing_sizes():
         bind_shapes(softmax_rows.trace(), {"N": 3})
 
 
+@dsl.kernel
+def scaled_rows(x: dsl.Tensor["N", "D", dsl.f32], y: dsl.Tensor["N", "D", dsl.f32],
+                table: dsl.OptionalTensor["V", "D", dsl.f32] = None, *, BN: dsl.Const = 4):
+    for i in dsl.grid(dsl.cdiv(x.N, BN)):
+        t = dsl.load(x[i * BN, 0], (BN, x.D))
+        if table is not None:
+            t = t * dsl.load(table[0, 0], (1, x.D))
+        dsl.store(y[i * BN, 0], t)
+
+
+def test_bind_shapes_leaves_a_size_only_an_absent_optional_tensor_has():
+    m = bind_shapes(scaled_rows.trace(), {"N": 8, "D": 16})
+    assert m.shapes == {"D": 16, "N": 8}
+    assert m.param("table").shape == (1, 16)  # declared with size 1 where a target declares it
+    present = bind_shapes(scaled_rows.trace(present={"table": True}), {"N": 8, "D": 16, "V": 3})
+    assert present.shapes == {"D": 16, "N": 8, "V": 3}
+    assert any(op.attrs.get("tensor") == "table" for op in present.walk())
+    with pytest.raises(DslError, match="no size given for D"):  # a required tensor's size still is
+        bind_shapes(scaled_rows.trace(), {"N": 8, "V": 3})
+
+
 def test_fuse_elementwise_builds_maps_and_keeps_multi_use_values():
     m = fuse_elementwise(bind_shapes(softmax_rows.trace(), {"N": 8, "D": 16}))
     verify_ir(m)
