@@ -31,11 +31,12 @@ noise; the bound takes twice both terms. The scores' f32 sums (D products, exact
 move ``lse`` by at most 2 (D + 4) 2^-24 max_j sum_c |q_c k_jc| D^-0.5; the bound adds 2^-20
 relative for the base-2 log and exp on the targets.
 
-Model shapes (model.md 2.5.8, 3.3): rows per query 128 (SWA: window), 640 (CSA / CSA2:
-window + top-512) and, V4 HCA at 1M tokens, 128 + 8,192 = 8,320 (every visible compressed row);
-decode batches 1, 16 and 64. ``N``, the cache rows of a sequence, only bounds the gather: the
-window ring plus the compressed rows at a 64K context for the top-k lists (128 + 16,384 for
-ratio 4, 128 + 32,768 for ratio 2), the list itself for SWA and HCA.
+Model shapes (model.md 2.5.8, 3.3): rows per query 640 (CSA / CSA2: window + top-512) and,
+V4 HCA at 1M tokens, 128 + 8,192 = 8,320 (every visible compressed row); decode batches 1, 16 and
+64. ``B``, ``L`` and ``N`` are dynamic, so an SWA layer's 128 slots run the same build. ``N``, the
+cache rows of a sequence, only bounds the gather: the window ring plus the compressed rows at a
+64K context for the top-k lists (128 + 16,384 for ratio 4, 128 + 32,768 for ratio 2), the list
+itself for HCA.
 """
 
 from __future__ import annotations
@@ -227,9 +228,9 @@ def _inputs(case, device, seed):
 
 
 def _model_shapes(m) -> dict:
-    """Per layer kind: the list length L (window, window + top-k, V4 HCA's window + every visible
-    row at 1M) and the cache rows N, at decode batches 1, 16 and 64."""
-    kinds = {"swa": (m.window, m.window)}
+    """Per compressed layer kind: the list length L (window + top-k; V4 HCA's window + every
+    visible row at 1M) and the cache rows N, at decode batches 1, 16 and 64."""
+    kinds = {}  # an SWA layer's list (the window alone) is the same build at a shorter L
     for ratio in m.compress_ratios:
         if ratio == 128:
             rows = m.window + shapes.CONTEXT // ratio
