@@ -289,7 +289,10 @@ def _gather(e: Emitter, op: Op):
     shape, axis = op.attrs["shape"], op.attrs["axis"]
     lead = len(p.shape) - len(shape)
     lv = [f"i{d}" for d in range(len(shape))]
-    row = f"{idx_buf}[{lv[axis - lead]}]" if len(rows.type.shape) == 1 else f"{idx_buf}[{lv[axis - lead]}, 0]"
+    if len(rows.type.shape) == 1:
+        row = f"{idx_buf}[{lv[axis - lead]}]"
+    else:  # an (N, 1) or a (1, N) index tile: its N indices run along the axis that is not 1
+        row = f"{idx_buf}[0, {lv[axis - lead]}]" if int(rows.type.shape[0]) == 1 else f"{idx_buf}[{lv[axis - lead]}, 0]"
     conds, gidx = [f"{row} >= 0", f"{row} < {index(p.shape[axis])}"], []
     for d, off in enumerate(op.attrs["offsets"]):
         if d == axis:
