@@ -238,14 +238,16 @@ def _gather(view: TensorView, gathers: list[int], t: TileType, attrs: dict) -> T
 
 
 def store(view: TensorView, value: Tile) -> None:
-    """Write ``value`` with its corner at ``view``; out-of-bounds elements are dropped."""
+    """Write ``value`` with its corner at ``view``; out-of-bounds elements are dropped.
+
+    One index may be an int tile (``y[idx, 0]``): a scatter of the tile's rows to the rows it
+    names, where a negative or out-of-range index drops the whole row.
+    """
     if not isinstance(view, TensorView):
         raise builder.error("dsl.store takes a tensor view like y[i, 0]")
     if not isinstance(value, Tile):
         raise builder.error("dsl.store writes a tile")
     tensor = view.tensor
-    if any(isinstance(i, Tile) for i in view.index):
-        raise builder.error("scatter stores are not supported yet; store at a tile corner")
     if value.dtype != tensor.dtype:
         raise builder.error(f"cannot store a {value.dtype} tile into {tensor.dtype} tensor "
                             f"{tensor.name!r}: cast it with .to(dsl.{tensor.dtype.name})")
@@ -253,8 +255,34 @@ def store(view: TensorView, value: Tile) -> None:
     if len(shape) > tensor.ndim:
         raise builder.error(f"a tile of shape {_fmt(value.shape)} does not fit {tensor.ndim}-d "
                             f"tensor {tensor.name!r}")
+    scatters = [i for i, x in enumerate(view.index) if isinstance(x, Tile)]
+    if scatters:
+        return _scatter(view, scatters, value)
     attrs = {"tensor": tensor.name, "offsets": tuple(as_expr(i) for i in view.index), "shape": shape}
     builder.current().emit(Op("store", args=(value.value,), attrs=attrs))
+
+
+def _scatter(view: TensorView, scatters: list[int], value: Tile) -> None:
+    """``dsl.store(y[idx, j], tile)``: row ``r`` of the tile goes to the row ``idx[r]`` names along
+    that axis (the other axes as a store at a corner); a row whose index is < 0 or >= the size is
+    dropped. Rows naming one position twice leave one of them there, which one unspecified."""
+    tensor, shape = view.tensor, value.shape
+    if len(scatters) > 1:
+        raise builder.error("only one index of a store may be a tile (a scatter)")
+    axis = scatters[0]
+    idx: Tile = view.index[axis]
+    tile_axis = axis - (tensor.ndim - len(shape))
+    if tile_axis < 0:
+        raise builder.error("the scattered dimension must be one of the tile's dimensions")
+    if idx.dtype not in (dtypes.i32, dtypes.i64):
+        raise builder.error(f"scatter indices must be int32 or int64, got {idx.dtype}")
+    n = [d for d in idx.shape if d != 1]
+    if len(n) > 1 or (n and n[0] != shape[tile_axis]) or (not n and shape[tile_axis] != 1):
+        raise builder.error(f"scatter index tile of shape {_fmt(idx.shape)} does not match the "
+                            f"tile's dimension {tile_axis} of size {shape[tile_axis]}")
+    offsets = tuple(sympy.Integer(0) if i == axis else as_expr(x) for i, x in enumerate(view.index))
+    attrs = {"tensor": tensor.name, "offsets": offsets, "shape": shape, "axis": axis}
+    builder.current().emit(Op("scatter", args=(value.value, idx.value), attrs=attrs))
 
 
 # -- compute --------------------------------------------------------------------------------

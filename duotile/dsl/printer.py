@@ -29,10 +29,12 @@ def format_op(op: Op) -> str:
         low = f"{start} <= " if start != 0 else ""
         return f"for {low}{a['var']} < {a['extent']}{kind}"
     args = ", ".join(format_arg(x) for x in op.args)
-    if op.name in ("load", "store", "gather"):
+    if op.name in ("load", "store", "gather", "scatter"):
         offs = ", ".join(str(o) for o in a["offsets"])
         tail = f" -> {op.result.type}" if op.result is not None else ""
         idx = f" by {args}" if op.name == "gather" else (f" <- {args}" if op.name == "store" else "")
+        if op.name == "scatter":  # args: the tile, then the index tile
+            idx = f" by {format_arg(op.args[1])} <- {format_arg(op.args[0])}"
         extra = _format_attrs(op)
         return f"{lhs}{op.name} {a['tensor']}[{offs}]{idx}{tail}{extra}"
     if op.name == "map":

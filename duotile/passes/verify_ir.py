@@ -21,6 +21,8 @@ from ..dsl.expr import Node
 from ..dsl.ir import Block, Module, Op, Value
 from ..dsl.ops import BITCASTS, BITWISE, SHIFTS
 
+STORES = ("store", "scatter")  # the ops that write a tensor (a scatter: rows named by an index tile)
+
 
 def verify_ir(module: Module) -> Module:
     body = module.body.ops
@@ -41,10 +43,10 @@ def _check_workspaces(module: Module):
     for grid in module.body.ops:
         ops = [op for op in grid.walk() if op.attrs.get("tensor") in scratch]
         for op in ops:
-            if op.name != "store" and op.attrs["tensor"] not in written:
+            if op.name not in STORES and op.attrs["tensor"] not in written:
                 raise DslError(f"a phase reads workspace {op.attrs['tensor']!r} before an earlier phase "
                                "writes it", op.loc)
-        written |= {op.attrs["tensor"] for op in ops if op.name == "store"}
+        written |= {op.attrs["tensor"] for op in ops if op.name in STORES}
 
 
 def _check_block(block: Block, module: Module, visible: set[int], symbols: set, bound: bool):

@@ -4,6 +4,8 @@ Semantics, for every target to match:
 - ``load`` reads the tile at its corner; elements outside the tensor read ``other``.
 - ``gather`` reads rows named by an index tile; an index < 0 or >= the size reads ``other``.
 - ``store`` writes the tile; elements outside the tensor are dropped.
+- ``scatter`` writes the tile's rows to the rows an index tile names; a row whose index is < 0 or
+  >= the size is dropped (as are elements outside the tensor along the other axes).
 - ``gemm`` adds ``a @ b`` (with transposes) to an fp32 buffer, products and sums in fp32.
 - elementwise math runs in the result dtype of the op (fp32 for the specs' math).
 - ``/`` divides floats (the tracer converts integer operands); ``//`` and ``%`` on integers
@@ -155,6 +157,37 @@ def _store(it: Interpreter, op: Op):
         return
     value = it.get(op.args[0]).reshape([int(d) for d in op.attrs["shape"]])
     tensor[src] = value[dst]
+
+
+@handles("scatter")
+def _scatter(it: Interpreter, op: Op):
+    """Row r of the tile goes to the index ``idx[r]`` names along the scattered axis; the other
+    axes clip like a store's; a row whose index is < 0 or >= the size is dropped."""
+    tensor, axis = it.tensors[op.attrs["tensor"]], op.attrs["axis"]
+    shape = [int(d) for d in op.attrs["shape"]]
+    offsets = [int(it.scalar(o)) for o in op.attrs["offsets"]]
+    lead = tensor.dim() - len(shape)
+    if not all(0 <= offsets[d] < tensor.shape[d] for d in range(lead)):
+        return
+    dst = tensor
+    for d in reversed(range(lead)):  # the leading points (the scattered axis is a tile axis)
+        dst = dst.select(d, offsets[d])
+    idx = it.get(op.args[1]).reshape(-1).long()
+    to, frm = [], []
+    for d in range(lead, tensor.dim()):
+        if d == axis:
+            rows = torch.nonzero((idx >= 0) & (idx < tensor.shape[d])).reshape(-1)
+            to.append(idx[rows])
+            frm.append(rows)
+            continue
+        off, n = offsets[d], shape[d - lead]
+        lo, hi = max(off, 0), min(off + n, tensor.shape[d])
+        if hi <= lo:
+            return
+        to.append(slice(lo, hi))
+        frm.append(slice(lo - off, hi - off))
+    value = torch.broadcast_to(it.get(op.args[0]), shape)
+    dst[tuple(to)] = value[tuple(frm)].to(tensor.dtype)
 
 
 @handles("alloc")

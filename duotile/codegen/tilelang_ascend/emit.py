@@ -177,6 +177,9 @@ class Emitter:
             src = self.stage_name(op)
         self.stmt(_copy(op).format(src=src, dst=self.region(op, op.attrs["shape"])), op, depth)
 
+    def op_scatter(self, op: Op, depth: int) -> None:
+        raise unsupported("a scatter store (rows named by an index tile) is not lowered for Ascend yet", op)
+
     # a dual copy needs regions of one rank: a 1-d split tile meets a global region of higher rank
     # (lse[b, h, rows]) through a UB stage of that rank, e.g. (1, 1, rows / 2)
     def staged(self, op: Op) -> bool:

@@ -324,6 +324,31 @@ def _store(e: Emitter, op: Op):
     e.src.line(f"T.copy({src}, {region(p.name, op.attrs['offsets'], op.attrs['shape'], len(p.shape))})", op.loc)
 
 
+@handles("scatter")
+def _scatter(e: Emitter, op: Op):
+    """Each element to the row its index names, guarded: a row index < 0 or >= the size, or an
+    element past the tensor along another axis, is not written."""
+    v, rows = op.args
+    src, idx_buf = e.readable(v, op), e.readable(rows, op)
+    p = e.m.param(op.attrs["tensor"])
+    shape, axis = op.attrs["shape"], op.attrs["axis"]
+    lead = len(p.shape) - len(shape)
+    lv = [f"i{d}" for d in range(len(shape))]
+    row = f"{idx_buf}[{', '.join(lv[axis - lead] if int(d) != 1 else '0' for d in rows.type.shape)}]"
+    conds, gidx = [f"{row} >= 0", f"{row} < {index(p.shape[axis])}"], []
+    for d, off in enumerate(op.attrs["offsets"]):
+        if d == axis:
+            gidx.append(row)
+        elif d < lead:
+            gidx.append(index(off))
+        else:
+            gidx.append(f"{index(off)} + {lv[d - lead]}")
+            conds.append(f"{gidx[-1]} < {index(p.shape[d])}")
+    e.src.line(f"for {', '.join(lv)} in T.Parallel({', '.join(str(int(d)) for d in shape)}):", op.loc)
+    e.src.line(f"    if {_tl_and(' and '.join(conds))}:", op.loc)
+    e.src.line(f"        {p.name}[{', '.join(gidx)}] = {src}[{', '.join(lv)}]", op.loc)
+
+
 @handles("reduce")
 def _reduce(e: Emitter, op: Op):
     src = e.readable(op.args[0], op)

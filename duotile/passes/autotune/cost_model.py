@@ -116,7 +116,7 @@ def _count(op: Op, trips: float, acc: dict, mma_m: int):
         if op.name == "reduce":
             n = float(op.args[0].type.numel())
         acc["vector"] += n * trips
-    elif op.name in ("load", "gather", "store"):
+    elif op.name in ("load", "gather", "store", "scatter"):
         v = op.result if op.result is not None else op.args[0]
         acc["gmem"] += float(v.type.numel()) * v.type.dtype.bits / 8 * trips
 
@@ -145,7 +145,7 @@ def estimate(module: Module, m: Machine, knobs: dict[str, Any] | None = None,
 
     # each tensor the module reads or writes, once (a phase of a split kernel keeps every
     # parameter of the kernel, and an absent optional one stays listed: neither moves bytes)
-    touched = {op.attrs["tensor"] for op in module.walk() if op.name in ("load", "store", "gather")}
+    touched = {op.attrs["tensor"] for op in module.walk() if op.name in ("load", "store", "gather", "scatter")}
     compulsory = sum(float(sympy.Mul(*p.shape)) * p.dtype.bits / 8 for p in module.params if p.name in touched)
     traffic = acc["gmem"] * programs
     dram = compulsory + max(0.0, traffic - compulsory) * L2_MISS
