@@ -194,8 +194,9 @@ def target_choice(kernel: KernelDef, target: str, sig: Signature,
     pool = [default]
     for partial in (tgt.start_points(one) if one is not None else []):
         pool.append({**default, **partial})
-    for base in list(pool):
-        pool.extend(space.neighbours(base))
+    if tgt.modelled:  # knobs move too there, one step from each start (the search below walks tunables)
+        for base in list(pool):
+            pool.extend(space.neighbours(base))
     # every tunable at its least value (the smallest tiles): a start that fits where the defaults
     # overflow more than one size at once, which a search moving one tunable at a time cannot leave
     pool.append({**default, **{k: min(space.params[k].values()) for k in kernel.tunables
