@@ -182,6 +182,7 @@ def load_all() -> dict[str, Spec]:
         gemm_blockscaled,
         gemm_splitk,
         indexer_logits,
+        kv_insert,
         moe_combine,
         moe_permute,
         mqa_decode,
