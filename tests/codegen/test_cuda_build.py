@@ -18,7 +18,23 @@ pytest.importorskip("tilelang")
 
 # head dim 512 holds a 64x512 fp32 accumulator: sm100's TMEM cannot take it (tested below)
 WIDE = {("flash_attention", "d512"), ("mqa_decode", "hca_1m")}
-CASES = [(n, c) for n, s in sorted(load_all().items()) for c in s.build_cases if (n, c) not in WIDE]
+# the foundation kernels' build cases in full; of the model's newer kernels the first build case
+# (tests/codegen/test_model_shape_builds.py builds a representative model shape of every spec)
+FOUNDATION = {"flash_attention", "gemm", "gemm_splitk", "mqa_decode", "rmsnorm", "gather_rows"}
+# where a build is refused or fails today, with why (strict: a fix must drop the entry)
+EXPECTED = {
+    ("sparse_mqa_decode", "sm100"): "a 64 x 512 fp32 accumulator and the scores overflow sm100's TMEM",
+    ("kv_insert", "sm90"): "TileLang 0.1.15 finds no layout for the V4.1 row's chained rope and amax reductions",
+    ("kv_insert", "sm100"): "TileLang 0.1.15 finds no layout for the V4.1 row's chained rope and amax reductions",
+}
+CASES = [(n, c) for n, s in sorted(load_all().items())
+         for c in (s.build_cases if n in FOUNDATION else list(s.build_cases)[:1]) if (n, c) not in WIDE]
+
+
+def _cubin_params():
+    return [pytest.param(n, c, t, id=f"{t}-{n}-{c}",
+                         marks=[pytest.mark.xfail(strict=True, reason=EXPECTED[n, t])] if (n, t) in EXPECTED else [])
+            for n, c in CASES for t in ("sm90", "sm100")]
 BUILDS: dict = {}
 
 
@@ -32,8 +48,7 @@ def built(name, case_name, target):
     return r.artifact
 
 
-@pytest.mark.parametrize("name,case_name", CASES)
-@pytest.mark.parametrize("target", ["sm90", "sm100"])
+@pytest.mark.parametrize("name,case_name,target", _cubin_params())
 def test_builds_to_cubin(name, case_name, target):
     built(name, case_name, target)
     for a in BUILDS[(name, case_name, target)].artifacts:  # every phase of a multi-phase kernel
