@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import linecache
 import sys
+import sysconfig
 import threading
 import types
 
@@ -25,22 +26,20 @@ class Builder:
         self.workspaces: list = []  # TensorParams declared by dsl.workspace, in order
 
     def loc(self) -> SourceLoc | None:
-        """The spec line that is running now: the innermost line of the kernel's own file (the
-        kernel function or a helper beside it, such as a gemm's K-range loop), else the kernel
-        function's line, else the innermost line outside the DSL."""
+        """The spec line that is running now: between the op and the kernel function, the
+        innermost frame outside the DSL's modules and the standard library (a helper the kernel
+        called, wherever it lives, such as gemm's K-range loop that gemm_splitk calls too), else
+        the kernel function's own line; so an error names the load, not the helper's call."""
         frame = sys._getframe(1)
-        helper = kernel = None
+        helper = None
         while frame is not None:
-            code = frame.f_code
-            if code.co_filename == self.code.co_filename and not code.co_filename.startswith(_DSL_DIR):
-                return _loc_of(frame)
-            if code is self.code:
-                kernel = frame
-            if helper is None and not code.co_filename.startswith(_DSL_DIR):
+            if frame.f_code is self.code:
+                return _loc_of(helper or frame)
+            name = frame.f_code.co_filename
+            if helper is None and not name.startswith((_DSL_DIR, _STDLIB)):
                 helper = frame
             frame = frame.f_back
-        chosen = kernel or helper
-        return _loc_of(chosen) if chosen is not None else None
+        return _loc_of(helper) if helper is not None else None
 
     def emit(self, op: Op) -> Value | None:
         if op.loc is None:
@@ -62,6 +61,7 @@ class Builder:
 
 
 _DSL_DIR = __file__.rsplit("/", 1)[0]
+_STDLIB = sysconfig.get_paths()["stdlib"]  # contextlib's frames sit between a `with` op and the kernel
 
 
 def _loc_of(frame) -> SourceLoc:

@@ -15,18 +15,8 @@ import torch
 
 from .. import dsl
 from . import model_shapes as shapes
-from .gemm import _tolerance, gemm_reference
+from .gemm import _k_range, _tolerance, gemm_reference
 from .registry import Dim, OneOf, Spec, register
-
-
-def _partial(a, b, m, n, k_start, k_stop, BM, BN, BK, STAGES):
-    """acc = A[m tile, K blocks k_start .. k_stop-1] @ B[n tile, same]^T, in fp32."""
-    acc = dsl.zeros((BM, BN), dsl.f32, role="accumulator")
-    for k in dsl.pipelined(k_stop, stages=STAGES, start=k_start):
-        a_tile = dsl.load(a[m * BM, k * BK], (BM, BK), role="operand")
-        b_tile = dsl.load(b[n * BN, k * BK], (BN, BK), role="operand")
-        dsl.gemm(a_tile, b_tile, acc, transpose_b=True)
-    return acc
 
 
 # SPLIT defaults to 4: the tuning cache keys a kernel by its trace at the default config, which
@@ -43,13 +33,13 @@ def gemm_splitk(a: dsl.Tensor["M", "K", dsl.bf16], b: dsl.Tensor["N", "K", dsl.b
     tiles = (dsl.cdiv(a.M, BM), dsl.cdiv(b.N, BN))
     if SPLIT == 1:
         for m, n in dsl.grid(*tiles):
-            acc = _partial(a, b, m, n, 0, k_blocks, BM, BN, BK, STAGES)
+            acc = _k_range(a, b, m, n, 0, k_blocks, BM, BN, BK, STAGES)
             dsl.store(c[m * BM, n * BN], acc.to(dsl.bf16))
         return
     partial = dsl.workspace("partial", (SPLIT, a.M, b.N), dsl.f32)
     for m, n, s in dsl.grid(*tiles, SPLIT):
         # range s: K blocks floor(s * k_blocks / SPLIT) .. floor((s + 1) * k_blocks / SPLIT) - 1
-        acc = _partial(a, b, m, n, s * k_blocks // SPLIT, (s + 1) * k_blocks // SPLIT, BM, BN, BK, STAGES)
+        acc = _k_range(a, b, m, n, s * k_blocks // SPLIT, (s + 1) * k_blocks // SPLIT, BM, BN, BK, STAGES)
         dsl.store(partial[s, m * BM, n * BN], acc)
     for m, n in dsl.grid(*tiles):
         total = dsl.zeros((BM, BN), dsl.f32)
