@@ -5,6 +5,7 @@ full (cubins, Ascend C). ``python3 -m tests.codegen.test_model_shape_builds`` pr
 
 from __future__ import annotations
 
+import re
 import shutil
 
 import pytest
@@ -50,7 +51,8 @@ def check_refusal_names_its_cause(spec, err):
     if isinstance(err, CapacityError):
         assert f"{err.memory} overflow" in msg and "needs" in msg and "capacity" in msg, msg
     elif isinstance(err, UnsupportedError):
-        assert err.loc is not None and f"kernels_spec/{spec.name}.py:" in msg, msg  # the op's spec line
+        # the op's spec line: the spec's own file or a helper it calls (gemm_splitk runs gemm's K loop)
+        assert err.loc is not None and re.search(r"kernels_spec/\w+\.py:\d+", msg), msg
     else:
         assert isinstance(err, LoweringError) and spec.name in msg and "config" in msg, msg
 
