@@ -138,10 +138,12 @@ def _note(r) -> str:
 def cmd_show(args) -> int:
     spec = _spec(args.kernel)
     cname = args.case or next(iter(spec.build_cases))
-    case = spec.build_cases.get(cname, spec.cases.get(cname))
+    case = spec.build_cases.get(cname, spec.cases.get(cname, spec.model_shapes.get(cname)))
     if case is None:
+        models = sorted(spec.model_shapes)
         raise KeyError(f"{args.kernel} has no case {cname!r}; build cases: {', '.join(spec.build_cases)}; "
-                       f"test cases: {', '.join(spec.cases) or '-'}")
+                       f"test cases: {', '.join(spec.cases) or '-'}; model shapes: "
+                       f"{', '.join(models[:4]) + (f' ... ({len(models)})' if len(models) > 4 else '') or '-'}")
     tgt = get_target(args.target)
     if args.stage not in tgt.stages:
         raise KeyError(f"target {args.target} has no stage {args.stage!r}; it has: {', '.join(tgt.stages)}")

@@ -129,7 +129,11 @@ def test_user_build_matches_reference(name, label, case, seed):
     kernel(**inputs)
     torch.cuda.synchronize()
     off = check_on_device(spec, case, inputs, reference(spec, case, inputs))
-    print(f"{name:16s} {label:36s} {case} config {config}: {'ok' if off is None else 'WRONG'}")
+    line = f"{name:16s} {label:36s} {case} config {config}: {'ok' if off is None else 'WRONG'}"
+    print(line)
+    if os.environ.get("DUOTILE_SWEEP_LOG"):
+        with open(os.environ["DUOTILE_SWEEP_LOG"], "a") as log:  # one write a line: workers interleave whole lines
+            log.write(f"{line} (seed {seed}){'' if off is None else ': ' + off}\n")
     assert off is None, f"{where}, config {config}: {off}"
 
 
