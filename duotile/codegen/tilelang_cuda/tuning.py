@@ -39,8 +39,10 @@ def cuda_limits(arch: Arch, u: TileUsage, knobs: dict[str, Any]) -> list[Limit]:
 # figures: reference/kernels.md section 1; the rest are stated assumptions
 MACHINES = {
     "sm90": Machine("H200 SXM", 132, {16: 989e12, 8: 1979e12, 32: 67e12}, 67e12, 4.8e12,
-                    128 * 1.83e9, 228 * 1024, 65536, 32, 0.7e-6, 0.3e-6, 64,
-                    "wgmma m64 per warpgroup; smem 128 B/clk/SM at 1.83 GHz, 0.7 us latency, 15% L2 miss: assumptions"),
+                    128 * 1.83e9, 228 * 1024, 65536, 32, 1.3e-6, 0.3e-6, 64,
+                    "wgmma m64 per warpgroup; smem 128 B/clk/SM at 1.83 GHz, 15% L2 miss: assumptions; "
+                    "1.3 us a pipeline step's wait under load: measured (a decode GEMM, 2026-12-01)",
+                    pipelined_resident=1),
     "sm100": Machine("B200", 148, {16: 2250e12, 8: 4500e12, 32: 80e12}, 80e12, 8.0e12,
                      128 * 1.9e9, 228 * 1024, 65536, 32, 0.7e-6, 0.3e-6, 128,
                      "tcgen05 m128; vector rate, smem bandwidth, latency: assumptions", acc_in_registers=False),

@@ -15,6 +15,11 @@ check), never a kernel's name:
 - the main (pipelined) loop: with ``S`` stages an iteration takes
   ``max(t_mma, t_vector, t_smem, t_dram, latency / (S - 1))``, with one stage
   ``latency + t_mma + t_vector + t_dram`` (no overlap); plus one pipeline fill per program.
+  The latency term is a program's own: programs resident together share the SM's throughput
+  (the other terms) but do not shorten each other's wait for their next stage, so a program of
+  many short K steps is latency-bound however many share its SM. (Measured on the H200, a
+  decode GEMM of 64 two-stage K steps a program, all programs resident at once, took 1.3 us a
+  step: ``benchmarks/results/decode_gemm_profile.txt``.)
 
 Each target holds its ``Machine`` (``Target.machine``: ``codegen/tilelang_cuda/tuning.py``,
 ``codegen/tilelang_ascend/tuning.py``). Peak figures (``reference/kernels.md`` section 1 for
@@ -58,6 +63,10 @@ class Machine:
     # vector units that each run a program's vector tiles (Ascend: the two AIVs of a cube core run
     # the same code; each holds the whole tile, or half with the vector_split knob)
     vector_copies: int = 1
+    # programs per unit at most when the main loop is pipelined by a producer warp group (0: no
+    # such cap). TileLang's warp-specialised sm90 form takes the register file for one program:
+    # ``setmaxnreg`` 240 for 256 consumer threads and 24 for the 128 producers (64,512 of 65,536).
+    pipelined_resident: int = 0
 
 
 L2_MISS = 0.15  # share of re-read tile traffic that misses L2 (assumption)
@@ -140,6 +149,8 @@ def estimate(module: Module, m: Machine, knobs: dict[str, Any] | None = None,
         if k in knobs:
             units = min(units, int(knobs[k]))
     resident = _resident(m, usage, knobs)
+    if main and main[0][0].attrs["stages"] and m.pipelined_resident and knobs.get("warp_specialize", "auto") != "off":
+        resident = min(resident, m.pipelined_resident)
     waves = math.ceil(programs / (units * resident))
     wave_eff = programs / (waves * units * resident)
 
@@ -161,12 +172,12 @@ def estimate(module: Module, m: Machine, knobs: dict[str, Any] | None = None,
     trips = max(trips, 1.0)
     per_iter = {"mma": mma / trips, "vector": vec / trips, "smem": smem / trips, "dram": mem / trips}
     if stages >= 2:
-        per_iter["latency"] = m.latency_s / (stages - 1) / resident
+        per_iter["latency"] = m.latency_s / (stages - 1)
         bound = max(per_iter, key=per_iter.get)
         t_iter = per_iter[bound]
     else:
         bound = "latency"
-        t_iter = m.latency_s / resident + per_iter["mma"] + per_iter["vector"] + per_iter["dram"]
+        t_iter = m.latency_s + per_iter["mma"] + per_iter["vector"] + per_iter["dram"]
     program_time = trips * t_iter + m.latency_s + m.launch_s / resident
     flops = sum(v for key, v in acc.items() if isinstance(key, tuple)) * programs
     return Estimate(waves * program_time, flops, dram, programs, resident, waves, wave_eff, bound)
