@@ -117,6 +117,7 @@ class PhasedCall:
         self.phases, self.fns = phases, fns
         self.workspaces: dict[str, Any] | None = None
         self._shapes: dict[tuple, dict[str, tuple[int, ...]]] = {}  # workspace shapes by dynamic sizes
+        self._views: dict[tuple, dict[str, Any]] = {}  # views of the current workspaces by sizes and device
         self._axes = _dynamic_axes(phases[0]) if phases[0].workspaces and phases[0].dynamic else ()
 
     def _workspace_shapes(self, sizes: dict[str, int]) -> dict[str, tuple[int, ...]]:
@@ -136,13 +137,17 @@ class PhasedCall:
             sizes = ({sym: int(tensors[name].shape[axis]) for name, axis, sym in self._axes}
                      if self._axes is not None else first.dynamic_sizes(tensors))
             device = next(t.device for t in tensors.values() if t is not None and hasattr(t, "device"))
-            shapes = self._workspace_shapes(sizes)
-            have = self.workspaces or {}
-            if any(n not in have or have[n].numel() < _numel(s) or have[n].device != device
-                   for n, s in shapes.items()):
-                self.workspaces = {p.name: torch.empty(_numel(shapes[p.name]), dtype=p.dtype.torch, device=device)
-                                   for p in first.workspaces}
-            views = {n: self.workspaces[n][:_numel(s)].view(s) for n, s in shapes.items()}
+            key = (tuple(sizes.items()), device)
+            views = self._views.get(key)
+            if views is None:  # slicing and viewing cost a few us a call: once per sizes and device
+                shapes = self._workspace_shapes(sizes)
+                have = self.workspaces or {}
+                if any(n not in have or have[n].numel() < _numel(s) or have[n].device != device
+                       for n, s in shapes.items()):
+                    self.workspaces = {p.name: torch.empty(_numel(shapes[p.name]), dtype=p.dtype.torch,
+                                                           device=device) for p in first.workspaces}
+                    self._views.clear()  # views of the old workspaces
+                views = self._views[key] = {n: self.workspaces[n][:_numel(s)].view(s) for n, s in shapes.items()}
         args = {**tensors, **(views if first.workspaces else {})}
         for fn in self.fns:
             fn(args)

@@ -128,3 +128,29 @@ def test_a_loop_in_a_helper_function_traces():
     x, y = torch.arange(6.0), torch.zeros(6)
     codegen.compile(loops_in_a_helper, "interpret")(x=x, y=y)
     assert torch.equal(y, x)
+
+
+@dsl.kernel(dynamic=("N",))
+def row_sums_twice_dynamic(x: dsl.Tensor["N", "D", dsl.f32], y: dsl.Tensor["N", dsl.f32], *,
+                           BN: dsl.Tunable = dsl.choice(4, 8)):
+    """``row_sums_twice`` with N dynamic: one build, its workspace sized per call."""
+    sums = dsl.workspace("sums", (x.N,), dsl.f32)
+    for i in dsl.grid(dsl.cdiv(x.N, BN)):
+        dsl.store(sums[i * BN], dsl.load(x[i * BN, 0], (BN, x.D)).sum(axis=1))
+    for j in dsl.grid(dsl.cdiv(x.N, BN)):
+        dsl.store(y[j * BN], dsl.load(sums[j * BN], (BN,)) * 2.0)
+
+
+def test_a_dynamic_workspace_grows_and_its_views_follow_it():
+    """Views of the workspace are kept per size: a call at a size that no longer fits makes a new
+    workspace, and a size seen before then views the new one, not the one it replaced."""
+    kernel = codegen.compile(row_sums_twice_dynamic, "interpret", config={"BN": 4})
+    for n in (8, 20, 8, 3):
+        x, y = torch.randn(n, 3), torch.zeros(n)
+        kernel(x=x, y=y)
+        assert torch.allclose(y, 2 * x.sum(1)), n
+    (call,) = {id(c): c for c in kernel._calls.values()}.values()  # one build served every size
+    ws = call.workspaces["sums"]
+    assert ws.numel() == 20
+    assert all(v["sums"].untyped_storage().data_ptr() == ws.untyped_storage().data_ptr()
+               for v in call._views.values())
