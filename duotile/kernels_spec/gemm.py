@@ -42,6 +42,21 @@ def _k_range(a, b, m, n, k_start, k_stop, BM, BN, BK, STAGES):
     return acc
 
 
+def k_ranges(k_blocks, SPLIT, s):
+    """The K blocks of range s of SPLIT contiguous ranges: floor(s * k_blocks / SPLIT) ..
+    floor((s + 1) * k_blocks / SPLIT) - 1 (empty where there are more ranges than blocks)."""
+    return s * k_blocks // SPLIT, (s + 1) * k_blocks // SPLIT
+
+
+def sum_ranges(partial, corner, shape, SPLIT):
+    """The SPLIT partial tiles ``partial[s, *corner]`` added in range order: a fixed order with no
+    atomics, so a row's sum is the same at every batch size and on every run."""
+    total = dsl.zeros(shape, dsl.f32)
+    for s in dsl.range(SPLIT):
+        total[:] = total + dsl.load(partial[(s, *corner)], shape)
+    return total
+
+
 @dsl.kernel(bucketed=("M",))
 def gemm(a: dsl.Tensor["M", "K", dsl.bf16 | dsl.f8e4m3], b: dsl.Tensor["N", "K", dsl.bf16 | dsl.f8e4m3],
          c: dsl.Tensor["M", "N", dsl.bf16],
@@ -63,12 +78,10 @@ def gemm(a: dsl.Tensor["M", "K", dsl.bf16 | dsl.f8e4m3], b: dsl.Tensor["N", "K",
     # tiles would leave idle; the partial sums are added in range order (no atomics), then scaled
     partial = dsl.workspace("partial", (SPLIT, a.M, b.N), dsl.f32)
     for m, n, s in dsl.grid(*tiles, SPLIT):
-        acc = _k_range(a, b, m, n, s * k_blocks // SPLIT, (s + 1) * k_blocks // SPLIT, BM, BN, BK, STAGES)
+        acc = _k_range(a, b, m, n, *k_ranges(k_blocks, SPLIT, s), BM, BN, BK, STAGES)
         dsl.store(partial[s, m * BM, n * BN], acc)
     for m, n in dsl.grid(*tiles):
-        total = dsl.zeros((BM, BN), dsl.f32)
-        for s in dsl.range(SPLIT):
-            total[:] = total + dsl.load(partial[s, m * BM, n * BN], (BM, BN))
+        total = sum_ranges(partial, (m * BM, n * BN), (BM, BN), SPLIT)
         dsl.store(c[m * BM, n * BN], _scaled(total, a_scale, b_scale, m, n, BM, BN).to(dsl.bf16))
 
 

@@ -52,6 +52,7 @@ import torch
 from .. import dsl
 from ..dsl.builder import error
 from . import model_shapes as shapes
+from .gemm import k_ranges, sum_ranges
 from .registry import Dim, OneOf, Spec, register
 
 FP8_MAX = 448.0
@@ -131,15 +132,10 @@ def gemm_blockscaled(a: dsl.Tensor["G", "M", "K", dsl.f8e4m3], a_scale: dsl.Tens
     partial = dsl.workspace("partial", (SPLIT, a.G, a.M, b.N), dsl.f32)
     for gn, m, s in dsl.grid(a.G * n_tiles, dsl.cdiv(a.M, BM), SPLIT):  # group and column tile in one axis
         g, n = gn // n_tiles, gn % n_tiles
-        # range s: K steps floor(s * steps / SPLIT) .. floor((s + 1) * steps / SPLIT) - 1
-        acc = _partial(a, a_scale, b, b_scale, g, m, n, s * steps // SPLIT, (s + 1) * steps // SPLIT,
-                       BM, BN, BK, BLOCK, STAGES)
+        acc = _partial(a, a_scale, b, b_scale, g, m, n, *k_ranges(steps, SPLIT, s), BM, BN, BK, BLOCK, STAGES)
         dsl.store(partial[s, g, m * BM, n * BN], acc)
     for g, m, n in dsl.grid(a.G, dsl.cdiv(a.M, BM), n_tiles):
-        total = dsl.zeros((BM, BN), dsl.f32)
-        for s in dsl.range(SPLIT):  # in range order: the same sum at every M
-            total[:] = total + dsl.load(partial[s, g, m * BM, n * BN], (BM, BN))
-        dsl.store(c[g, m * BM, n * BN], total.to(dsl.bf16))
+        dsl.store(c[g, m * BM, n * BN], sum_ranges(partial, (g, m * BM, n * BN), (BM, BN), SPLIT).to(dsl.bf16))
 
 
 # -- reference ------------------------------------------------------------------------------------

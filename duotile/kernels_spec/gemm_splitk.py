@@ -15,7 +15,7 @@ import torch
 
 from .. import dsl
 from . import model_shapes as shapes
-from .gemm import _k_range, _tolerance, gemm_reference
+from .gemm import _k_range, _tolerance, gemm_reference, k_ranges, sum_ranges
 from .registry import Dim, OneOf, Spec, register
 
 
@@ -38,14 +38,10 @@ def gemm_splitk(a: dsl.Tensor["M", "K", dsl.bf16], b: dsl.Tensor["N", "K", dsl.b
         return
     partial = dsl.workspace("partial", (SPLIT, a.M, b.N), dsl.f32)
     for m, n, s in dsl.grid(*tiles, SPLIT):
-        # range s: K blocks floor(s * k_blocks / SPLIT) .. floor((s + 1) * k_blocks / SPLIT) - 1
-        acc = _k_range(a, b, m, n, s * k_blocks // SPLIT, (s + 1) * k_blocks // SPLIT, BM, BN, BK, STAGES)
+        acc = _k_range(a, b, m, n, *k_ranges(k_blocks, SPLIT, s), BM, BN, BK, STAGES)
         dsl.store(partial[s, m * BM, n * BN], acc)
     for m, n in dsl.grid(*tiles):
-        total = dsl.zeros((BM, BN), dsl.f32)
-        for s in dsl.range(SPLIT):  # in range order: the same sum at every batch size
-            total[:] = total + dsl.load(partial[s, m * BM, n * BN], (BM, BN))
-        dsl.store(c[m * BM, n * BN], total.to(dsl.bf16))
+        dsl.store(c[m * BM, n * BN], sum_ranges(partial, (m * BM, n * BN), (BM, BN), SPLIT).to(dsl.bf16))
 
 
 def _inputs(case, device, seed):
