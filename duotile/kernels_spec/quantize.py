@@ -27,23 +27,18 @@ Decode path: each row is quantised on its own (batch dimension T, dynamic).
 
 from __future__ import annotations
 
-import struct
-
 import torch
 
 from .. import dsl
 from ..runtime import quant
 from . import model_shapes as shapes
 from .registry import Dim, OneOf, Spec, register
+from .ue8m0 import INF_BITS, MAGNITUDE, f32_bits, inverse_pow2, magnitude_bits, pow2_code
+
+__all__ = ["INF_BITS", "MAGNITUDE", "f32_bits", "quantize", "quantize_reference"]  # kv_insert reads these
 
 FP8_MAX = 448.0
-INF_BITS = 0x7F800000  # an f32's magnitude bits at +Inf; NaNs lie above
-MAGNITUDE = 0x7FFFFFFF  # every bit but the sign
 NAN_CODE = 255  # UE8M0 code of a block with a NaN or an Inf
-
-
-def f32_bits(value: float) -> int:
-    return struct.unpack("<i", struct.pack("<f", value))[0]
 
 
 @dsl.kernel(batch_dim="T", dynamic=("T",))
@@ -58,13 +53,10 @@ def quantize(x: dsl.Tensor["T", "D", dsl.bf16 | dsl.f32], q: dsl.Tensor["T", "D"
         for g in dsl.range(BLOCKS):
             col = (n * BLOCKS + g) * BLOCK
             xt = dsl.load(x[t * ROWS, col], (ROWS, BLOCK)).to(dsl.f32)
-            # |x| as bits, a NaN turned into Inf: a float max of these is exact on every target
-            mag = dsl.minimum(xt.bitcast(dsl.i32) & MAGNITUDE, INF_BITS).bitcast(dsl.f32)
-            amax = dsl.maximum(mag.max(axis=1).bitcast(dsl.i32), floor)
-            biased = amax >> 23
-            code = dsl.where(amax >= INF_BITS, NAN_CODE,
-                             dsl.where((amax & 0x7FFFFF) > 0x600000, biased - 7, biased - 8))
-            inv = dsl.where(code.eq(NAN_CODE), 0.0, ((254 - code) << 23).bitcast(dsl.f32))  # 2^(127 - code)
+            amax = dsl.maximum(magnitude_bits(xt).max(axis=1).bitcast(dsl.i32), floor)
+            bad = amax >= INF_BITS
+            code = dsl.where(bad, NAN_CODE, pow2_code(amax, FP8_MAX))
+            inv = inverse_pow2(code, bad)
             dsl.store(q[t * ROWS, col], (xt * inv[:, None]).to(dsl.f8e4m3))
             dsl.store(scale[t * ROWS, n * BLOCKS + g], code[:, None].to(dsl.u8))
 

@@ -56,19 +56,16 @@ Decode path: each row is quantised on its own (batch dimension T, dynamic).
 
 from __future__ import annotations
 
-import struct
-
 import torch
 
 from .. import dsl
 from ..runtime import quant
 from . import model_shapes as shapes
 from .registry import Dim, OneOf, Spec, register
+from .ue8m0 import INF_BITS, f32_bits, inverse_pow2, magnitude_bits, pow2_code
 
 FORMATS = {"mxfp4": 32, "nvfp4": 16}  # format -> channels a scale covers
 FLOORS = {"mxfp4": quant.FP4_FLOOR, "nvfp4": quant.NVFP4_FLOOR}
-INF_BITS = 0x7F800000  # an f32's magnitude bits at +Inf; NaNs lie above
-MAGNITUDE = 0x7FFFFFFF  # every bit but the sign
 NAN_CODE = {"mxfp4": 255, "nvfp4": 0x7F}  # the scale of a block with a NaN or an Inf
 E4M3_MIN_NORMAL_BITS = 0x3C800000  # 2^-6 as f32 bits
 E4M3_SUBNORMAL_ADD = 16384.0  # 2^14: f32 values near it lie 2^-9 apart, e4m3's subnormal step
@@ -76,10 +73,6 @@ E4M3_BIAS_SHIFT = (127 - 7) << 3  # f32 exponent bias minus e4m3's, in units of 
 # e2m1 midpoints, in order: a value above the odd-numbered ones (or at least the even-numbered
 # ones) passes them; ties go to the even code (model.md 4.1)
 MIDPOINTS = ((0.25, False), (0.75, True), (1.25, False), (1.75, True), (2.5, False), (3.5, True), (5.0, False))
-
-
-def f32_bits(value: float) -> int:
-    return struct.unpack("<i", struct.pack("<f", value))[0]
 
 
 def _e2m1(m, neg, bad):
@@ -121,15 +114,12 @@ def quantize_fp4(x: dsl.Tensor["T", "D", dsl.bf16 | dsl.f32], q: dsl.Tensor["T",
             xe = dsl.load(x[t * ROWS, even], (ROWS, half)).to(dsl.f32)
             xo = dsl.load(x[t * ROWS, even + 1], (ROWS, half)).to(dsl.f32)
             be, bo = xe.bitcast(dsl.i32), xo.bitcast(dsl.i32)
-            # |x| as bits, a NaN turned into Inf: a float max of these is exact on every target
-            me = dsl.minimum(be & MAGNITUDE, INF_BITS).bitcast(dsl.f32)
-            mo = dsl.minimum(bo & MAGNITUDE, INF_BITS).bitcast(dsl.f32)
+            me, mo = magnitude_bits(xe), magnitude_bits(xo)
             amax = dsl.maximum(dsl.maximum(me.max(axis=1), mo.max(axis=1)).bitcast(dsl.i32), floor)
             bad = amax >= INF_BITS
             if FORMAT == "mxfp4":
-                biased = amax >> 23
-                code = dsl.where(bad, NAN_CODE[FORMAT], dsl.where((amax & 0x7FFFFF) > 0x400000, biased - 1, biased - 2))
-                inv = dsl.where(bad, 0.0, ((254 - code) << 23).bitcast(dsl.f32))  # 2^(127 - code)
+                code = dsl.where(bad, NAN_CODE[FORMAT], pow2_code(amax, 6.0))
+                inv = inverse_pow2(code, bad)
                 qe, qo = _scaled_by_code(me, be, code, inv), _scaled_by_code(mo, bo, code, inv)
             else:
                 y = dsl.minimum(amax.bitcast(dsl.f32) / 6.0, 448.0)
