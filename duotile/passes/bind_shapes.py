@@ -26,6 +26,18 @@ from ..dsl.errors import DslError
 from ..dsl.ir import Module, dynamic_symbol
 from .rewrite import Rewriter
 
+_SIMPLIFIED: dict = {}  # sympy.simplify by expression: configs and shapes repeat the dynamic ones
+_SIMPLIFIED_MAX = 50_000
+
+
+def _simplify(e):
+    out = _SIMPLIFIED.get(e)
+    if out is None:
+        if len(_SIMPLIFIED) >= _SIMPLIFIED_MAX:
+            _SIMPLIFIED.clear()
+        out = _SIMPLIFIED[e] = sympy.simplify(e)
+    return out
+
 
 def bind_shapes(module: Module, shapes: dict[str, int], dynamic: tuple[str, ...] = ()) -> Module:
     """Sizes in ``dynamic`` stay symbolic (as ``dynamic_symbol(name)``); every other size must be given."""
@@ -51,7 +63,7 @@ def bind_shapes(module: Module, shapes: dict[str, int], dynamic: tuple[str, ...]
             return e
         out = e.subs(subs)
         if not out.is_number:  # simplify is the slow part, and a number is already simple
-            out = sympy.simplify(out)
+            out = _simplify(out)
         seen[e] = out = sympy.Float(out) if out.is_number and not out.is_Integer and not out.is_infinite else out
         return out
 
