@@ -118,7 +118,8 @@ class PhasedCall:
         self.workspaces: dict[str, Any] | None = None
         self._shapes: dict[tuple, dict[str, tuple[int, ...]]] = {}  # workspace shapes by dynamic sizes
         self._views: dict[tuple, dict[str, Any]] = {}  # views of the current workspaces by sizes and device
-        self._axes = _dynamic_axes(phases[0]) if phases[0].workspaces and phases[0].dynamic else ()
+        self._ws = phases[0].workspaces  # a property that walks the params: read once
+        self._axes = _dynamic_axes(phases[0]) if self._ws and phases[0].dynamic else ()
 
     def _workspace_shapes(self, sizes: dict[str, int]) -> dict[str, tuple[int, ...]]:
         """Each workspace's shape at these dynamic sizes (sympy once per distinct sizes, not per call)."""
@@ -129,28 +130,31 @@ class PhasedCall:
         return self._shapes[key]
 
     def __call__(self, tensors: dict) -> None:
-        first = self.phases[0]
-        if first.workspaces:  # sized at the call's dynamic sizes; reused while they fit
-            import torch
-
+        args = tensors
+        if self._ws:  # sized at the call's dynamic sizes; reused while they fit
             # read off the tensors at axes found once (printing sympy symbols a call cost ~25 us)
             sizes = ({sym: int(tensors[name].shape[axis]) for name, axis, sym in self._axes}
-                     if self._axes is not None else first.dynamic_sizes(tensors))
-            device = next(t.device for t in tensors.values() if t is not None and hasattr(t, "device"))
+                     if self._axes is not None else self.phases[0].dynamic_sizes(tensors))
+            device = (tensors[self._axes[0][0]].device if self._axes else
+                      next(t.device for t in tensors.values() if t is not None and hasattr(t, "device")))
             key = (tuple(sizes.items()), device)
             views = self._views.get(key)
             if views is None:  # slicing and viewing cost a few us a call: once per sizes and device
-                shapes = self._workspace_shapes(sizes)
-                have = self.workspaces or {}
-                if any(n not in have or have[n].numel() < _numel(s) or have[n].device != device
-                       for n, s in shapes.items()):
-                    self.workspaces = {p.name: torch.empty(_numel(shapes[p.name]), dtype=p.dtype.torch,
-                                                           device=device) for p in first.workspaces}
-                    self._views.clear()  # views of the old workspaces
-                views = self._views[key] = {n: self.workspaces[n][:_numel(s)].view(s) for n, s in shapes.items()}
-        args = {**tensors, **(views if first.workspaces else {})}
+                views = self._views[key] = self._make_views(sizes, device)
+            args = {**tensors, **views}
         for fn in self.fns:
             fn(args)
+
+    def _make_views(self, sizes: dict[str, int], device) -> dict[str, Any]:
+        import torch
+
+        shapes = self._workspace_shapes(sizes)
+        have = self.workspaces or {}
+        if any(n not in have or have[n].numel() < _numel(s) or have[n].device != device for n, s in shapes.items()):
+            self.workspaces = {p.name: torch.empty(_numel(shapes[p.name]), dtype=p.dtype.torch, device=device)
+                               for p in self._ws}
+            self._views.clear()  # views of the old workspaces
+        return {n: self.workspaces[n][:_numel(s)].view(s) for n, s in shapes.items()}
 
 
 def _dynamic_axes(module: Module) -> tuple[tuple[str, int, str], ...] | None:
@@ -221,8 +225,9 @@ class CompiledKernel:
     def __call__(self, **tensors):
         # a call like one seen before (the same names, shapes, dtypes and devices) was bound and
         # checked then: it goes straight to its loaded phases (binding costs ~8 us a call)
-        seen = tuple((n, tuple(t.shape), t.dtype, t.device) if hasattr(t, "shape") else (n, type(t))
-                     for n, t in sorted(tensors.items()))
+        # (in the call's own argument order: another order is another entry, not another build)
+        seen = tuple((n, t.shape, t.dtype, t.device) if hasattr(t, "shape") else (n, type(t))
+                     for n, t in tensors.items())
         fn = self._calls.get(seen)
         if fn is None:
             unknown = set(tensors) - set(self.kernel.tensors)
