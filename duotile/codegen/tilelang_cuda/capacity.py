@@ -4,7 +4,8 @@ row-split (FullRow) wgmma accumulators.
 
 TileLang does not check shared memory (a 384 KiB kernel builds and fails only at launch), so
 every config is checked here first. Shared bytes: each shared tile, times the pipeline depth
-when it is loaded inside a pipelined loop. TMEM: fp32 accumulator columns, 512 per SM.
+when it is loaded inside a pipelined loop, and the padded copy of a small reduction's source
+(``plan.reduce_padding``). TMEM: fp32 accumulator columns, 512 per SM.
 Registers: nothing stops a register tile of any size either (a 4096 x 4096 f32 tile built, with
 256 KiB of stack a thread and minutes in ptxas), so the register tiles (fragments, and on sm100
 the fragments TMEM is drained into) are summed, as if all were live at once, and divided by the
@@ -14,6 +15,8 @@ configs need at most 1.8 KiB a thread by it, and a config near the limit spills 
 """
 
 from __future__ import annotations
+
+import math
 
 from ...dsl.errors import CapacityError, UnsupportedError
 from ...dsl.ir import Module, Op
@@ -73,6 +76,8 @@ def usage(module: Module, arch: Arch, threads: int | None = None) -> dict[str, i
             smem += nbytes
         if scope == "tmem" or (arch.has_tmem and v.id in plan.mutated and v.id in gemm_written):
             tmem_cols += int(v.type.shape[-1])
+    smem += sum(math.prod(plan.reduce_pad[id(op)]) * op.args[0].type.dtype.bits // 8
+                for op in module.walk() if id(op) in plan.reduce_pad)
     registers = sum(n for _, n in register_tiles(module, arch, plan))
     return {"shared": smem, "tmem_columns": tmem_cols, "register_bytes": registers}
 

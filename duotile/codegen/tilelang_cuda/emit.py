@@ -354,7 +354,42 @@ def _reduce(e: Emitter, op: Op):
     src = e.readable(op.args[0], op)
     dst = e.name(op.result)
     fn = {"sum": "T.reduce_sum", "max": "T.reduce_max", "min": "T.reduce_min"}[op.attrs["fn"]]
+    padded = e.plan.reduce_pad.get(id(op))
+    if padded is not None:
+        src = _padded_source(e, op, src, padded)
     e.src.line(f"{fn}({src}, {dst}, dim={op.attrs['axis']}, clear=True)", op.loc)
+
+
+def _padded_source(e: Emitter, op: Op, src: str, padded: tuple[int, ...]) -> str:
+    """A shared-memory copy of a reduction's source, padded along the reduced axis with the
+    reduction's identity (``plan.reduce_padding``: a tile whose elements do not divide the threads)."""
+    v, axis = op.args[0], op.attrs["axis"]
+    shape = [int(d) for d in v.type.shape]
+    stage = f"{e.name(op.result)}_src_smem"
+    dims = ", ".join(map(str, padded))
+    e.src.decl(f'{stage} = T.alloc_shared(({dims},), "{v.type.dtype.tilelang_name}")')
+    lv = [f"i{d}" for d in range(len(shape))]
+    tail = [str(p - s) if d == axis else str(p) for d, (p, s) in enumerate(zip(padded, shape))]
+    at = [f"{shape[axis]} + {x}" if d == axis else x for d, x in enumerate(lv)]
+    e.src.line(f"for {', '.join(lv)} in T.Parallel({', '.join(tail)}):", op.loc)
+    e.src.line(f"    {stage}[{', '.join(at)}] = {_identity(op.attrs['fn'], v.type.dtype)}", op.loc)
+    e.src.line(f"T.copy({src}, {stage}[{', '.join(f'0:{n}' for n in shape)}])", op.loc)
+    return stage
+
+
+def _identity(fn: str, dtype) -> str:
+    """The element a reduction of ``fn`` leaves unchanged, as TileLang source."""
+    if fn == "sum":
+        return literal(0.0, dtype)
+    if dtype.is_float:
+        return literal(float("-inf") if fn == "max" else float("inf"), dtype)
+    if dtype.name == "i1":  # bool
+        low, high = 0, 1
+    elif dtype.name.startswith("u"):
+        low, high = 0, (1 << dtype.bits) - 1
+    else:
+        low, high = -(1 << (dtype.bits - 1)), (1 << (dtype.bits - 1)) - 1
+    return literal(low if fn == "max" else high, dtype)
 
 
 @handles("map")

@@ -20,10 +20,19 @@ Rules (each a target lowering rule any kernel can hit, never a kernel special ca
   only maps read (a per-sequence position broadcast into a mask) is a thread-local value, which
   every thread loads and computes itself: TileLang 0.1.15 finds no fragment layout for a
   one-element fragment read inside a parallel loop of another shape.
+- a reduction of a register tile of fewer elements than threads that do not divide the threads
+  (a 1 x 7 row at 256 threads) is read from a shared-memory copy padded along the reduced axis
+  with the reduction's identity (0, -inf, +inf) to a size that spreads evenly (``reduce_padding``):
+  TileLang 0.1.15 lays such a tile out on 7 x 36 = 252 of the 256 threads, so its reduction
+  covers 252, and where the result is read by all threads (broadcast back over the row) the
+  lowering fails ("Inconsistent layouts between src and dst in ReduceOp"). At 256 threads a
+  1 x N row summed and broadcast back fails for N = 3, 5, 6, 7, 12, 24, 31, 33, 48, 100 and 200,
+  and lowers for N = 1, 2, 4, 8, 16, 32, 64, 128 and 256.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 from ...dsl.ir import Module, Op, Role, Value
@@ -41,6 +50,7 @@ class Plan:
     staged: set[int] = field(default_factory=set)  # fragment values copied to shared for a gemm
     col_split: set[int] = field(default_factory=set)  # accumulators split by columns (FullCol)
     store_direct: set[int] = field(default_factory=set)  # map results written by their store, no fragment
+    reduce_pad: dict[int, tuple[int, ...]] = field(default_factory=dict)  # reduce op id -> padded source shape
 
 
 def make_plan(module: Module, arch: Arch, threads: int | None = None) -> Plan:
@@ -75,7 +85,30 @@ def make_plan(module: Module, arch: Arch, threads: int | None = None) -> Plan:
             if v.id in gemm_b or (v.id in gemm_a and (arch.has_tmem or plan.col_split)):
                 plan.staged.add(v.id)
     _find_gemm_clears(module, plan)
+    if threads:
+        for op in ops:
+            if op.name == "reduce" and plan.scope.get(op.args[0].id) in ("fragment", "tmem"):
+                padded = reduce_padding([int(d) for d in op.args[0].type.shape], op.attrs["axis"], threads)
+                if padded is not None:
+                    plan.reduce_pad[id(op)] = padded
     return plan
+
+
+def spreads_evenly(n: int, threads: int) -> bool:
+    """TileLang lays a register tile of ``n`` elements over every one of the threads."""
+    return threads % n == 0 or n % threads == 0
+
+
+def reduce_padding(shape: list[int], axis: int, threads: int) -> tuple[int, ...] | None:
+    """The shape a reduction's source is padded to along ``axis`` (the module docstring), or None
+    where the tile needs none: it has at least as many elements as threads (laid out evenly, or
+    refused by ``capacity.check_fragment_layouts``) or its elements divide the threads."""
+    n = math.prod(shape)
+    if n >= threads or spreads_evenly(n, threads):
+        return None
+    rest = n // shape[axis]
+    extent = next(c for c in range(shape[axis], threads + 1) if spreads_evenly(rest * c, threads))
+    return tuple(extent if i == axis else d for i, d in enumerate(shape))
 
 
 def _thread_local(ops: list[Op]) -> set[int]:
