@@ -189,8 +189,10 @@ def load_all() -> dict[str, Spec]:
         quantize,
         quantize_fp4,
         rmsnorm,
+        rmsnorm_quant,
         router,
         sparse_mqa_decode,
+        swiglu_quant,
         topk,
     )
 
