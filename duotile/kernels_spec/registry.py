@@ -184,6 +184,7 @@ def load_all() -> dict[str, Spec]:
         indexer_logits,
         kv_insert,
         moe_combine,
+        moe_gemm_mxfp4,
         moe_permute,
         mqa_decode,
         quantize,

@@ -1,0 +1,394 @@
+"""The routed experts' W4A8 grouped GEMM (model.md 2.6, 2.7, 2.10, 4.1-4.3, 5.2): both grouped GEMMs
+of the MoE, the fused ``w1`` / ``w3`` up-projection and the ``w2`` down-projection, over the rows
+that ``moe_permute`` grouped by expert.
+
+    out[r, n] = sum_k  a[r, k] * sa[r, k // ABLOCK] * w[e(r), n, k] * sw[e(r), n, k // 32]
+
+* ``a`` (R x K, e4m3): the permuted activations, expert e's rows at ``offsets[e]`` ..
+  ``offsets[e] + counts[e] - 1`` (``moe_permute``'s ``counts`` and exclusive ``offsets``, E + 1 of
+  them, of which the kernel reads the first E); ``a_scale`` (R x KA, uint8) their UE8M0 codes, one
+  per 1 x ``ABLOCK`` channels (128 in V4, 32 in V4.1: the quantiser's blocks, model.md 2.10).
+* ``w`` (E x N x K/2, uint8): the MXFP4 expert weights as the checkpoint stores them ([out, in]),
+  two e2m1 codes a byte, **the even input channel in the low nibble** (model.md 1.4, 4.1;
+  ``quantize_fp4.py``; the runtime's ``quant.pack_fp4``); a code's bit 3 is the sign, bits 0-2 index
+  {0, .5, 1, 1.5, 2, 3, 4, 6}. ``w_scale`` (E x N x K/32, uint8): a UE8M0 code per 32 input channels
+  of an output row. The up-projection is ``w1`` and ``w3`` stacked along N (N = 2 x expert width).
+* ``out`` (R x N, bf16): fp32 accumulation, one rounding to bf16. Rows outside every expert's
+  range (``moe_permute``'s tail past ``offsets[E]``, pairs it left out) are not written.
+
+K is a multiple of 32 (the weights' scale blocks; both models' widths are multiples of 128).
+``counts`` and ``w`` name the same E, so a routing of another expert count is refused at the call.
+
+**How a block finds its rows.** The grid is (expert, row tile within the expert, column tile),
+``E x ceil(R / BM) x ceil(N / BN)``. A block reads its expert's ``offsets[e]`` and ``counts[e]``
+as one-element tiles and gathers its rows ``offsets[e] + m * BM + i`` (i < BM), -1 (a zero row,
+whose output row the scatter store drops) where ``m * BM + i >= counts[e]``; the expert is the
+grid index, so the weights sit at a plain offset. The DSL reads no load offset and no loop bound
+from a tensor (docs/dsl.md), so the row tiles of an expert are bounded statically, by R: one
+expert may take every row. A block past its expert's rows reads nothing (no row, and its weight
+gathers name no column), so the traffic is that of the rows and of the weight tiles a row tile
+uses; but every block runs its K loop, expanding zeros where it has no rows, and of the
+``E x ceil(R / BM)`` row tiles only ``sum_e ceil(counts[e] / BM)`` (at most ``R / BM + E``) hold
+rows. With BM = 64 and BN = 128, V4's w13 at the decode of one token (R = 6) has rows in 192 of
+its 8,192 blocks, at a 4,096-token prefill chunk (R = 24,576) in about 16,000 of 3.1 million: the
+kernel's time is its grid's, not its bytes'. It is correct for every routing; it is not fast.
+What the DSL would need, in two steps:
+
+1. a loop bound read from a tensor (``dsl.range(steps)`` with ``steps`` a one-element tile, 0 in
+   a tile without rows), or a block's early exit: the blocks without rows then cost a launch, and
+   decode costs about its bytes;
+2. a load offset read from a tensor, ``a[first + m * BM, k]`` with ``first`` a one-element tile,
+   and ``w[e, ...]`` with ``e`` one: then the grid runs over the grouped list's row tiles (about
+   R / BM + E of them, each tile's expert found from the offsets, as grouped GEMMs over a
+   contiguous layout do) with plain (TMA) loads, which prefill needs. A gather cannot stand in
+   for ``e``: the weights' nibble columns already take the one index tile a load may have. A
+   padded layout (each expert's rows padded to a multiple of BM) needs the same, since a tile's
+   expert, and so its weights' offset, is data.
+
+**The arithmetic.** Hopper has no FP4 tensor cores (model.md 2.7), so the weights are expanded on
+CUDA cores, about fifteen operations a weight. Each K step of BK columns:
+
+* reads the weight bytes by a column gather that names each byte twice (column j reads byte
+  (col + j) // 2); an even column takes its byte's low nibble, an odd one the high nibble;
+* makes each e2m1 code its value (from bits) times its block's scale 2^(code - 127) (from bits, as
+  ``gemm_blockscaled`` decodes UE8M0), in bf16: exact, as e2m1 values have two significant bits,
+  for weight codes 2..252, where every product is a normal, finite number; at codes 0 and 1 a
+  value below 2^-126 is flushed to zero by CUDA builds (ftz), at 253 and 254 one beyond the range
+  is +-Inf, and code 255 (NaN) gives NaN;
+* makes the activations ``a x sa`` in bf16, exact (e4m3 has four significant bits) for codes
+  10..246, where every e4m3 value times the scale is normal and finite (the quantiser writes codes
+  from 105, its amax floor of 1e-4, up);
+* runs one bf16 tensor-core gemm into the fp32 accumulator. The products are exact in fp32; the
+  sums are the only roundings.
+
+Both scales are folded into the operands, so no promotion (an fp32 partial scaled and added, as in
+``gemm_blockscaled``) follows a gemm. For the weight scale that is forced: it varies along the
+output columns, and the stored [E, N, K/32] layout gives a tile's codes as a (BN, 1) column, which
+the DSL cannot turn into the (1, BN) row a promotion of a (BM, BN) partial needs (a load lays tile
+axes onto the tensor's trailing axes in order; there is no transpose). With it folded, promoting
+the activation scale would only add BM x BN work a scale block, where folding costs BM x BK a
+step. The price is bf16 tensor cores at half the fp8 rate; fp8 operands with promotion (the e2m1
+values are exact in e4m3) would need that (1, BN) row, or the scales stored transposed.
+
+Decode path: a row's sum runs over the same K steps in the same order whatever R is and wherever
+the row sits in its tile (batch dimension R, dynamic: one build serves every token count).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .. import dsl
+from ..dsl.builder import error
+from . import model_shapes as shapes
+from .gemm_blockscaled import CODE0_BITS, NAN_BITS, _pow2, ue8m0_values
+from .registry import Dim, OneOf, Spec, register
+
+WBLOCK = 32  # input channels a weight scale covers (MXFP4)
+FP8_MAX = 448.0
+HALF_BITS = 0x3F000000  # 0.5 as f32 bits
+FP4_GRID = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0)  # e2m1 magnitudes by code & 7 (model.md 4.1)
+UNWRITTEN = 2.0 ** 100  # what ``out`` holds before a call in the cases: rows no expert covers keep it
+
+
+def _weights(byte, odd, code):
+    """The weight values of a (BN, BK) tile of bytes (each byte at its two columns; ``odd`` (1, BK)
+    marks the columns of high nibbles) and their UE8M0 codes, (BN, 1) or (BN, BK): e2m1 value x
+    2^(code - 127) in bf16. The value comes from bits: magnitude index 2e + m >= 2 is
+    2^(e - 1) x (1 + m / 2), the f32 with exponent field 126 + e and mantissa m x 2^22, i.e. the
+    bits ``index << 22`` plus those of 0.5; index 1 is 0.5 itself, index 0 is zero; bit 3 of the
+    code is the sign bit. The nibble and the code are traced afresh at each use, so that the whole
+    expansion fuses into one map (no register tile for each intermediate)."""
+    nib = lambda: dsl.where(odd, byte >> 4, byte & 15).to(dsl.i32)
+    mag = lambda: nib() & 7
+    bits = dsl.where(mag() >= 2, (mag() << 22) + HALF_BITS, mag() * HALF_BITS) | ((nib() >> 3) << 31)
+    c = lambda: code.to(dsl.i32)
+    scale = dsl.where(c().eq(255), NAN_BITS, dsl.where(c().eq(0), CODE0_BITS, c() << 23))  # gemm_blockscaled._pow2
+    return (bits.bitcast(dsl.f32) * scale.bitcast(dsl.f32)).to(dsl.bf16)
+
+
+def _row_scales(a_scale, rows, col, cols, BM, BK, ABLOCK):
+    """The activation scales (f32) of the gathered ``rows`` at columns col .. col + BK - 1: (BM, 1)
+    where the step lies in one scale block, else (BM, BK), each column taking its block's scale (a
+    row gather names rows only, so the step's BK / ABLOCK codes are read one block at a time)."""
+    scale = _pow2(dsl.load(a_scale[rows, col // ABLOCK], (BM, 1)))
+    for j in range(1, BK // ABLOCK):  # unrolled: the further scale blocks of a step
+        more = _pow2(dsl.load(a_scale[rows, col // ABLOCK + j], (BM, 1)))
+        scale = dsl.where((cols // ABLOCK).eq(j)[None, :], more, scale)
+    return scale
+
+
+@dsl.kernel(batch_dim="R", dynamic=("R",))
+def moe_gemm_mxfp4(a: dsl.Tensor["R", "K", dsl.f8e4m3], a_scale: dsl.Tensor["R", "KA", dsl.u8],
+                   w: dsl.Tensor["E", "N", "KH", dsl.u8], w_scale: dsl.Tensor["E", "N", "KW", dsl.u8],
+                   counts: dsl.Tensor["E", dsl.i32], offsets: dsl.Tensor["E1", dsl.i32],
+                   out: dsl.Tensor["R", "N", dsl.bf16], *,
+                   ABLOCK: dsl.Const = 128,
+                   BM: dsl.Tunable = dsl.choice(64, 16, 32, 128),
+                   BN: dsl.Tunable = dsl.choice(128, 64, 32),
+                   BK: dsl.Tunable = dsl.choice(128, 64, 32),
+                   STAGES: dsl.Tunable = dsl.int_range(1, 3, default=2)):
+    if BK % ABLOCK and ABLOCK % BK:
+        raise error(f"BK = {BK} and ABLOCK = {ABLOCK}: a K step must hold whole activation scale blocks "
+                    f"or lie within one (BK a multiple or a divisor of ABLOCK)")
+    for e, m, n in dsl.grid(w.E, dsl.cdiv(a.R, BM), dsl.cdiv(w.N, BN)):
+        first = dsl.load(offsets[e], (1,))
+        count = dsl.load(counts[e], (1,))
+        local = m * BM + dsl.arange(BM)
+        rows = dsl.where(local < count, first + local, -1)  # -1: no row (a zero row, not written)
+        live = count > m * BM  # this row tile holds rows: else the weight gathers read nothing
+        cols = dsl.arange(BK)
+        odd = (cols % 2).eq(1)[None, :]
+        acc = dsl.zeros((BM, BN), dsl.f32, role="accumulator")
+        for k in dsl.pipelined(dsl.cdiv(a.K, BK), stages=STAGES):
+            col = k * BK
+            byte = dsl.load(w[e, n * BN, dsl.where(live, (cols + col) // 2, -1)], (BN, BK))
+            if BK <= WBLOCK:  # the step lies in one weight scale block: a code per row
+                code = dsl.load(w_scale[e, n * BN, col // WBLOCK], (BN, 1))
+            else:
+                code = dsl.load(w_scale[e, n * BN, dsl.where(live, (cols + col) // WBLOCK, -1)], (BN, BK))
+            w_tile = _weights(byte, odd, code)
+            sa = _row_scales(a_scale, rows, col, cols, BM, BK, ABLOCK)
+            a_tile = (dsl.load(a[rows, col], (BM, BK)).to(dsl.f32) * sa).to(dsl.bf16)
+            dsl.gemm(a_tile, w_tile, acc, transpose_b=True)
+        dsl.store(out[rows, n * BN], acc.to(dsl.bf16))
+
+
+# -- reference ------------------------------------------------------------------------------------
+def fp4_values(packed: torch.Tensor, high_first: bool = False) -> torch.Tensor:
+    """Packed e2m1 bytes [..., K/2] as their values [..., K] in float64 (model.md 1.4, 4.1): element
+    2k in the low nibble, 2k + 1 in the high one (``high_first`` swaps them: a wrong reading)."""
+    b = packed.to(torch.int64)
+    lo, hi = b & 15, b >> 4
+    codes = torch.stack((hi, lo) if high_first else (lo, hi), dim=-1).flatten(-2)
+    mag = torch.tensor(FP4_GRID, dtype=torch.float64, device=packed.device)[codes & 7]
+    return torch.where(codes >= 8, -mag, mag)
+
+
+def activations(a, a_scale, ABLOCK: int = 128) -> torch.Tensor:
+    """The activations' values (R x K, float64): each e4m3 value times its block's scale."""
+    return a.double() * ue8m0_values(a_scale).repeat_interleave(ABLOCK, -1)[:, :a.shape[-1]]
+
+
+def expert_weights(w, w_scale, e: int, k: int, high_first: bool = False) -> torch.Tensor:
+    """Expert e's weight values (N x K, float64): each e2m1 value times its 32-block's scale."""
+    return fp4_values(w[e], high_first)[:, :k] * ue8m0_values(w_scale[e]).repeat_interleave(WBLOCK, -1)[:, :k]
+
+
+def _per_expert(a, a_scale, w, w_scale, counts, offsets, ABLOCK, fn, fill, high_first=False):
+    """``fn(x_e, w_e)`` in each expert's rows (float64), ``fill`` elsewhere; an expert without
+    rows is never dequantised (a model shape's weights are gigabytes)."""
+    x = activations(a, a_scale, ABLOCK)
+    res = torch.full((a.shape[0], w.shape[1]), fill, dtype=torch.float64, device=a.device)
+    for e in range(w.shape[0]):
+        lo, n = int(offsets[e]), int(counts[e])
+        if n > 0:
+            res[lo:lo + n] = fn(x[lo:lo + n], expert_weights(w, w_scale, e, a.shape[-1], high_first))
+    return res
+
+
+def moe_gemm_mxfp4_reference(a, a_scale, w, w_scale, counts, offsets, ABLOCK: int = 128,
+                             high_first: bool = False) -> dict:
+    """model.md 2.7's W4A8 product, expert by expert: both operands dequantised to float64 (every
+    e4m3 and e2m1 value times a power of two is exact there, and the sums of these sizes lose
+    nothing a bf16 result keeps), expert e's rows times its weights, rounded once to bf16. Rows no
+    expert covers hold ``UNWRITTEN``, what the cases' ``out`` starts with. ``high_first`` reads the
+    nibbles in the wrong order (the tests' counter-check)."""
+    res = _per_expert(a, a_scale, w, w_scale, counts, offsets, ABLOCK, lambda x, wv: x @ wv.t(), UNWRITTEN,
+                      high_first)
+    return {"out": res.to(torch.bfloat16)}
+
+
+# -- inputs ---------------------------------------------------------------------------------------
+def _ablock(case) -> int:
+    """A case's ABLOCK: named, or (model shapes, whose keys are all sizes) K over its blocks KA."""
+    return case.get("ABLOCK", case["K"] // case["KA"] if "KA" in case else 128)
+
+
+def _counts(case, rows: int, g: torch.Generator) -> torch.Tensor:
+    """Rows per expert, summing to ``rows``: ``ragged`` (expert e drawn with weight (e + 1)^2, some
+    with none), ``empty`` (every other expert without rows, the rest uniform), ``one`` (one expert,
+    not the first, takes every row), ``uniform``."""
+    e, kind = case["E"], case.get("counts", "ragged")
+    if kind == "one":
+        c = torch.zeros(e, dtype=torch.int64)
+        c[e // 2] = rows
+        return c
+    if kind == "ragged":
+        p = torch.arange(1, e + 1, dtype=torch.float64) ** 2
+    elif kind == "empty":
+        p = (torch.arange(e) % 2 == 1).double() if e > 1 else torch.ones(1, dtype=torch.float64)
+    elif kind == "uniform":
+        p = torch.ones(e, dtype=torch.float64)
+    else:
+        raise ValueError(f"unknown counts kind {kind!r}")
+    if rows == 0:
+        return torch.zeros(e, dtype=torch.int64)
+    picks = torch.multinomial(p, rows, replacement=True, generator=g)
+    return torch.bincount(picks, minlength=e)
+
+
+def _codes(shape, lo: int, hi: int, g: torch.Generator) -> torch.Tensor:
+    return torch.randint(lo, hi + 1, shape, generator=g, dtype=torch.uint8)
+
+
+# UE8M0 code ranges (activation, weight) by case kind; "edge" pairs the extremes (_scale_codes)
+SCALE_KINDS = {
+    "normal": ((118, 134), (112, 128)),  # activations near 2^0, weights near 2^-8
+    "spread": ((97, 157), (97, 157)),  # 2^-30 .. 2^30 each
+}
+# "edge", by activation block: the smallest activation codes whose every value is a normal bf16
+# against the largest weight codes whose every value is finite; the largest activation codes against
+# the smallest weight codes whose every value is normal; codes up to the quantiser's floor (105)
+# against weight codes 0 and 1, whose values below 2^-126 CUDA builds flush (terms under 2^-100)
+EDGE = [((10, 12), (240, 252)), ((240, 246), (2, 14)), ((100, 105), (0, 1))]
+
+
+def _scale_codes(kind: str, r: int, e: int, n: int, k: int, ablock: int, g: torch.Generator):
+    """(activation codes R x ceil(K / ABLOCK), weight codes E x N x K / 32)."""
+    ka, kw = -(-k // ablock), k // WBLOCK
+    if kind != "edge":
+        (alo, ahi), (wlo, whi) = SCALE_KINDS[kind]
+        return _codes((r, ka), alo, ahi, g), _codes((e, n, kw), wlo, whi, g)
+    sa = torch.empty(r, ka, dtype=torch.uint8)
+    sw = torch.empty(e, n, kw, dtype=torch.uint8)
+    for j in range(ka):  # an activation block and the weight blocks inside it take one pairing
+        (alo, ahi), (wlo, whi) = EDGE[j % len(EDGE)]
+        sa[:, j] = _codes((r,), alo, ahi, g)
+        lo, hi = j * ablock // WBLOCK, min(kw, (j + 1) * ablock // WBLOCK)
+        sw[:, :, lo:hi] = _codes((e, n, hi - lo), wlo, whi, g)
+    return sa, sw
+
+
+def _fp8_values(shape, g: torch.Generator) -> torch.Tensor:
+    """e4m3 values over the format's range (subnormals to 448), with signs."""
+    x = torch.randn(shape, generator=g) * torch.exp2(torch.randint(-8, 7, shape, generator=g).float())
+    return x.clamp(-FP8_MAX, FP8_MAX).to(torch.float8_e4m3fn)
+
+
+def _nibbles(e: int, n: int, k: int, g: torch.Generator) -> torch.Tensor:
+    """Packed weights (E x N x K/2) whose two nibbles of a byte never decode to the same value: the
+    even element's code at random, the odd one's another magnitude (and a random sign)."""
+    even = torch.randint(0, 16, (e, n, k // 2), generator=g)
+    shift = torch.randint(1, 8, (e, n, k // 2), generator=g)
+    odd = ((even & 7) + shift) % 8 | (torch.randint(0, 2, (e, n, k // 2), generator=g) << 3)
+    return (even | odd << 4).to(torch.uint8)  # model.md 1.4: the even element in the low nibble
+
+
+def _inputs(case, device, seed):
+    r, e, n, k, ablock = case["R"], case["E"], case["N"], case["K"], _ablock(case)
+    if device.type == "meta":  # shapes and dtypes only (a model shape's weights are gigabytes)
+        return {"a": torch.empty(r, k, dtype=torch.float8_e4m3fn), "a_scale": torch.empty(r, -(-k // ablock),
+                                                                                             dtype=torch.uint8),
+                "w": torch.empty(e, n, k // 2, dtype=torch.uint8),
+                "w_scale": torch.empty(e, n, k // WBLOCK, dtype=torch.uint8),
+                "counts": torch.empty(e, dtype=torch.int32), "offsets": torch.empty(e + 1, dtype=torch.int32),
+                "out": torch.empty(r, n, dtype=torch.bfloat16)}
+    g = torch.Generator().manual_seed(seed)
+    tail = case.get("tail", 0)  # rows past offsets[E]: pairs moe_permute left out
+    c = _counts(case, max(r - tail, 0), g)
+    off = torch.zeros(e + 1, dtype=torch.int64)
+    off[1:] = torch.cumsum(c, 0)
+    if case.get("values") == "nibbles":  # one nonzero activation a row: each output reads one weight
+        packed = _nibbles(e, n, k, g)
+        a = torch.zeros(r, k)
+        a[torch.arange(r), torch.randint(0, k, (r,), generator=g)] = 1.0
+        a = a.to(torch.float8_e4m3fn)
+    else:  # every byte: two codes at random
+        packed = torch.randint(0, 256, (e, n, k // 2), generator=g, dtype=torch.uint8)
+        a = _fp8_values((r, k), g)
+    sa, sw = _scale_codes(case.get("scales", "normal"), r, e, n, k, ablock, g)
+    out = {"a": a, "a_scale": sa, "w": packed, "w_scale": sw,
+           "counts": c.to(torch.int32), "offsets": off.to(torch.int32),
+           "out": torch.full((r, n), UNWRITTEN, dtype=torch.bfloat16)}
+    return {name: t.to(device) for name, t in out.items()}
+
+
+# -- tolerance ------------------------------------------------------------------------------------
+ATOL = 2.0 ** -100  # terms of weight values below 2^-126, which CUDA builds flush: under 2^-100 in the cases
+RTOL = 2.0 ** -7  # the bf16 rounding of kernel and reference: at most one bf16 ulp apart
+# The products of bf16 operands are exact in fp32; what remains is the fp32 sum of K of them, in
+# an order (and, on tensor cores, with an alignment of each instruction's products) that differs
+# from the reference's exact one. Each add errs at most one fp32 ulp (2^-23) of the magnitude of
+# the terms so far, round to nearest or toward zero alike: K x 2^-23 of sum_k |a sa w sw| bounds
+# it (2^-11 at K = 4096; the tensor cores' 16- or 32-deep instructions round about K / 16 times).
+ACCUMULATION_ULPS = 2.0 ** -23
+
+
+def magnitude(inputs: dict, ablock: int) -> torch.Tensor:
+    """sum_k |a sa| |w sw| per output element (float64; 0 in rows no expert covers): the size of
+    the terms a rounding error is relative to."""
+    x = {k: inputs[k] for k in ("a", "a_scale", "w", "w_scale", "counts", "offsets")}
+    return _per_expert(**x, ABLOCK=ablock, fn=lambda xe, wv: xe.abs() @ wv.abs().t(), fill=0.0)
+
+
+def _accumulation_error(case, output, inputs):
+    return (magnitude(inputs, _ablock(case)) * (case["K"] * ACCUMULATION_ULPS)).float()
+
+
+def moe_shapes(m: shapes.ModelDims, decode_t=shapes.DECODE_SAMPLE) -> dict:
+    """Both grouped GEMMs of a model's routed experts (model.md 5.2): ``w13``, the ``w1`` / ``w3``
+    up-projection fused (N = 2 x expert width, K = hidden), and ``w2`` (N = hidden, K = width), over
+    the ``experts_per_token x T`` grouped rows of the decode batches ``decode_t`` and a prefill
+    chunk; the activations' scale blocks (128 in V4, 32 in V4.1) as KA along K (ABLOCK is K / KA)."""
+    out = {}
+    gemms = {"w13": (2 * m.moe_intermediate, m.hidden), "w2": (m.hidden, m.moe_intermediate)}
+    rows = [*((f"decode{b}", b) for b in decode_t), (f"prefill{shapes.PREFILL_CHUNK}", shapes.PREFILL_CHUNK)]
+    for name, (n, k) in gemms.items():
+        for phase, t in rows:
+            out[f"{m.short}/e{m.experts}_{name}/{phase}"] = {
+                "R": m.experts_per_token * t, "E": m.experts, "N": n, "K": k, "KA": -(-k // m.fp8_block),
+                "model": m.name}
+    return out
+
+
+SPEC = register(Spec(
+    kernel=moe_gemm_mxfp4,
+    reference=moe_gemm_mxfp4_reference,
+    make_inputs=_inputs,
+    outputs=("out",),
+    cases={
+        # V4 blocks: ragged counts over 6 experts, some empty, a tail of rows no expert covers
+        "v4_ragged": {"R": 37, "E": 6, "N": 72, "K": 256, "tail": 3,
+                      "config": {"BM": 16, "BN": 128, "BK": 128}},
+        # V4.1 blocks: 128-wide steps over four activation scale blocks, every other expert empty
+        "v41_empty_experts": {"R": 20, "E": 8, "N": 64, "K": 192, "ABLOCK": 32, "counts": "empty",
+                              "config": {"BM": 16, "BN": 64, "BK": 128}},
+        # one expert with every row: its row tiles span the whole list
+        "v41_one_expert": {"R": 40, "E": 4, "N": 40, "K": 96, "ABLOCK": 32, "counts": "one",
+                           "config": {"BM": 16, "BN": 64, "BK": 32}},
+        # steps shorter than an activation block (two 64-column steps share one code), wide tiles
+        "v4_half_steps": {"R": 9, "E": 3, "N": 136, "K": 384, "config": {"BM": 16, "BN": 128, "BK": 64}},
+        # each row reads one weight: a swapped nibble order reads the other element of its byte
+        "nibble_order": {"R": 24, "E": 3, "N": 32, "K": 64, "ABLOCK": 32, "values": "nibbles",
+                         "config": {"BM": 16, "BN": 32, "BK": 64}},
+        # the extreme codes at which both operands are still exact (EDGE), against complementary ones
+        "edge_codes_v4": {"R": 12, "E": 4, "N": 32, "K": 384, "scales": "edge",
+                          "config": {"BM": 16, "BN": 32, "BK": 128}},
+        "edge_codes_v41": {"R": 10, "E": 3, "N": 48, "K": 96, "ABLOCK": 32, "scales": "edge",
+                           "config": {"BM": 16, "BN": 64, "BK": 64}},
+        # scales 2^-30 .. 2^30 on each side, uniform counts, 64-row tiles
+        "spread_uniform": {"R": 70, "E": 2, "N": 64, "K": 128, "scales": "spread", "counts": "uniform",
+                           "config": {"BM": 64, "BN": 64, "BK": 128}},
+        # no rows at all
+        "no_rows": {"R": 4, "E": 3, "N": 32, "K": 64, "tail": 4, "config": {"BM": 16, "BN": 32, "BK": 64}},
+    },
+    build_cases={"v41_w13_decode16": {"R": 96, "E": 384, "N": 4608, "K": 5120, "ABLOCK": 32},
+                 "v4_w2_prefill": {"R": 24576, "E": 256, "N": 4096, "K": 2048}},
+    tolerance=lambda case, out: (ATOL, RTOL),
+    extra_error=_accumulation_error,
+    constants_of=lambda case: {"ABLOCK": _ablock(case)},
+    flops=lambda c: 2.0 * c["R"] * c["N"] * c["K"],
+    # compulsory bytes: the fp8 rows and their codes, bf16 out, and the weights (half a byte a
+    # weight, a code per 32) of the experts with rows, at most min(E, R) of them
+    bytes_moved=lambda c: (c["R"] * c["K"] * (1 + 1 / _ablock(c)) + 2 * c["R"] * c["N"]
+                           + min(c["E"], c["R"]) * c["N"] * c["K"] * (0.5 + 1 / WBLOCK)),
+    model_shapes=shapes.for_models(moe_shapes),
+    # small enough for the interpreter, which runs E x ceil(R / BM) x ceil(N / BN) programs; the large
+    # draws keep a float64 reference's expert weights near 100 MB
+    sweep={"R": Dim(1, 40, large=4100), "E": Dim(1, 4, large=64), "N": Dim(8, 80, multiple=8, large=2048),
+           "K": Dim(32, 160, multiple=32, large=5120), "ABLOCK": OneOf(32, 128),
+           "counts": OneOf("ragged", "empty", "one", "uniform"), "scales": OneOf("normal", "spread", "edge"),
+           "tail": OneOf(0, 0, 2), "values": OneOf("random", "random", "nibbles"),
+           "config": {"BM": OneOf(16, 32, 64), "BN": OneOf(32, 64), "BK": OneOf(32, 64, 128)}},
+))
