@@ -24,8 +24,6 @@ FOUNDATION = {"flash_attention", "gemm", "gemm_splitk", "mqa_decode", "rmsnorm",
 # where a build is refused or fails today, with why (strict: a fix must drop the entry)
 EXPECTED = {
     ("sparse_mqa_decode", "sm100"): "a 64 x 512 fp32 accumulator and the scores overflow sm100's TMEM",
-    ("kv_insert", "sm90"): "TileLang 0.1.15 finds no layout for the V4.1 row's chained rope and amax reductions",
-    ("kv_insert", "sm100"): "TileLang 0.1.15 finds no layout for the V4.1 row's chained rope and amax reductions",
 }
 CASES = [(n, c) for n, s in sorted(load_all().items())
          for c in (s.build_cases if n in FOUNDATION else list(s.build_cases)[:1]) if (n, c) not in WIDE]

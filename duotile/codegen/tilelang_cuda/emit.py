@@ -289,7 +289,9 @@ def _gather(e: Emitter, op: Op):
     shape, axis = op.attrs["shape"], op.attrs["axis"]
     lead = len(p.shape) - len(shape)
     lv = [f"i{d}" for d in range(len(shape))]
-    if len(rows.type.shape) == 1:
+    if e.plan.scope[rows.id] == "local":  # one index every thread holds (plan.py)
+        row = f"{idx_buf}[{', '.join('0' for _ in rows.type.shape)}]"
+    elif len(rows.type.shape) == 1:
         row = f"{idx_buf}[{lv[axis - lead]}]"
     else:  # an (N, 1) or a (1, N) index tile: its N indices run along the axis that is not 1
         row = f"{idx_buf}[0, {lv[axis - lead]}]" if int(rows.type.shape[0]) == 1 else f"{idx_buf}[{lv[axis - lead]}, 0]"

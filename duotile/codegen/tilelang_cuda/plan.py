@@ -16,10 +16,15 @@ Rules (each a target lowering rule any kernel can hit, never a kernel special ca
   a store reads is written straight to global memory instead of into a fragment: the column
   split is for accumulators too big for one warp group's registers (head dim 512).
 - a zero-filled accumulator consumed first by a gemm is cleared by the gemm (``clear_accum``).
-- a one-element tile loaded from global memory, or computed by maps from such tiles alone, that
-  only maps read (a per-sequence position broadcast into a mask) is a thread-local value, which
-  every thread loads and computes itself: TileLang 0.1.15 finds no fragment layout for a
-  one-element fragment read inside a parallel loop of another shape.
+- a one-element tile loaded from global memory, or computed by maps from such tiles and from
+  one-element reduction results alone, that only maps read, or gathers and scatters as their
+  index (a per-sequence position broadcast into a mask, the row a gather or a scatter names, a
+  row's RMS or a block's scale), is a thread-local value, which every thread loads or computes
+  itself: TileLang 0.1.15 finds no fragment layout for a one-element fragment read inside
+  parallel loops of other shapes. A reduction's result stays a fragment (TileLang reduces into
+  one); every thread holds it after the all-reduce, so a thread-local map reads it at [0].
+  kv_insert's row (the ring slot a scatter names, the position a cos / sin gather reads, the
+  row's rsqrt read by every channel block) failed so ("no available layout found").
 - a reduction of a register tile of fewer elements than threads that do not divide the threads
   (a 1 x 7 row at 256 threads) is read from a shared-memory copy padded along the reduced axis
   with the reduction's identity (0, -inf, +inf) to a size that spreads evenly (``reduce_padding``):
@@ -111,26 +116,30 @@ def reduce_padding(shape: list[int], axis: int, threads: int) -> tuple[int, ...]
     return tuple(extent if i == axis else d for i, d in enumerate(shape))
 
 
+def _one(v: Value) -> bool:
+    return all(d == 1 for d in v.type.shape)
+
+
 def _thread_local(ops: list[Op]) -> set[int]:
     """Ids of the one-element values every thread holds itself (the module docstring): made by a
-    load, or by a map of such values only, and read by maps only."""
-    def one(v: Value) -> bool:
-        return all(d == 1 for d in v.type.shape)
-
-    made = {op.result.id: op for op in ops if op.result is not None and one(op.result)
+    load, or by a map of such values and of one-element reduction results only, and read by maps,
+    or by gathers and scatters as the index only."""
+    made = {op.result.id: op for op in ops if op.result is not None and _one(op.result)
             and (op.name == "load" or (op.name == "map" and op.attrs.get("into") is None))}
+    reduced = {op.result.id for op in ops if op.name == "reduce" and _one(op.result)}
     readers: dict[int, set[str]] = {}
     for op in ops:
-        for a in op.values():
-            readers.setdefault(a.id, set()).add(op.name)
+        for k, a in enumerate(op.values()):
+            index = (op.name == "gather" and k == 0) or (op.name == "scatter" and k == 1)
+            readers.setdefault(a.id, set()).add("index" if index else op.name)
         if op.attrs.get("into") is not None:
             readers.setdefault(op.attrs["into"].id, set()).add("into")
-    local = {vid for vid in made if readers.get(vid, set()) <= {"map"}}
+    local = {vid for vid in made if readers.get(vid, set()) <= {"map", "index"}}
     changed = True
-    while changed:  # a map of a value that is not local is not local either
+    while changed:  # a map of a value that is neither local nor a reduction's result is not local
         changed = False
         for vid in list(local):
-            if any(a.id not in local for a in made[vid].values()):
+            if any(a.id not in local and a.id not in reduced for a in made[vid].values()):
                 local.discard(vid)
                 changed = True
     return local
