@@ -4,8 +4,9 @@ row-split (FullRow) wgmma accumulators.
 
 TileLang does not check shared memory (a 384 KiB kernel builds and fails only at launch), so
 every config is checked here first. Shared bytes: each shared tile, times the pipeline depth
-when it is loaded inside a pipelined loop, and the padded copy of a small reduction's source
-(``plan.reduce_padding``). TMEM: fp32 accumulator columns, 512 per SM.
+when it is loaded inside a pipelined loop, the padded copy of a small reduction's source
+(``plan.reduce_padding``) and the copy a reduction laid out anew goes through (``plan.relayout``).
+TMEM: fp32 accumulator columns, 512 per SM.
 Registers: nothing stops a register tile of any size either (a 4096 x 4096 f32 tile built, with
 256 KiB of stack a thread and minutes in ptxas), so the register tiles (fragments, and on sm100
 the fragments TMEM is drained into) are summed, as if all were live at once, and divided by the
@@ -48,12 +49,14 @@ def _nbytes(op: Op) -> int:
 
 def register_tiles(module: Module, arch: Arch, plan) -> list[tuple[Op, int]]:
     """(op, bytes) of every tile the block holds in registers: fragments, the fragment a TMEM
-    accumulator is drained into, and on sm100 the product fragment of a gemm into a fragment."""
+    accumulator is drained into, on sm100 the product fragment of a gemm into a fragment, and the
+    fragment a reduction laid out anew reduces into."""
     tiles = [(op, _nbytes(op)) for op in module.walk()
              if op.result is not None and plan.scope[op.result.id] in ("fragment", "tmem")]
     if arch.has_tmem:
         into = {op.args[2].id for op in module.walk() if op.name == "gemm" and plan.scope[op.args[2].id] == "fragment"}
         tiles += [(op, _nbytes(op)) for op in module.walk() if op.result is not None and op.result.id in into]
+    tiles += [(op, _nbytes(op)) for op in module.walk() if id(op) in plan.relayout]
     return tiles
 
 
@@ -78,6 +81,7 @@ def usage(module: Module, arch: Arch, threads: int | None = None) -> dict[str, i
             tmem_cols += int(v.type.shape[-1])
     smem += sum(math.prod(plan.reduce_pad[id(op)]) * op.args[0].type.dtype.bits // 8
                 for op in module.walk() if id(op) in plan.reduce_pad)
+    smem += sum(_nbytes(op) for op in module.walk() if id(op) in plan.relayout)
     registers = sum(n for _, n in register_tiles(module, arch, plan))
     return {"shared": smem, "tmem_columns": tmem_cols, "register_bytes": registers}
 

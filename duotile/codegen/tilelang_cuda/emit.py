@@ -359,7 +359,17 @@ def _reduce(e: Emitter, op: Op):
     padded = e.plan.reduce_pad.get(id(op))
     if padded is not None:
         src = _padded_source(e, op, src, padded)
-    e.src.line(f"{fn}({src}, {dst}, dim={op.attrs['axis']}, clear=True)", op.loc)
+    if id(op) not in e.plan.relayout:
+        e.src.line(f"{fn}({src}, {dst}, dim={op.attrs['axis']}, clear=True)", op.loc)
+        return
+    # laid out anew (plan.relayout): reduced into a fragment of its own, read back through shared memory
+    v = op.result
+    dims = ", ".join(str(int(d)) for d in v.type.shape)
+    e.src.decl(f'{dst}_red = T.alloc_fragment(({dims},), "{v.type.dtype.tilelang_name}")')
+    e.src.decl(f'{dst}_smem = T.alloc_shared(({dims},), "{v.type.dtype.tilelang_name}")')
+    e.src.line(f"{fn}({src}, {dst}_red, dim={op.attrs['axis']}, clear=True)", op.loc)
+    e.src.line(f"T.copy({dst}_red, {dst}_smem)", op.loc)
+    e.src.line(f"T.copy({dst}_smem, {dst})", op.loc)
 
 
 def _padded_source(e: Emitter, op: Op, src: str, padded: tuple[int, ...]) -> str:

@@ -33,6 +33,17 @@ Rules (each a target lowering rule any kernel can hit, never a kernel special ca
   lowering fails ("Inconsistent layouts between src and dst in ReduceOp"). At 256 threads a
   1 x N row summed and broadcast back fails for N = 3, 5, 6, 7, 12, 24, 31, 33, 48, 100 and 200,
   and lowers for N = 1, 2, 4, 8, 16, 32, 64, 128 and 256.
+- reductions of tiles of different shapes whose results meet in elementwise work (read at the
+  same indices by one map, directly or through maps and the buffers they write) are laid out anew
+  (``relayout``): each is reduced into a fragment of its own, copied to shared memory and read
+  back into the fragment the rest of the kernel reads, whose layout TileLang is then free to
+  choose. TileLang 0.1.15 gives a reduction's result the layout its source implies (the rows of a
+  64 x 64 tile on 64 threads each, those of a 64 x 1 tile on 4) and cannot give one fragment two
+  layouts: ``row_sum(a) + row_sum(b)`` for a 64 x 1 ``a`` and a 64 x 64 ``b`` at 256 threads fails
+  ("no available layout found"), as did moe_permute's positions at K = 1 (each slot's match, a
+  64 x 1 sum, plus the earlier tokens' matches, a 64 x 64 lower-triangular sum). Reductions of one
+  shape and axis (attention's row max and row sum of the scores) share their layout and are left
+  alone.
 """
 
 from __future__ import annotations
@@ -56,6 +67,7 @@ class Plan:
     col_split: set[int] = field(default_factory=set)  # accumulators split by columns (FullCol)
     store_direct: set[int] = field(default_factory=set)  # map results written by their store, no fragment
     reduce_pad: dict[int, tuple[int, ...]] = field(default_factory=dict)  # reduce op id -> padded source shape
+    relayout: set[int] = field(default_factory=set)  # reduce op ids whose result is laid out anew through shared
 
 
 def make_plan(module: Module, arch: Arch, threads: int | None = None) -> Plan:
@@ -96,6 +108,7 @@ def make_plan(module: Module, arch: Arch, threads: int | None = None) -> Plan:
                 padded = reduce_padding([int(d) for d in op.args[0].type.shape], op.attrs["axis"], threads)
                 if padded is not None:
                     plan.reduce_pad[id(op)] = padded
+    plan.relayout = _relayout(ops, plan)
     return plan
 
 
@@ -143,6 +156,47 @@ def _thread_local(ops: list[Op]) -> set[int]:
                 local.discard(vid)
                 changed = True
     return local
+
+
+def _relayout(ops: list[Op], plan: Plan) -> set[int]:
+    """The reductions laid out anew (the module docstring): the fragments one map reads at its own
+    indices (of its shape, or the buffer it writes) and the fragments a scatter reads at one index
+    share a layout in TileLang; where such a set of fragments holds the results of reductions of
+    different source shapes or axes, every one of those reductions is laid out anew."""
+    parent: dict[int, int] = {}
+
+    def find(v: int) -> int:
+        while parent.setdefault(v, v) != v:
+            parent[v] = parent[parent[v]]
+            v = parent[v]
+        return v
+
+    def frag(v: Value) -> bool:  # a register tile (a TMEM accumulator is read from the fragment it drains into)
+        return plan.scope.get(v.id) in ("fragment", "tmem")
+
+    for op in ops:
+        if op.name == "map":
+            out = op.attrs.get("into") or op.result
+            if out is None or not frag(out):
+                continue
+            for a in op.values():
+                if frag(a) and tuple(a.type.shape) == tuple(out.type.shape):
+                    parent[find(a.id)] = find(out.id)
+        elif op.name == "scatter":
+            src, rows = op.args[:2]
+            if frag(src) and frag(rows) and tuple(src.type.shape) == tuple(rows.type.shape):
+                parent[find(src.id)] = find(rows.id)
+    gemm_acc = {find(op.args[2].id) for op in ops if op.name == "gemm"}
+    kinds: dict[int, set[tuple]] = {}  # a set's root -> the reductions' (source shape, axis, from a gemm)
+    members: dict[int, list[int]] = {}
+    for op in ops:
+        if op.name == "reduce" and frag(op.result):
+            src = op.args[0]
+            root = find(op.result.id)
+            shape = plan.reduce_pad.get(id(op), tuple(src.type.shape))  # a padded source is reduced
+            kinds.setdefault(root, set()).add((shape, op.attrs["axis"], find(src.id) in gemm_acc))
+            members.setdefault(root, []).append(id(op))
+    return {r for root, ids in members.items() if len(kinds[root]) > 1 for r in ids}
 
 
 def col_splittable(rows: int, cols: int, warps: int) -> bool:
