@@ -56,8 +56,9 @@ import torch
 from .. import dsl
 from ..runtime import quant
 from . import model_shapes as shapes
-from .quantize import FP8_MAX, INF_BITS, MAGNITUDE, NAN_CODE, f32_bits
+from .quantize import FP8_MAX, MAGNITUDE, NAN_CODE, f32_bits
 from .registry import Dim, OneOf, Spec, register
+from .ue8m0 import fp8_block_code
 
 FORMATS = {"fp8": 32, "fp8_nope": 64}  # format -> channels a UE8M0 scale covers
 NEG_INF = float("-inf")
@@ -82,14 +83,7 @@ def _e4m3_bytes(y):
 def _put_block(cache, b, slot, y, col, scale_col, floor: int):
     """Quantise one row block ``y`` (1 x n, f32) and store its value bytes at ``col`` and its
     UE8M0 code at ``scale_col`` of the token's ring row."""
-    bits = y.bitcast(dsl.i32)
-    # |y| as bits, a NaN turned into Inf: a float max of these is exact on every target
-    mag = dsl.minimum(bits & MAGNITUDE, INF_BITS).bitcast(dsl.f32)
-    amax = dsl.maximum(mag.max(axis=1).bitcast(dsl.i32), floor)
-    biased = amax >> 23
-    bad = amax >= INF_BITS
-    code = dsl.where(bad, NAN_CODE, dsl.where((amax & 0x7FFFFF) > 0x600000, biased - 7, biased - 8))
-    inv = dsl.where(bad, 0.0, ((254 - code) << 23).bitcast(dsl.f32))  # 2^(127 - code)
+    code, inv, bad = fp8_block_code(y, floor, NAN_CODE)
     q = dsl.where(bad[:, None], E4M3_NAN, _e4m3_bytes(y * inv[:, None]))
     dsl.store(cache[b, slot, col], q.to(dsl.u8))
     dsl.store(cache[b, slot, scale_col], code[:, None].to(dsl.u8))

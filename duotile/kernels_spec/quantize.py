@@ -33,7 +33,7 @@ from .. import dsl
 from ..runtime import quant
 from . import model_shapes as shapes
 from .registry import Dim, OneOf, Spec, register
-from .ue8m0 import INF_BITS, MAGNITUDE, f32_bits, inverse_pow2, magnitude_bits, pow2_code
+from .ue8m0 import INF_BITS, MAGNITUDE, f32_bits, fp8_block_code
 
 __all__ = ["INF_BITS", "MAGNITUDE", "f32_bits", "quantize", "quantize_reference"]  # kv_insert reads these
 
@@ -53,10 +53,7 @@ def quantize(x: dsl.Tensor["T", "D", dsl.bf16 | dsl.f32], q: dsl.Tensor["T", "D"
         for g in dsl.range(BLOCKS):
             col = (n * BLOCKS + g) * BLOCK
             xt = dsl.load(x[t * ROWS, col], (ROWS, BLOCK)).to(dsl.f32)
-            amax = dsl.maximum(magnitude_bits(xt).max(axis=1).bitcast(dsl.i32), floor)
-            bad = amax >= INF_BITS
-            code = dsl.where(bad, NAN_CODE, pow2_code(amax, FP8_MAX))
-            inv = inverse_pow2(code, bad)
+            code, inv, _ = fp8_block_code(xt, floor, NAN_CODE)
             dsl.store(q[t * ROWS, col], (xt * inv[:, None]).to(dsl.f8e4m3))
             dsl.store(scale[t * ROWS, n * BLOCKS + g], code[:, None].to(dsl.u8))
 

@@ -55,8 +55,9 @@ import torch
 
 from .. import dsl
 from . import model_shapes as shapes
-from .quantize import FP8_MAX, INF_BITS, MAGNITUDE, NAN_CODE, f32_bits, quantize_reference
+from .quantize import FP8_MAX, NAN_CODE, f32_bits, quantize_reference
 from .registry import Dim, OneOf, Spec, register
+from .ue8m0 import fp8_block_code
 
 RMS_EPS = {"v4-flash": 1e-6, "v41-flash": 1e-20}  # rms_norm_eps (model.md 1.1, 1.7)
 E4M3_STEP = 2.0 ** -9  # e4m3's smallest subnormal: its spacing below 2^-6
@@ -74,12 +75,7 @@ def check_quant_constants(BLOCK, FLOOR) -> int:
 def quantize_block(q, scale, row, col, blk, y, floor: int):
     """``quantize.py``'s quantisation of one block ``y`` (rows x BLOCK, f32): the e4m3 values at
     ``q[row, col]``, the UE8M0 codes at ``scale[row, blk]``; ``floor`` is FLOOR's f32 bits."""
-    # |y| as bits, a NaN turned into Inf: a float max of these is exact on every target
-    mag = dsl.minimum(y.bitcast(dsl.i32) & MAGNITUDE, INF_BITS).bitcast(dsl.f32)
-    amax = dsl.maximum(mag.max(axis=1).bitcast(dsl.i32), floor)
-    biased = amax >> 23
-    code = dsl.where(amax >= INF_BITS, NAN_CODE, dsl.where((amax & 0x7FFFFF) > 0x600000, biased - 7, biased - 8))
-    inv = dsl.where(code.eq(NAN_CODE), 0.0, ((254 - code) << 23).bitcast(dsl.f32))  # 2^(127 - code)
+    code, inv, _ = fp8_block_code(y, floor, NAN_CODE)
     dsl.store(q[row, col], (y * inv[:, None]).to(dsl.f8e4m3))
     dsl.store(scale[row, blk], code[:, None].to(dsl.u8))
 

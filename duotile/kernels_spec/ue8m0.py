@@ -42,3 +42,12 @@ def pow2_code(amax, qmax: float):
 def inverse_pow2(code, bad):
     """1 / s = 2^(127 - code) for UE8M0 codes 1..253, from bits; 0 where ``bad``."""
     return dsl.where(bad, 0.0, ((254 - code) << 23).bitcast(dsl.f32))
+
+
+def fp8_block_code(y, floor: int, nan_code: int):
+    """A row block's e4m3 scale: (UE8M0 codes, 1 / s, which rows hold a NaN or an Inf) of ``y``
+    (rows x block, f32), amax floored at the f32 bits ``floor``; a bad row gets ``nan_code``."""
+    amax = dsl.maximum(magnitude_bits(y).max(axis=1).bitcast(dsl.i32), floor)
+    bad = amax >= INF_BITS
+    code = dsl.where(bad, nan_code, pow2_code(amax, 448.0))
+    return code, inverse_pow2(code, bad), bad
