@@ -7,7 +7,8 @@ launcher executes) makes the whole entry untrusted: ``read`` returns why, and th
 
 A build writes into a temporary directory beside the entry and renames it into place
 (``publish``). Several processes may build one artifact at once: the first rename wins, and a
-loser uses the winner's entry once it verifies (an unverified one is moved aside and replaced).
+loser uses the winner's entry once it verifies. An unverified entry in the way is moved aside and
+replaced, and so is one that vanishes before the loser reads it (moved aside by a forced rebuild).
 Temporary directories carry their process id and host: ``sweep`` removes those of processes of
 this host that no longer run, and any older than ``STALE_AFTER_S`` (a build killed elsewhere).
 """
@@ -95,9 +96,10 @@ def discard(d: Path) -> None:
 
 def publish(tmp: Path, final: Path, replace: bool = False) -> bool:
     """Rename the complete entry ``tmp`` to ``final``. True when ``final`` is now ``tmp``'s; False
-    when another writer's verified entry is there (``replace`` false: the caller uses that one, and
-    ``tmp`` is removed). An unverified entry in the way, or any entry under ``replace``, is moved
-    aside first."""
+    when another writer's verified entry is there (``replace`` false). ``tmp`` is then kept: that
+    entry may be moved aside by a forced rebuild before the caller reads it, and ``tmp`` is the
+    caller's to publish again or remove. An unverified entry in the way, or any entry under
+    ``replace``, is moved aside first."""
     for _ in range(_ATTEMPTS):
         try:
             os.rename(tmp, final)
@@ -106,7 +108,6 @@ def publish(tmp: Path, final: Path, replace: bool = False) -> bool:
             if err.errno not in (errno.EEXIST, errno.ENOTEMPTY, errno.EISDIR, errno.ENOTDIR):
                 raise
         if not replace and read(final)[0] is not None:
-            shutil.rmtree(tmp, ignore_errors=True)
             return False
         if final.is_dir():
             discard(final)

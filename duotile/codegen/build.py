@@ -76,13 +76,11 @@ def build_module(kernel: KernelDef, module: Module, target: Target, knobs: dict,
         artifact = target.build(artifact, str(tmp))
         _write(tmp, artifact)
         ours = store.publish(tmp, final, replace=not use_cache)
+        theirs = None if ours else _settle(tmp, final)
     finally:
         if tmp.exists():
             shutil.rmtree(tmp, ignore_errors=True)
-    if not ours:  # another process built it at the same time: its verified entry stands
-        theirs, why = _read(final)
-        if theirs is None:
-            raise OSError(f"the artifact another build placed at {final} does not verify: {why}")
+    if theirs is not None:  # another process built it at the same time: its verified entry stands
         artifact = theirs
     artifact.files = {k: str(final / Path(v).name) for k, v in artifact.files.items()}
     if problem == "absent" or not use_cache:
@@ -91,6 +89,20 @@ def build_module(kernel: KernelDef, module: Module, target: Target, knobs: dict,
         artifact.meta.update(cache="stale->rebuilt", cache_problem=problem)
     artifact.meta["dir"] = str(final)
     return artifact
+
+
+def _settle(tmp: Path, final: Path, attempts: int = 8) -> Artifact | None:
+    """After a lost publish race: the winner's entry when it still verifies, else ``None`` once
+    ``tmp`` is placed instead (the winner's entry was moved aside by a forced rebuild, or damaged,
+    between the race and this read)."""
+    why = ""
+    for _ in range(attempts):
+        theirs, why = _read(final)
+        if theirs is not None:
+            return theirs
+        if store.publish(tmp, final):
+            return None
+    raise OSError(f"the artifact other builds place at {final} never verified ({why})")
 
 
 def _write(d: Path, a: Artifact) -> None:

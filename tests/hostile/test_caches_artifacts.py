@@ -107,7 +107,7 @@ def test_the_loser_of_a_publish_race_takes_the_winners_verified_entry(tmp_path):
         store.write_meta(d, {"who": text})
     assert store.publish(a, final) is True
     assert store.publish(b, final) is False  # 'Directory not empty' is the loser's cue, not an error
-    assert (final / "x.txt").read_text() == "first" and not b.exists()
+    assert (final / "x.txt").read_text() == "first" and b.exists()  # the caller publishes it again or removes it
     (final / "x.txt").write_text("edited")  # an unverified entry in the way is replaced
     c = store.new_temp(tmp_path, "k")
     (c / "x.txt").write_text("third")
@@ -140,6 +140,27 @@ def test_temp_dirs_of_killed_builds_are_swept_at_the_next_build(tmp_path):
     build_module(kernel, module, BinaryTarget(), knobs, workdir=str(parent / "entry"))
     left = {p.name for p in parent.iterdir()}
     assert left == {young_elsewhere.name, live.name, "entry"}
+
+
+def test_a_loser_whose_winner_is_moved_aside_before_it_reads_places_its_own(tmp_path, monkeypatch):
+    # the order four concurrent builders once met: B loses the race to A's verified entry, then a
+    # forced rebuild (use_cache=False) moves A's entry aside before B reads it
+    first = _build(tmp_path)
+    publish = store.publish
+
+    def lose_then_vanish(tmp, final, replace=False):
+        if final.exists():
+            monkeypatch.setattr(store, "publish", publish)
+            assert publish(tmp, final) is False
+            store.discard(final)
+            return False
+        return publish(tmp, final, replace)
+
+    monkeypatch.setattr(store, "publish", lose_then_vanish)
+    second = _build(tmp_path, use_cache=False)
+    assert second.meta["dir"] == first.meta["dir"] and store.read(Path(second.meta["dir"]))[0] is not None
+    assert Path(second.files["cubin"]).read_bytes().startswith(b"\x7fELF")
+    assert not [p.name for p in tmp_path.iterdir() if p.name.startswith(".")]
 
 
 # -- several processes building the same artifacts into one cache --------------------------------
