@@ -358,8 +358,8 @@ SPEC = register(Spec(
     extra_error=_extra_error,
     constants_of=lambda case: {"EPS": case.get("EPS", 1e-6)},
     flops=lambda c: 2.0 * MIX * HC * c["T"] * c["D"] + 4.0 * HC * c["T"] * c["D"],
-    bytes_moved=lambda c: (2 if c.get("single_pass") else 3) * HC * c["T"] * c["D"] * (4 if c.get("dtype") == "f32"
-                                                                                        else 2) + 4 * MIX * HC * c["D"],
+    bytes_moved=lambda c: (HC * (1 if c.get("single_pass") else 2) + 1) * c["T"] * c["D"]
+    * (4 if c.get("dtype") == "f32" else 2) + 4 * MIX * HC * c["D"] + 4 * (2 * HC + HC * HC) * c["T"],
     model_shapes=shapes.for_models(site_shapes),
     sweep={"T": Dim(1, 12, large=4099), "D": Dim(1, 300, large=5120), "dtype": OneOf("bf16", "f32"),
            "EPS": OneOf(1e-6, 1e-20), "single_pass": OneOf(True, False),
