@@ -28,6 +28,7 @@ import torch
 from .. import dsl
 from . import model_shapes as shapes
 from .hc_pre import HC, U, phases, ulp_rtol
+from .moe_combine import add_in_order, tree_order
 from .registry import Dim, OneOf, Spec, register
 
 
@@ -40,7 +41,7 @@ def hc_post(f: dsl.Tensor["T", "D", dsl.bf16 | dsl.f32], r: dsl.Tensor["T", 4, "
         ft = dsl.load(f[t, n * BD], (1, BD)).to(dsl.f32)
         terms = [dsl.load(comb[t, i, 0], (HC,))[:, None] * dsl.load(r[t, i, n * BD], (1, BD)).to(dsl.f32)
                  for i in range(HC)]
-        mixed = (terms[0] + terms[2]) + (terms[1] + terms[3])
+        mixed = add_in_order(tree_order(HC), terms.__getitem__)
         y = dsl.load(post[t, 0], (HC,))[:, None] * ft + mixed
         dsl.store(out[t, 0, n * BD], y.to(out.dtype))
 

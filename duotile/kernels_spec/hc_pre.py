@@ -25,7 +25,8 @@ Each program takes one token: it walks the D channels in chunks of ``BK`` for ev
 accumulating ``fn``'s 24 rows times the chunk and the squares lane by lane (one (24, BK) tile),
 reduces them, and does the 4 x 4 Sinkhorn in registers (``ITERS`` = 20 as model.md's 1 + 19
 rounds, a loop). The (24,) logits are split into pre / post / comb rows by masked sums (one term
-and zeros: exact). The collapse adds the streams in order 0..3. The program reads all of ``fn``
+and zeros: exact). The collapse adds the four weighted streams in the pairwise order of the
+runtime's batch-invariant sum, ``(s0 + s2) + (s1 + s3)``. The program reads all of ``fn``
 (1.6 MB in V4, 2 MB in V4.1) per token; a form sharing ``fn`` tiles across tokens (a prefill
 chunk) or splitting K over programs (a decode step of one token) is not written yet.
 
@@ -39,8 +40,8 @@ doubled for the second-order terms, plus 2^-16 for the f32 Sinkhorn's own roundi
 bound (the f32 and float64 Sinkhorn differ by at most 2^-18 over logits of scale 0.1 to 40,
 ``test_mhc``), not a proof. ``y`` gets one unit in the last place of its dtype (two roundings of
 nearby values) plus the weights' bound times |X| and 5 u of the f32 sum. Where ``pre_in`` is given
-the collapse takes exact inputs in a fixed order and the interpreter matches the runtime's
-``collapse`` bit for bit (tested).
+the collapse takes exact inputs in the same order as the runtime's ``collapse`` under
+``InvariantOps``, and the interpreter matches it bit for bit (tested).
 
 Decode path: each token is computed on its own: batch dimension T, dynamic.
 """
@@ -51,6 +52,7 @@ import torch
 
 from .. import dsl
 from . import model_shapes as shapes
+from .moe_combine import add_in_order, tree_order
 from .registry import Dim, OneOf, Spec, register
 
 HC = 4  # hc_mult (model.md 1.1, 1.7)
@@ -77,11 +79,9 @@ def pick(v, lo: int, n: int):
 
 
 def weighted_sum(weights, rows):
-    """sum_s weights[s] * rows[s] in order s = 0, 1, ...: (1, 1) weights times (1, BK) rows."""
-    total = weights[0] * rows[0]
-    for w, r in zip(weights[1:], rows[1:]):
-        total = total + w * r
-    return total
+    """sum_s weights[s] * rows[s], (1, 1) weights times (1, BK) rows, added in the runtime's
+    batch-invariant pairwise order (``InvariantOps.sum``: (t0 + t2) + (t1 + t3))."""
+    return add_in_order(tree_order(len(rows)), lambda s: weights[s] * rows[s])
 
 
 def mix_sums(x, fn, t, rows: int, BK, weights=None, y=None):
