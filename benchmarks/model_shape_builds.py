@@ -43,6 +43,8 @@ REPRESENTATIVE = {
     "router": {"v4-flash": "v4/e256_top6/prefill4096", "v41-flash": "v41/e384_top6/decode16"},
     "indexer_logits": {"v4-flash": "v4/r4_ctx1m/decode16", "v41-flash": "v41/r1_ctx1m/decode4"},
     "kv_insert": {"v4-flash": "v4/window_kv584/decode16", "v41-flash": "v41/window_kv528/decode16"},
+    "compressor_decode": {"v4-flash": "v4/csa_pool/decode16", "v41-flash": "v41/ratio2_pool/decode64"},
+    "compressor_prefill": {"v4-flash": "v4/hca_pool/prefill4096", "v41-flash": "v41/ratio2_pool/prefill4096"},
     "topk": {"v4-flash": "v4/r4_ctx1m/decode16", "v41-flash": "v41/r1_ctx256k/decode16"},
     "moe_permute": {"v4-flash": "v4/e256_top6/prefill4096", "v41-flash": "v41/e384_top6/decode64"},
     "moe_combine": {"v4-flash": "v4/h4096_top6/decode64", "v41-flash": "v41/h5120_top6/prefill4096"},

@@ -142,9 +142,9 @@ def constants_of(case: dict) -> dict:
 
 def model_cases(m: shapes.ModelDims, make) -> dict[str, shapes.Case]:
     """``make(form) -> {phase: case}`` for each compressor form of model ``m``, named
-    ``<model>/compressor_<form>/<phase>`` and tagged."""
+    ``<model>/<form>_pool/<phase>`` (``compressor_<form>`` names the GEMM's shapes) and tagged."""
     out: dict[str, shapes.Case] = {}
     for form in MODEL_FORMS[m.name]:
         for phase, case in make(form).items():
-            out[f"{m.short}/compressor_{form}/{phase}"] = {**case, "model": m.name}
+            out[f"{m.short}/{form}_pool/{phase}"] = {**case, "model": m.name}
     return out

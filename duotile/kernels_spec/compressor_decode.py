@@ -68,10 +68,9 @@ def compressor_decode(c: dsl.Tensor["B", "C", dsl.f32], z: dsl.Tensor["B", "C", 
 
         vb, sb = token(b_col + cb * BD)
         parts = [(vb, sb)]  # RATIO 1: the token is its window
-        if RATIO > 1:  # the window's other slots, read where it completes
+        if RATIO > 1:  # the window's other slots, read where it completes (else the row is 0)
             ob, zb = bank(cur, b_col + cb * BD, closing & k.ne(j))
-            seen = (k <= j)[:, None]
-            parts = [(dsl.where(new, vb, ob), dsl.where(new, sb, dsl.where(seen, zb, cm.NEG_INF)))]
+            parts = [(dsl.where(new, vb, ob), dsl.where(new, sb, zb))]
         if OVERLAP:  # window w - 1's A halves: the other bank, none for window 0
             has_prev = closing & (w > 0)
             oa, za = bank(((w + 1) % nb) * RATIO, cb * BD, has_prev)

@@ -31,9 +31,9 @@ from .registry import Dim, OneOf, Spec, register
 
 
 def windows_touched(t: int, ratio: int) -> int:
-    """The most windows a chunk of t >= 1 tokens reaches (one it completes or leaves open):
-    (t - 1) // m + 1 from a window's first token, one more from any other."""
-    return (t - 1) // ratio + (2 if ratio > 1 else 1)
+    """The most windows a chunk of t >= 1 tokens reaches (one it completes or leaves open): a
+    chunk from offset a of a window reaches (a + t - 1) // m + 1, the most at a = m - 1."""
+    return (t + ratio - 2) // ratio + 1
 
 
 def _window_part(c, z, state_c, state_z, ape, t, first, col, ratio, bd, valid=None):

@@ -15,6 +15,7 @@ import torch
 
 from .config import ConfigError
 from .device import DeviceError, resolve_device
+from .model_ops import format_report
 from .presets import DEFAULT_PRESET, TINY_PRESETS
 from .sampler import SamplingParams
 from .weights import CheckpointError
@@ -65,8 +66,9 @@ def _register_generate(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--dtype", choices=("bfloat16", "float32"), default="bfloat16",
                    help="activation dtype (default: %(default)s)")
     p.add_argument("--kernels", choices=("reference", "generated"), default="reference",
-                   help="generated: run duotile's kernels where a spec covers the op (RMSNorm today); sm90 "
-                        "build on an H200, the interpreter elsewhere (default: %(default)s)")
+                   help="generated: run duotile's kernels for the model ops a spec covers (the ops report "
+                        "printed after the tokens says which ran where); sm90 builds on an H200, the "
+                        "interpreter elsewhere (default: %(default)s)")
     p.add_argument("--device", default="cpu", help="cpu, cuda[:N], npu[:N] (needs torch_npu) or mps "
                    "(default: %(default)s)")
     p.add_argument("--threads", type=int, default=1,
@@ -100,10 +102,8 @@ def run(args: argparse.Namespace) -> int:
         return fail(args, err)
     stats, cb = llm.last_stats, out.cache_bytes
     print("tokens:", " ".join(map(str, out.token_ids)))
-    report = getattr(llm.model.ctx.ops, "report", None)
-    if report is not None:
-        for op, (calls, builds) in sorted(report().items()):
-            print(f"generated kernels: {op}: {calls} calls on {builds} build(s)")
+    for line in format_report(stats.ops, getattr(llm.model.ctx.ops, "builds", dict)()):
+        print("op", line)
     print(f"speed: {stats.generated_tokens} tokens in {stats.seconds:.2f} s = {stats.tokens_per_second:.1f} tokens/s")
     print(f"cache bytes: {cb.total} (window {cb.window}, compressed {cb.compressed}, index keys {cb.index_keys}, "
           f"compressor state {cb.compressor_state}, engram history {cb.engram_history}); "

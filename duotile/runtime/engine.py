@@ -23,6 +23,7 @@ from .device import resolve_device
 from .footprint import check_fits
 from .layers.step import StepSeq
 from .loader import open_model
+from .model_ops import model_op
 from .presets import DEFAULT_PRESET
 from .reference import Model, check_dtype
 from .sampler import SamplingParams, sample
@@ -56,6 +57,7 @@ class GenerateStats:
     steps: int
     seconds: float
     cache_bytes: int  # production-format bytes of all requests' state at their end (model.md 3)
+    ops: dict[str, tuple[int, int]] | None = None  # per model op: (generated, reference) calls (model_ops.py)
 
     @property
     def tokens_per_second(self) -> float:
@@ -110,7 +112,7 @@ class LLMEngine:
                 self.scheduler.finish(seq, "error")
                 finished.append(seq)
                 continue
-            token = sample(row, seq.params, seq.seed, position=len(seq.tokens))
+            token = sample_token(self.model.ctx, row, seq.params, seq.seed, len(seq.tokens))
             seq.output.append(token)
             if seq.params.return_logits:
                 seq.logits.append(row.float().cpu().clone())
@@ -129,6 +131,12 @@ class LLMEngine:
         return RequestOutput(seq.request_id, seq.prompt, list(seq.output), seq.finish_reason or "",
                              format_bytes(self.config, seq.num_computed), seq.cache.allocated_bytes(),
                              seq.logits if seq.params.return_logits else None, seq.error)
+
+
+@model_op("sample")
+def sample_token(ctx, row: torch.Tensor, params: SamplingParams, seed: int, position: int) -> int:
+    """``sampler.sample`` as the model op."""
+    return sample(row, params, seed, position=position)
 
 
 def _non_finite(row: torch.Tensor) -> str | None:
@@ -155,6 +163,7 @@ class LLM(LLMEngine):
         if len(params) != len(prompts):
             raise ValueError(f"sampling_params: {len(params)} given for {len(prompts)} prompts")
         seqs = [self.add_request(p, sp) for p, sp in zip(prompts, params)]
+        before = self.model.ctx.tally.snapshot()
         total = sum(sp.max_tokens for sp in params)
         bar = tqdm(total=total, unit="tok", disable=not use_tqdm, leave=False)
         start, steps, done = time.perf_counter(), 0, 0
@@ -167,7 +176,8 @@ class LLM(LLMEngine):
         bar.close()
         outputs = [self.output(s) for s in seqs]
         self.last_stats = GenerateStats(sum(len(p) for p in prompts), done, steps, time.perf_counter() - start,
-                                        sum(o.cache_bytes.total for o in outputs))
+                                        sum(o.cache_bytes.total for o in outputs),
+                                        self.model.ctx.tally.since(before))
         failed = [o for o in outputs if o.finish_reason == "error"]
         if failed and raise_on_error:
             more = f" ({len(failed) - 1} more requests failed)" if len(failed) > 1 else ""

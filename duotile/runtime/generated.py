@@ -1,18 +1,22 @@
 """Generated kernels inside the runtime: an ops flavour that runs duotile kernels where one exists.
 
-`GeneratedOps(base)` forwards every primitive to `base` (`FastOps` or `InvariantOps`) except
-those a kernel spec covers; today that is `rms_norm` with a weight, run by the `rmsnorm` spec:
+`GeneratedOps(base)` forwards every primitive to `base` (`FastOps` or `InvariantOps`) and serves
+the model ops (model_ops.py) a kernel spec covers: `kernel_for(op)` hands the forward a function
+with the op's signature, which runs the spec (in `_OP_OF`) and returns what the reference returns:
 
 * on an sm90 GPU (compute capability 9.0) as its sm90 build, elsewhere on the interpreter (the
   same Tile IR executed with PyTorch: slow, but the same arithmetic order on any machine);
 * with the config `codegen.compile` finds: the user's tuning cache, then the table shipped in
-  `duotile/tuned/` (H200), else the kernel's defaults;
-* in fp32 in and out, like the reference primitive. The kernel reduces each row on its own, in
-  an order fixed by its config, so the result of a row never depends on the batch around it
-  (`check_batch_invariance` proves the config cannot change that order with the batch size).
+  `duotile/tuned/` (H200), else the kernel's defaults.
 
-It is not bitwise equal to the reference primitive: the row sum is a different order of the
-same additions. `duotile generate --kernels generated` selects it.
+A function may decline a call it has no kernel form for (returning ``NotImplemented``: an empty
+tensor, the unweighted norm, FP32 activations where the kernel takes BF16); the reference runs it
+then, and the report counts it as a reference call. The kernels reduce each row on its own, in an
+order fixed by their configs, so a row's result never depends on the batch around it
+(`check_batch_invariance` proves a config cannot change that order with the batch size). They are
+not bitwise equal to the reference ops: sums run in another order, the indexer keeps its dot
+products in FP32 where the reference rounds them to BF16, and attention writes BF16. `duotile
+generate --kernels generated` selects this flavour.
 """
 
 from __future__ import annotations
@@ -23,7 +27,8 @@ import torch
 
 from .ops import FastOps
 
-_OP_OF = {"rmsnorm": "rms_norm"}  # the runtime primitive each spec serves
+_OP_OF = {"rmsnorm": "rms_norm", "gather_rows": "embed", "topk": "topk", "router": "route",
+          "sparse_mqa_decode": "sparse_attention", "indexer_logits": "index_scores"}  # spec -> model op
 
 
 class GeneratedOps:
@@ -33,20 +38,25 @@ class GeneratedOps:
         self.base = base
         self.invariant = base.invariant
         self._kernels: dict[tuple, Any] = {}
-        self.calls: dict[str, int] = {}  # op name -> calls served by a generated kernel
+        self._serves = {"rms_norm": self._rms_norm, "embed": self._embed, "topk": self._topk,
+                        "route": self._route, "sparse_attention": self._sparse_attention,
+                        "index_scores": self._index_scores}
 
     def __getattr__(self, name: str):
         return getattr(self.base, name)
 
-    def report(self) -> dict[str, tuple[int, int]]:
-        """Per op: (calls served by a generated kernel, builds made for them). A kernel whose
-        sizes are dynamic builds once for every token count and batch (``codegen.compile``
-        caches one build per call signature, dynamic sizes left out)."""
-        builds: dict[str, int] = {}
+    def kernel_for(self, op: str):
+        return self._serves.get(op)
+
+    def builds(self) -> dict[str, int]:
+        """Per op: the builds made for it. A kernel whose sizes are dynamic builds once for every
+        token count and batch (``codegen.compile`` caches one build per call signature, dynamic
+        sizes left out)."""
+        out: dict[str, int] = {}
         for (spec_name, *_), kernel in self._kernels.items():
             op = _OP_OF.get(spec_name, spec_name)
-            builds[op] = builds.get(op, 0) + len(kernel._cache)
-        return {op: (n, builds.get(op, 0)) for op, n in self.calls.items()}
+            out[op] = out.get(op, 0) + len(kernel._cache)
+        return out
 
     def _kernel(self, spec_name: str, device: torch.device, constants: dict) -> Any:
         from .. import codegen
@@ -59,12 +69,68 @@ class GeneratedOps:
                                                  constants=constants)
         return self._kernels[key]
 
-    def rms_norm(self, x: torch.Tensor, weight: torch.Tensor | None, eps: float) -> torch.Tensor:
+    def _rms_norm(self, ctx, x: torch.Tensor, weight: torch.Tensor | None, eps: float) -> torch.Tensor:
         if weight is None or x.numel() == 0:
-            return self.base.rms_norm(x, weight, eps)
+            return NotImplemented  # the unweighted per-head norm: no kernel form yet
         rows = x.float().reshape(-1, x.shape[-1]).contiguous()
         out = torch.empty_like(rows)
         kernel = self._kernel("rmsnorm", rows.device, {"EPS": float(eps)})
         kernel(x=rows, weight=weight.float().contiguous(), y=out)
-        self.calls["rms_norm"] = self.calls.get("rms_norm", 0) + 1
         return out.reshape(x.shape)
+
+    def _embed(self, ctx, table: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
+        if tokens.numel() == 0 or table.dtype not in (torch.bfloat16, torch.float32):
+            return NotImplemented
+        idx = tokens.to(table.device, torch.int32).contiguous()
+        out = torch.empty(idx.shape[0], table.shape[1], dtype=table.dtype, device=table.device)
+        self._kernel("gather_rows", table.device, {})(table=table.contiguous(), idx=idx, out=out)
+        return out
+
+    def _topk(self, ctx, scores: torch.Tensor, k: int) -> torch.Tensor:
+        if scores.numel() == 0:
+            return NotImplemented
+        idx = torch.empty(scores.shape[0], k, dtype=torch.int32, device=scores.device)
+        self._kernel("topk", scores.device, {"TOPK": int(k)})(scores=scores.float().contiguous(), idx=idx)
+        return idx.long()
+
+    def _route(self, moe, ctx, logits: torch.Tensor, tokens: torch.Tensor):
+        t, k = logits.shape[0], moe.topk
+        if t == 0:
+            return NotImplemented
+        experts = torch.empty(t, k, dtype=torch.int32, device=logits.device)
+        weights = torch.empty(t, k, dtype=torch.float32, device=logits.device)
+        if moe.tid2eid is not None:
+            choice = {"tid2eid": moe.tid2eid.to(logits.device), "token_ids": tokens.to(logits.device)}
+        else:
+            choice = {"bias": moe.bias.float().contiguous()}
+        kernel = self._kernel("router", logits.device, {"TOPK": k, "SCALE": float(moe.scale)})
+        kernel(logits=logits.float().contiguous(), experts=experts, weights=weights, **choice)
+        return experts.long(), weights
+
+    def _sparse_attention(self, ctx, q, keys, valid, sink, scale: float) -> torch.Tensor:
+        """The decode kernel, one query a batch row over its own rows: BF16 in (the forward's
+        activations are BF16 values), the slots it may not see marked -1."""
+        s, n, d = keys.shape
+        if ctx.dtype != torch.bfloat16 or s == 0 or n == 0 or scale != d ** -0.5:
+            return NotImplemented
+        slots = torch.arange(n, dtype=torch.int32, device=keys.device).expand(s, n)
+        idx = torch.where(valid.to(keys.device), slots, -1).to(torch.int32).contiguous()
+        o = torch.empty(q.shape, dtype=torch.bfloat16, device=q.device)
+        self._kernel("sparse_mqa_decode", q.device, {})(q=q.to(torch.bfloat16).contiguous(),
+                                                         kv=keys.to(torch.bfloat16).contiguous(), idx=idx,
+                                                         sink=sink.float().contiguous(), o=o)
+        return o.float()
+
+    def _index_scores(self, ctx, qi, wts, keys, n_visible) -> torch.Tensor:
+        """The indexer over one sequence's key rows, which every query of the chunk reads; the
+        visible prefix as ``pos`` at ratio 1 (visible iff j < pos + 1)."""
+        s, n = qi.shape[0], keys.shape[0]
+        if ctx.dtype != torch.bfloat16 or s == 0 or n == 0:
+            return NotImplemented
+        k = keys.to(torch.bfloat16)[None].expand(s, n, keys.shape[1]).contiguous()
+        pos = (n_visible.to(qi.device) - 1).to(torch.int32)
+        logits = torch.empty(s, n, dtype=torch.float32, device=qi.device)
+        self._kernel("indexer_logits", qi.device, {"RATIO": 1})(q=qi.to(torch.bfloat16).contiguous(),
+                                                               w=wts.float().contiguous(), k=k, pos=pos,
+                                                               logits=logits)
+        return logits

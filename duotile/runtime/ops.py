@@ -33,6 +33,10 @@ class FastOps:
 
     invariant = False
 
+    def kernel_for(self, op: str):
+        """The generated kernel serving model op ``op`` (model_ops.py): none in a PyTorch flavour."""
+        return None
+
     def linear(self, x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
         """FP32 `x @ w.T` for x [..., K], w [N, K]."""
         return F.linear(x.float(), w)

@@ -17,11 +17,12 @@ from .config import ModelConfig
 from .device import resolve_device
 from .layers.attention_v4 import AttentionV4
 from .layers.attention_v41 import AttentionV41
-from .layers.common import Ctx, WeightSource
+from .layers.common import Ctx, WeightSource, rms_norm
 from .layers.engram import Engram
 from .layers.mhc import HCHead, HCSite, collapse, expand
 from .layers.moe import Expert, MoE
 from .layers.step import Step, StepSeq
+from .model_ops import model_op
 from .ops import FastOps, InvariantOps
 from .weights import Checkpoint
 
@@ -53,7 +54,7 @@ class Block:
         self.engram = Engram(cfg, ws, layer) if layer in cfg.engram_layer_ids else None
 
     def _norm(self, ctx: Ctx, x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
-        return ctx.act(ctx.ops.rms_norm(x, w, self.eps))
+        return ctx.act(rms_norm(ctx, x, w, self.eps))
 
     def two_pass(self, ctx: Ctx, x: torch.Tensor, step: Step) -> torch.Tensor:
         """V4: each site collapses with the `pre` it computes from the current streams."""
@@ -75,6 +76,19 @@ class Block:
         pre_f, post, comb = self.hc_ffn.mixes(ctx, x)
         f = self.moe(ctx, self._norm(ctx, collapse(ctx, x, pre_a), self.ffn_norm), step.tokens)
         return expand(ctx, f, x, post, comb), pre_f
+
+
+@model_op("embed")
+def embed(ctx: Ctx, table: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
+    """The embedding rows of ``tokens``."""
+    return table[tokens.to(table.device)]
+
+
+@model_op("lm_head")
+def lm_head(ctx: Ctx, h: torch.Tensor, norm: torch.Tensor, head: torch.Tensor, eps: float) -> torch.Tensor:
+    """FP32 logits of the picked rows: the final RMSNorm (rounded to the activation dtype), then the
+    vocabulary projection."""
+    return ctx.ops.linear(ctx.act(ctx.ops.rms_norm(h, norm, eps)), head)
 
 
 KERNELS = ("reference", "generated")
@@ -132,7 +146,7 @@ class Model:
         """Run one step; per sequence, FP32 logits of its last token [V] (or of every token [S, V])."""
         cfg, ctx = self.config, self.ctx
         step = Step(seqs)
-        e = ctx.act(self.embed[step.tokens.to(self.embed.device)])
+        e = ctx.act(embed(ctx, self.embed, step.tokens))
         x = e[:, None, :].expand(-1, cfg.hc_mult, -1).contiguous()
         if cfg.is_v41:
             pre = torch.zeros(x.shape[0], cfg.hc_mult, device=x.device)
@@ -147,7 +161,7 @@ class Model:
         self._advance(step)
         rows = [torch.arange(sl.start, sl.stop) if all_logits else torch.tensor([sl.stop - 1]) for sl in step.slices]
         picked = h[torch.cat(rows).to(h.device)]
-        logits = ctx.ops.linear(ctx.act(ctx.ops.rms_norm(picked, self.norm, cfg.rms_norm_eps)), self.head)
+        logits = lm_head(ctx, picked, self.norm, self.head, cfg.rms_norm_eps)
         out, at = [], 0
         for r in rows:
             out.append(logits[at : at + len(r)] if all_logits else logits[at])

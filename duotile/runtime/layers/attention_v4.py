@@ -12,8 +12,12 @@ from .common import (
     WeightSource,
     grouped_output,
     index_scores,
-    select_topk,
+    matmul,
+    rms_norm,
+    rope,
+    round_rows,
     sparse_attention,
+    topk,
     window_keys,
     write_ring,
 )
@@ -30,23 +34,23 @@ class Compressor:
         self.ratio, self.overlap, self.eps = ratio, overlap, eps
 
     def project(self, ctx: Ctx, x: torch.Tensor, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        c = ctx.ops.linear(x.float(), self.wkv)
-        z = ctx.ops.linear(x.float(), self.wgate) + self.ape[positions % self.ratio]
+        c = matmul(ctx, x.float(), self.wkv)
+        z = matmul(ctx, x.float(), self.wgate) + self.ape[positions % self.ratio]
         return c, z
 
-    def rows(self, ctx: Ctx, state, c, z, start: int, rope: Rotary) -> torch.Tensor:
+    def rows(self, ctx: Ctx, state, c, z, start: int, rotary: Rotary) -> torch.Tensor:
         """Pooled, normalised, rotated rows of the windows this chunk completes (act dtype, unrounded)."""
         pooled, first = pool_windows(ctx, state, c, z, start, self.ratio, self.overlap)
-        rows = ctx.act(ctx.ops.rms_norm(pooled, self.norm, self.eps))
+        rows = ctx.act(rms_norm(ctx, pooled, self.norm, self.eps))
         pos = (torch.arange(pooled.shape[0]) + first) * self.ratio
-        return ctx.act(rope.apply(rows, pos))
+        return ctx.act(rope(ctx, rotary, rows, pos))
 
 
 def round_kv_nope(ctx: Ctx, kv: torch.Tensor, nope: int) -> torch.Tensor:
     """(Q) FP8 e4m3 round trip of the nope channels, UE8M0 per 64; rope channels untouched."""
     if not ctx.quant:
         return kv
-    return ctx.act(torch.cat([quant.fp8_block_round(kv[..., :nope], 64), kv[..., nope:].float()], -1))
+    return ctx.act(torch.cat([round_rows(ctx, kv[..., :nope], "fp8/64"), kv[..., nope:].float()], -1))
 
 
 class AttentionV4:
@@ -69,24 +73,24 @@ class AttentionV4:
         """(Q) Hadamard-128 then MXFP4 on index queries / keys."""
         if not ctx.quant:
             return t
-        return ctx.act(quant.mxfp4_round(ctx.ops.linear(t.float(), self.hadamard)))
+        return ctx.act(round_rows(ctx, matmul(ctx, t.float(), self.hadamard), "mxfp4"))
 
     def __call__(self, ctx: Ctx, x: torch.Tensor, step: Step) -> torch.Tensor:
-        cfg, ops, pos = self.cfg, ctx.ops, step.positions
+        cfg, pos = self.cfg, step.positions
         t, h, d = x.shape[0], cfg.num_attention_heads, cfg.head_dim
-        qr = ctx.act(ops.rms_norm(self.wq_a(ctx, x), self.q_norm, cfg.rms_norm_eps))
+        qr = ctx.act(rms_norm(ctx, self.wq_a(ctx, x), self.q_norm, cfg.rms_norm_eps))
         q = ctx.act(self.wq_b(ctx, qr)).view(t, h, d)
-        q = ctx.act(ops.rms_norm(q, None, cfg.rms_norm_eps))
-        q = ctx.act(self.rope.apply(q, pos))
-        kv = ctx.act(ops.rms_norm(self.wkv(ctx, x), self.kv_norm, cfg.rms_norm_eps))
-        kv = round_kv_nope(ctx, ctx.act(self.rope.apply(kv, pos)), cfg.nope_head_dim)
+        q = ctx.act(rms_norm(ctx, q, None, cfg.rms_norm_eps))
+        q = ctx.act(rope(ctx, self.rope, q, pos))
+        kv = ctx.act(rms_norm(ctx, self.wkv(ctx, x), self.kv_norm, cfg.rms_norm_eps))
+        kv = round_kv_nope(ctx, ctx.act(rope(ctx, self.rope, kv, pos)), cfg.nope_head_dim)
         if self.ratio:
             c, z = self.comp.project(ctx, x, pos)
         if self.kind == "csa":
             ci, zi = self.idx_comp.project(ctx, x, pos)
             qi = ctx.act(self.idx_wq_b(ctx, qr)).view(t, cfg.index_n_heads, cfg.index_head_dim)
-            qi = self._index_round(ctx, ctx.act(self.rope.apply(qi, pos)))
-            wts = ops.linear(x, self.idx_proj) * (cfg.index_head_dim**-0.5 * cfg.index_n_heads**-0.5)
+            qi = self._index_round(ctx, ctx.act(rope(ctx, self.rope, qi, pos)))
+            wts = matmul(ctx, x, self.idx_proj) * (cfg.index_head_dim**-0.5 * cfg.index_n_heads**-0.5)
         out = torch.empty(t, h, d, dtype=torch.float32, device=x.device)
         for seq, sl in zip(step.seqs, step.slices):
             lc, start, p = seq.cache.layers[self.layer], seq.start, pos[sl]
@@ -100,7 +104,7 @@ class AttentionV4:
                     krows = self.idx_comp.rows(ctx, lc.index_state, ci[sl], zi[sl], start, self.rope)
                     lc.index_keys.append(self._index_round(ctx, krows))
                     scores = index_scores(ctx, qi[sl], wts[sl], lc.index_keys.view, n_vis)
-                    sel = select_topk(scores, cfg.index_topk)
+                    sel = topk(ctx, scores, cfg.index_topk)
                     ckeys, cvalid = lc.comp.data[sel.clamp(min=0)], sel >= 0
                 else:
                     ckeys = comp[None].expand(len(p), -1, -1)
@@ -109,5 +113,5 @@ class AttentionV4:
                 valid = torch.cat([valid, cvalid.to(valid.device)], 1)
             out[sl] = sparse_attention(ctx, q[sl], keys, valid, self.sink, d**-0.5)
             write_ring(lc.ring, start, kv[sl])
-        o = ctx.act(self.rope.apply(ctx.act(out), pos, inverse=True))
+        o = ctx.act(rope(ctx, self.rope, ctx.act(out), pos, inverse=True))
         return grouped_output(ctx, o.flatten(1), self.wo_a, self.wo_b, cfg.o_groups)

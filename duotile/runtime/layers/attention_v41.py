@@ -15,16 +15,20 @@ from __future__ import annotations
 
 import torch
 
-from .. import quant
 from ..config import ModelConfig
+from ..model_ops import model_op
 from .common import (
     Ctx,
     Rotary,
     WeightSource,
     grouped_output,
     index_scores,
-    select_topk,
+    matmul,
+    rms_norm,
+    rope,
+    round_rows,
     sparse_attention,
+    topk,
     window_keys,
     write_ring,
 )
@@ -49,6 +53,12 @@ def candidate_pool(scores: torch.Tensor, n_visible: torch.Tensor, block: int, to
     return pool & (torch.arange(n, device=scores.device)[None, :] < n_visible[:, None])
 
 
+@model_op("candidate_pool")
+def pick_pool(ctx: Ctx, scores: torch.Tensor, n_visible: torch.Tensor, block: int, topk_blocks: int) -> torch.Tensor:
+    """``candidate_pool`` as the model op."""
+    return candidate_pool(scores, n_visible, block, topk_blocks)
+
+
 class AttentionV41:
     def __init__(self, cfg: ModelConfig, ws: WeightSource, layer: int):
         p = f"layers.{layer}.attn."
@@ -69,23 +79,23 @@ class AttentionV41:
     def _latent(self, ctx: Ctx, seq: StepSeq, x: torch.Tensor) -> tuple[torch.Tensor, int]:
         """Normalised compressor output (pre-rope) for the groups this chunk completes, and the first group."""
         eps = self.cfg.rms_norm_eps
-        c = ctx.ops.linear(x.float(), self.c_wkv)
+        c = matmul(ctx, x.float(), self.c_wkv)
         if self.ratio == 1:
-            return ctx.act(ctx.ops.rms_norm(c, self.c_norm, eps)), seq.start
-        z = ctx.ops.linear(x.float(), self.c_wgate)
+            return ctx.act(rms_norm(ctx, c, self.c_norm, eps)), seq.start
+        z = matmul(ctx, x.float(), self.c_wgate)
         st = seq.cache.layers[self.layer].comp_state
         pooled, first = pool_windows(ctx, st, c, z, seq.start, self.ratio, overlap=False)
-        return ctx.act(ctx.ops.rms_norm(pooled, self.c_norm, eps)), first
+        return ctx.act(rms_norm(ctx, pooled, self.c_norm, eps)), first
 
     def _publish(self, ctx: Ctx, seq: StepSeq, x: torch.Tensor) -> None:
         """Full layer: append main rows and index keys of completed groups to this layer's storage."""
         latent, first = self._latent(ctx, seq, x)
         pos = (torch.arange(latent.shape[0]) + first) * self.ratio
-        main = ctx.act(self.rope.apply(latent, pos))
-        key = ctx.act(ctx.ops.rms_norm(ctx.ops.linear(latent, self.wk), self.k_norm, self.cfg.rms_norm_eps))
-        key = ctx.act(self.rope.apply(key, pos))
+        main = ctx.act(rope(ctx, self.rope, latent, pos))
+        key = ctx.act(rms_norm(ctx, matmul(ctx, latent, self.wk), self.k_norm, self.cfg.rms_norm_eps))
+        key = ctx.act(rope(ctx, self.rope, key, pos))
         if ctx.quant:
-            main, key = ctx.act(quant.nvfp4_round(main)), ctx.act(quant.mxfp4_round(key))
+            main, key = ctx.act(round_rows(ctx, main, "nvfp4")), ctx.act(round_rows(ctx, key, "mxfp4"))
         lc = seq.cache.layers[self.layer]
         lc.comp.append(main)
         lc.index_keys.append(key)
@@ -99,26 +109,27 @@ class AttentionV41:
         if self.kind == "reindex":
             scores = scores.masked_fill(~seq.scratch["pool"], float("-inf"))
         elif self.layer == cfg.candidate_source_layer_id:
-            seq.scratch["pool"] = candidate_pool(scores, n_vis, cfg.candidate_block_size, cfg.candidate_topk_blocks)
-        sel = select_topk(scores, cfg.index_topk)
+            seq.scratch["pool"] = pick_pool(ctx, scores, n_vis, cfg.candidate_block_size, cfg.candidate_topk_blocks)
+        sel = topk(ctx, scores, cfg.index_topk)
         seq.scratch[("topk", self.layer)] = sel
         return sel
 
     def __call__(self, ctx: Ctx, x: torch.Tensor, step: Step) -> torch.Tensor:
-        cfg, ops, pos = self.cfg, ctx.ops, step.positions
+        cfg, pos = self.cfg, step.positions
         t, h, d = x.shape[0], cfg.num_attention_heads, cfg.head_dim
-        qr = ctx.act(ops.rms_norm(self.wq_a(ctx, x), self.q_norm, cfg.rms_norm_eps))
-        q = ctx.act(self.rope.apply(ctx.act(self.wq_b(ctx, qr)).view(t, h, d), pos))
-        kv = ctx.act(self.rope.apply(ctx.act(ops.rms_norm(self.wkv(ctx, x), self.kv_norm, cfg.rms_norm_eps)), pos))
+        qr = ctx.act(rms_norm(ctx, self.wq_a(ctx, x), self.q_norm, cfg.rms_norm_eps))
+        q = ctx.act(rope(ctx, self.rope, ctx.act(self.wq_b(ctx, qr)).view(t, h, d), pos))
+        kv = ctx.act(rms_norm(ctx, self.wkv(ctx, x), self.kv_norm, cfg.rms_norm_eps))
+        kv = ctx.act(rope(ctx, self.rope, kv, pos))
         if ctx.quant:
-            kv = ctx.act(quant.fp8_block_round(kv, 32))
+            kv = ctx.act(round_rows(ctx, kv, "fp8/32"))
         qi = wts = None
         if self.kind in ("full", "reindex"):
             qi = ctx.act(self.idx_wq_b(ctx, qr)).view(t, cfg.index_n_heads, cfg.index_head_dim)
-            qi = ctx.act(self.rope.apply(qi, pos))
+            qi = ctx.act(rope(ctx, self.rope, qi, pos))
             if ctx.quant:
-                qi = ctx.act(quant.mxfp4_round(qi))
-            wts = ops.linear(x, self.idx_proj) * (cfg.index_head_dim**-0.5 * cfg.index_n_heads**-0.5)
+                qi = ctx.act(round_rows(ctx, qi, "mxfp4"))
+            wts = matmul(ctx, x, self.idx_proj) * (cfg.index_head_dim**-0.5 * cfg.index_n_heads**-0.5)
         out = torch.empty(t, h, d, dtype=torch.float32, device=x.device)
         for seq, sl in zip(step.seqs, step.slices):
             lc, start = seq.cache.layers[self.layer], seq.start
@@ -133,5 +144,5 @@ class AttentionV41:
                 valid = torch.cat([valid, (sel >= 0).to(valid.device)], 1)
             out[sl] = sparse_attention(ctx, q[sl], keys, valid, self.sink, d**-0.5)
             write_ring(lc.ring, start, kv[sl])
-        o = ctx.act(self.rope.apply(ctx.act(out), pos, inverse=True))
+        o = ctx.act(rope(ctx, self.rope, ctx.act(out), pos, inverse=True))
         return grouped_output(ctx, o.flatten(1), self.wo_a, self.wo_b, cfg.o_groups)

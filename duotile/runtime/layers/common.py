@@ -9,12 +9,13 @@ plain float model that Hugging Face transformers implements (model.md 1.6).
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
 from .. import quant
 from ..config import ModelConfig
+from ..model_ops import Tally, dispatch, model_op
 from ..ops import FastOps
 
 
@@ -23,10 +24,29 @@ class Ctx:
     ops: FastOps
     dtype: torch.dtype = torch.bfloat16
     quant: bool = True
+    tally: Tally = field(default_factory=Tally)  # calls per model op, generated or reference (model_ops.py)
 
     def act(self, t: torch.Tensor) -> torch.Tensor:
         """Round to the activation dtype, where the reference stores a BF16 tensor."""
         return t.to(self.dtype)
+
+
+@model_op("rms_norm")
+def rms_norm(ctx: Ctx, x: torch.Tensor, weight: torch.Tensor | None, eps: float) -> torch.Tensor:
+    """RMSNorm over the last dim in FP32 (``weight`` None: the unweighted per-head norm)."""
+    return ctx.ops.rms_norm(x, weight, eps)
+
+
+@model_op("linear")
+def matmul(ctx: Ctx, x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    """FP32 ``x @ w.T`` against an unquantised weight."""
+    return ctx.ops.linear(x, w)
+
+
+@model_op("act_quant")
+def act_quant(ctx: Ctx, x: torch.Tensor, block: int) -> torch.Tensor:
+    """The FP8 e4m3 round trip of an activation, a UE8M0 scale per ``block`` channels."""
+    return quant.act_quant(x, block)
 
 
 class Linear:
@@ -36,8 +56,13 @@ class Linear:
         self.weight, self.act_block = weight, act_block
 
     def __call__(self, ctx: Ctx, x: torch.Tensor) -> torch.Tensor:
-        if self.act_block and ctx.quant:
-            x = quant.act_quant(x, self.act_block)
+        if not self.act_block:
+            return matmul(ctx, x, self.weight)
+        return dispatch(ctx, "linear_q", self._quantised, (ctx, x), {})
+
+    def _quantised(self, ctx: Ctx, x: torch.Tensor) -> torch.Tensor:
+        if ctx.quant:
+            x = act_quant(ctx, x, self.act_block)
         return ctx.ops.linear(x, self.weight)
 
 
@@ -97,6 +122,33 @@ class Rotary:
         return torch.cat([x[..., : -self.dim], rotated], dim=-1)
 
 
+@model_op("rope")
+def rope(ctx: Ctx, rotary: Rotary, x: torch.Tensor, positions: torch.Tensor, inverse: bool = False) -> torch.Tensor:
+    """``rotary.apply``: x rotated by its positions (by -P with ``inverse``), FP32."""
+    return rotary.apply(x, positions, inverse)
+
+
+_ROUNDS = {
+    "fp8/32": lambda t: quant.fp8_block_round(t, 32),
+    "fp8/64": lambda t: quant.fp8_block_round(t, 64),
+    "nvfp4": quant.nvfp4_round,
+    "mxfp4": quant.mxfp4_round,
+}
+
+
+@model_op("kv_round")
+def round_rows(ctx: Ctx, t: torch.Tensor, fmt: str) -> torch.Tensor:
+    """The cache format's round trip of KV / index rows: FP8 e4m3 with UE8M0 per 32 or 64 channels
+    (``fp8/32``, ``fp8/64``), NVFP4-like (``nvfp4``) or MXFP4 (``mxfp4``); FP32 out."""
+    return _ROUNDS[fmt](t)
+
+
+@model_op("topk")
+def topk(ctx: Ctx, scores: torch.Tensor, k: int) -> torch.Tensor:
+    """``select_topk`` as the model op."""
+    return select_topk(scores, k)
+
+
 def select_topk(scores: torch.Tensor, k: int) -> torch.Tensor:
     """Top-k column indices per row (ties: lowest index), -inf picks as -1, sorted ascending, -1 last."""
     rows, n = scores.shape
@@ -111,6 +163,7 @@ def select_topk(scores: torch.Tensor, k: int) -> torch.Tensor:
     return out
 
 
+@model_op("sparse_attention")
 def sparse_attention(ctx: Ctx, q: torch.Tensor, keys: torch.Tensor, valid: torch.Tensor,
                      sink: torch.Tensor, scale: float) -> torch.Tensor:
     """One softmax over a per-query key set plus a value-less sink logit (model.md 2.5.6).
@@ -162,7 +215,7 @@ def grouped_output(ctx: Ctx, o: torch.Tensor, wo_a: Linear, wo_b: Linear, groups
     t = o.shape[0]
     og = o.view(t, groups, -1)
     wa = wo_a.weight.view(groups, -1, og.shape[-1])
-    ys = [ctx.ops.linear(og[:, g], wa[g]) for g in range(groups)]  # the reference runs wo_a in BF16, no act quant
+    ys = [matmul(ctx, og[:, g], wa[g]) for g in range(groups)]  # the reference runs wo_a in BF16, no act quant
     y = ctx.act(torch.cat(ys, -1))
     return ctx.act(wo_b(ctx, y))
 
@@ -187,6 +240,7 @@ class WeightSource:
         return name in self.ckpt.specs
 
 
+@model_op("index_scores")
 def index_scores(ctx: Ctx, qi: torch.Tensor, wts: torch.Tensor, keys: torch.Tensor,
                  n_visible: torch.Tensor) -> torch.Tensor:
     """Lightning-indexer scores s[i, j] = sum_h wts[i,h] * relu(qi[i,h] . k_j), -inf where j >= n_visible[i].

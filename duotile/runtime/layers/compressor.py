@@ -13,9 +13,11 @@ from __future__ import annotations
 import torch
 
 from ..cache import CompressorState
+from ..model_ops import model_op
 from .common import Ctx
 
 
+@model_op("compress")
 def pool_windows(ctx: Ctx, st: CompressorState, c: torch.Tensor, z: torch.Tensor, start: int, ratio: int,
                  overlap: bool) -> tuple[torch.Tensor, int]:
     """Feed values c [S, width] and scores z [S, width] (FP32, ape added) of positions start.. .

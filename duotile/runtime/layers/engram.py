@@ -15,6 +15,7 @@ import numpy as np
 import torch
 
 from ..config import ConfigError, ModelConfig
+from ..model_ops import model_op
 from .common import Ctx, WeightSource
 
 
@@ -82,6 +83,7 @@ class Engram:
             cols.append(rolling[:, None] % self.primes[order - 1] + self.offsets[order - 1])
         return torch.cat(cols, 1)
 
+    @model_op("engram")
     def __call__(self, ctx: Ctx, x: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
         """x [T, n, D] streams, ids [T, cols] -> updated streams."""
         ops, d, eps = ctx.ops, self.cfg.hidden_size, self.cfg.rms_norm_eps

@@ -8,7 +8,8 @@ from __future__ import annotations
 import torch
 
 from ..config import ModelConfig
-from .common import Ctx
+from ..model_ops import model_op
+from .common import Ctx, matmul
 
 
 class HCSite:
@@ -18,12 +19,13 @@ class HCSite:
         self.n, self.iters, self.hc_eps, self.eps = cfg.hc_mult, cfg.hc_sinkhorn_iters, cfg.hc_eps, cfg.rms_norm_eps
         self.fn, self.base, self.scale = fn, base, scale
 
+    @model_op("hc_pre")
     def mixes(self, ctx: Ctx, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """pre [T, n], post [T, n], comb [T, n, n] from the current streams."""
         ops, n = ctx.ops, self.n
         v = x.float().flatten(1)
         rinv = ops.rsqrt(ops.mean(v * v, -1) + self.eps)
-        m = ops.linear(v, self.fn) * rinv[:, None]
+        m = matmul(ctx, v, self.fn) * rinv[:, None]
         pre = ops.sigmoid(m[:, :n] * self.scale[0] + self.base[:n]) + self.hc_eps
         post = 2 * ops.sigmoid(m[:, n : 2 * n] * self.scale[1] + self.base[n : 2 * n])
         c0 = (m[:, 2 * n :] * self.scale[2] + self.base[2 * n :]).view(-1, n, n)
@@ -40,11 +42,13 @@ class HCSite:
         return m
 
 
+@model_op("hc_collapse")
 def collapse(ctx: Ctx, x: torch.Tensor, pre: torch.Tensor) -> torch.Tensor:
     """sum_s pre_s * X[s] (FP32 accumulate) in the activation dtype."""
     return ctx.act(ctx.ops.sum(pre[:, :, None] * x.float(), 1))
 
 
+@model_op("hc_post")
 def expand(ctx: Ctx, f: torch.Tensor, residual: torch.Tensor, post: torch.Tensor, comb: torch.Tensor) -> torch.Tensor:
     """X'[j] = post_j * f + sum_i comb[i, j] * R[i]  (contracting comb's first index)."""
     mixed = ctx.ops.sum(comb[:, :, :, None] * residual.float()[:, :, None, :], 1)
@@ -58,10 +62,11 @@ class HCHead:
         self.eps, self.hc_eps = cfg.rms_norm_eps, cfg.hc_eps
         self.fn, self.base, self.scale = fn, base, scale
 
+    @model_op("hc_head")
     def __call__(self, ctx: Ctx, x: torch.Tensor) -> torch.Tensor:
         ops = ctx.ops
         v = x.float().flatten(1)
         rinv = ops.rsqrt(ops.mean(v * v, -1) + self.eps)
-        m = ops.linear(v, self.fn) * rinv[:, None]
+        m = matmul(ctx, v, self.fn) * rinv[:, None]
         pre = ops.sigmoid(m * self.scale[0] + self.base) + self.hc_eps
         return collapse(ctx, x, pre)

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import torch
 
-from .. import quant
 from ..config import ModelConfig
-from .common import Ctx, Linear
+from ..model_ops import model_op
+from .common import Ctx, Linear, act_quant, matmul
 
 
 class Expert:
@@ -15,6 +15,7 @@ class Expert:
     def __init__(self, w1: Linear, w3: Linear, w2: Linear, limit: float):
         self.w1, self.w3, self.w2, self.limit = w1, w3, w2, limit
 
+    @model_op("expert")
     def __call__(self, ctx: Ctx, xq: torch.Tensor, weight: torch.Tensor | None = None) -> torch.Tensor:
         """xq: activations already act-quantised (shared by all experts of a token). Returns FP32."""
         g = ctx.act(ctx.ops.linear(xq, self.w1.weight)).float()
@@ -33,9 +34,14 @@ class MoE:
         self.topk, self.scale = cfg.num_experts_per_tok, cfg.routed_scaling_factor
 
     def route(self, ctx: Ctx, x: torch.Tensor, tokens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Expert ids [T, k] and weights [T, k] (FP32)."""
+        """Expert ids [T, k] and weights [T, k] (FP32): the gate GEMM, then the choice."""
+        return self.choose(ctx, matmul(ctx, x.float(), self.gate), tokens)
+
+    @model_op("route")
+    def choose(self, ctx: Ctx, logits: torch.Tensor, tokens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The experts and weights of gate logits [T, E]: sqrt(softplus), top-k by score + bias (or
+        the hash table's row of each token), the unbiased scores renormalised and scaled."""
         ops = ctx.ops
-        logits = ops.linear(x.float(), self.gate)
         s = torch.sqrt(ops.softplus(logits))
         if self.tid2eid is not None:
             idx = self.tid2eid[tokens.to(self.tid2eid.device)]
@@ -47,12 +53,17 @@ class MoE:
 
     def __call__(self, ctx: Ctx, x: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
         idx, w = self.route(ctx, x, tokens)
-        xq = quant.act_quant(x, self.act_block) if ctx.quant else x.float()
-        y = torch.zeros(x.shape[0], idx.shape[1], x.shape[1], dtype=torch.float32, device=x.device)
-        for e in torch.unique(idx).tolist():
-            rows, slots = (idx == e).nonzero(as_tuple=True)
-            y[rows, slots] = self.experts[e](ctx, xq[rows], w[rows, slots])
-        out = ctx.ops.sum(y, 1)
+        xq = act_quant(ctx, x, self.act_block) if ctx.quant else x.float()
+        out = self.routed(ctx, xq, idx, w)
         if self.shared is not None:
             out = out + self.shared(ctx, xq)
         return ctx.act(out)
+
+    @model_op("moe_experts")
+    def routed(self, ctx: Ctx, xq: torch.Tensor, idx: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+        """The routed experts of every token, weighted, summed over its k choices in a fixed order (FP32)."""
+        y = torch.zeros(xq.shape[0], idx.shape[1], xq.shape[1], dtype=torch.float32, device=xq.device)
+        for e in torch.unique(idx).tolist():
+            rows, slots = (idx == e).nonzero(as_tuple=True)
+            y[rows, slots] = self.experts[e](ctx, xq[rows], w[rows, slots])
+        return ctx.ops.sum(y, 1)
