@@ -52,6 +52,7 @@ REPRESENTATIVE = {
     "sparse_mqa_decode": {"v4-flash": "v4/hca8320/decode16", "v41-flash": "v41/csa_r2_topk640/decode64"},
     "rmsnorm_quant": {"v4-flash": "v4/hidden/prefill4096", "v41-flash": "v41/hidden/decode16"},
     "swiglu_quant": {"v4-flash": "v4/experts_i2048/decode64", "v41-flash": "v41/experts_i2304/prefill4096"},
+    "sample": {"v4-flash": "v4/vocab129280/decode1", "v41-flash": "v41/vocab129280/decode64"},
     # mHC: a V4 prefill chunk and a V4.1 decode step at a site; the V4 head at decode, V4.1's at prefill
     "hc_pre": {"v4-flash": "v4/site_d4096/prefill4096", "v41-flash": "v41/site_d5120/decode16"},
     "hc_post": {"v4-flash": "v4/site_d4096/prefill4096", "v41-flash": "v41/site_d5120/decode16"},

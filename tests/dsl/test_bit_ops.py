@@ -247,3 +247,25 @@ def test_bit_ops_compile_with_nvcc(target, tmp_path):
         cuda = art.stages["cuda"]
         assert "(*(int *)(&(" in cuda and "(*(float *)(&(" in cuda  # reinterpret: the bits, no conversion
         assert ">> 23" in cuda
+
+
+@dsl.kernel
+def int_wrap(a: dsl.Tensor["N", dsl.i32], out: dsl.Tensor["K", "N", dsl.i32]):
+    for _ in dsl.grid(1):
+        v = dsl.load(a[0], (8,))
+        dsl.store(out[0, 0], v * 0x7FEB352D)
+        dsl.store(out[1, 0], v + 0x7FFFFFFF)
+        dsl.store(out[2, 0], v * -2073254261 - v)
+
+
+def test_integer_add_and_multiply_wrap_at_the_tiles_width():
+    """docs/dsl.md: i32 ``+ - *`` are mod 2^32 (the hash of kernels_spec/sample.py relies on it)."""
+    vals = [0, 1, -1, 7, 2**31 - 1, -(2**31), 0x12345678, -0x5A5A5A5A]
+    out = torch.zeros(3, 8, dtype=torch.int32)
+    codegen.compile(int_wrap, "interpret")(a=torch.tensor(vals, dtype=torch.int32), out=out)
+
+    def i32(x):
+        return (x + 2**31) % 2**32 - 2**31
+
+    assert out.tolist() == [[i32(v * 0x7FEB352D) for v in vals], [i32(v + 0x7FFFFFFF) for v in vals],
+                            [i32(v * -2073254261 - v) for v in vals]]
