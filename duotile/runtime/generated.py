@@ -28,7 +28,8 @@ import torch
 from .ops import FastOps
 
 _OP_OF = {"rmsnorm": "rms_norm", "gather_rows": "embed", "topk": "topk", "router": "route",
-          "sparse_mqa_decode": "sparse_attention", "indexer_logits": "index_scores"}  # spec -> model op
+          "sparse_mqa_decode": "sparse_attention", "indexer_logits": "index_scores", "hc_pre": "hc_pre",
+          "hc_post": "hc_post", "hc_head": "hc_head"}  # spec -> model op (hc_head serves hc_collapse too)
 
 
 class GeneratedOps:
@@ -40,7 +41,8 @@ class GeneratedOps:
         self._kernels: dict[tuple, Any] = {}
         self._serves = {"rms_norm": self._rms_norm, "embed": self._embed, "topk": self._topk,
                         "route": self._route, "sparse_attention": self._sparse_attention,
-                        "index_scores": self._index_scores}
+                        "index_scores": self._index_scores, "hc_pre": self._hc_pre,
+                        "hc_collapse": self._hc_collapse, "hc_post": self._hc_post, "hc_head": self._hc_head}
 
     def __getattr__(self, name: str):
         return getattr(self.base, name)
@@ -134,3 +136,49 @@ class GeneratedOps:
                                                                w=wts.float().contiguous(), k=k, pos=pos,
                                                                logits=logits)
         return logits
+
+    @staticmethod
+    def _hc_ready(x: torch.Tensor) -> bool:
+        return x.shape[0] > 0 and x.dim() == 3 and x.shape[1] == 4 and x.dtype in (torch.bfloat16, torch.float32)
+
+    def _hc_pre(self, site, ctx, x: torch.Tensor):
+        """A site's mixes (pre, post, comb); the kernel's collapse by this site's pre is not kept."""
+        if not self._hc_ready(x) or site.n != 4:
+            return NotImplemented
+        t, dev = x.shape[0], x.device
+        pre, post = (torch.empty(t, 4, device=dev) for _ in range(2))
+        comb, y = torch.empty(t, 4, 4, device=dev), torch.empty(t, x.shape[2], dtype=x.dtype, device=dev)
+        constants = {"EPS": float(site.eps), "HC_EPS": float(site.hc_eps), "ITERS": int(site.iters)}
+        self._kernel("hc_pre", dev, constants)(x=x.contiguous(), fn=site.fn.float().contiguous(),
+                                                base=site.base.float().contiguous(),
+                                                scale=site.scale.float().contiguous(), pre=pre, post=post,
+                                                comb=comb, y=y)
+        return pre, post, comb
+
+    def _hc_collapse(self, ctx, x: torch.Tensor, pre: torch.Tensor) -> torch.Tensor:
+        """sum_s pre_s X[s], written in the activation dtype (hc_head's pre_in form)."""
+        if not self._hc_ready(x):
+            return NotImplemented
+        y = torch.empty(x.shape[0], x.shape[2], dtype=ctx.dtype, device=x.device)
+        self._kernel("hc_head", x.device, {})(x=x.contiguous(), y=y, pre_in=pre.float().contiguous())
+        return y
+
+    def _hc_post(self, ctx, f: torch.Tensor, residual: torch.Tensor, post: torch.Tensor, comb: torch.Tensor):
+        if not self._hc_ready(residual) or f.dtype not in (torch.bfloat16, torch.float32):
+            return NotImplemented
+        out = torch.empty(residual.shape, dtype=ctx.dtype, device=residual.device)
+        self._kernel("hc_post", residual.device, {})(f=f.contiguous(), r=residual.contiguous(),
+                                                     post=post.float().contiguous(),
+                                                     comb=comb.float().contiguous(), out=out)
+        return out
+
+    def _hc_head(self, head, ctx, x: torch.Tensor) -> torch.Tensor:
+        """V4's final collapse by its sigmoid weights."""
+        if not self._hc_ready(x):
+            return NotImplemented
+        y = torch.empty(x.shape[0], x.shape[2], dtype=ctx.dtype, device=x.device)
+        constants = {"EPS": float(head.eps), "HC_EPS": float(head.hc_eps)}
+        self._kernel("hc_head", x.device, constants)(x=x.contiguous(), y=y, fn=head.fn.float().contiguous(),
+                                                     base=head.base.float().contiguous(),
+                                                     scale=head.scale.float().reshape(-1)[:1].contiguous())
+        return y
