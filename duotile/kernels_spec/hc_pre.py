@@ -212,7 +212,21 @@ def _sinkhorn_jacobian(c0: torch.Tensor, iters: int, eps: float) -> torch.Tensor
 COMB_ROUNDING = 2.0 ** -16  # the f32 Sinkhorn's own rounding (measured: at most 2^-18)
 
 
+_LAST: list = []  # the latest call's (inputs held, their versions, constants, bounds)
+
+
 def site_bounds(inputs: dict, eps: float, hc_eps: float, iters: int) -> dict[str, torch.Tensor]:
+    """``pre``'s, ``post``'s and ``comb``'s elementwise bounds (the module docstring), kept for
+    the same input tensors (held, so never another's) at the same versions: one check asks for
+    each output in turn."""
+    held = tuple(inputs[k] for k in ("x", "fn", "base", "scale"))
+    state = (tuple(t._version for t in held), eps, hc_eps, iters)
+    if not (_LAST and all(a is b for a, b in zip(_LAST[0], held)) and _LAST[1] == state):
+        _LAST[:] = [held, state, _site_bounds(inputs, eps, hc_eps, iters)]
+    return _LAST[2]
+
+
+def _site_bounds(inputs: dict, eps: float, hc_eps: float, iters: int) -> dict[str, torch.Tensor]:
     x, fn, b, s = inputs["x"], inputs["fn"], inputs["base"].double(), inputs["scale"].double()
     m, _ = mixes_f64(x, fn, eps)
     dm = mix_bounds(x, fn, eps)
