@@ -26,8 +26,8 @@ State, preallocated per sequence, FP32 like the reference's (model.md 3.1): ``st
 banks) and 1 without: token P lives at slot ``((P // m) mod BANKS) x m + P mod m``, its value
 vector c and its score z + ape (ape added once, as the token enters). Window w's tokens are bank
 w mod BANKS; with OVERLAP window w - 1's are the other bank, intact until window w + 1 begins,
-so no bank is ever copied. Slots are read only at positions whose token the sequence has seen
-(an older window's leftovers are masked, window 0's missing A halves by w = 0), so a new
+so no bank is ever copied. A bank is read only as its window completes, when every slot holds
+one of that window's tokens, and window 0's missing A halves are not read (w = 0), so a new
 sequence needs no reset: any contents will do.
 
 Pooling in the kernels: ``m = max`` over the slots, ``e = exp(s - m)``, ``row = sum(e v) /

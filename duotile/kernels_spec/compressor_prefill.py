@@ -14,8 +14,10 @@ phases: phase 0 pools (grid N x D / BD: one window's channel block a program; a 
 before ``start`` come from ``state``, the others from the chunk, by gathers with -1 where a token
 is not there), phase 1 writes the carry (grid C / BC: every slot of a channel block, the chunk's
 last token of that slot or the state's value). ``carry_c`` / ``carry_z`` may be the tensors passed
-as ``state_c`` / ``state_z`` (an update in place): phase 1 runs after phase 0 and reads and writes
-each element in one program. T and N are dynamic: one build serves every chunk length.
+as ``state_c`` / ``state_z`` (an update in place): phase 1 runs after phase 0, each program
+touches its own channels, and an element it writes is either the value it reads there or one
+that ignores it, so no order of its reads and writes matters. T and N are dynamic: one build
+serves every chunk length.
 
 Tolerances (``compressor.py``): ``out`` within the pooling bound, ``windows`` and the carry exact.
 """
