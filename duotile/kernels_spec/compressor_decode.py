@@ -94,6 +94,9 @@ def compressor_decode_reference(c, z, positions, state_c, state_z, ape=None, RAT
 
 
 def _reference(c, z, positions, state_c, state_z, ape, ratio, overlap):
+    dev = c.device
+    c, z, positions, state_c, state_z = (t.cpu() for t in (c, z, positions, state_c, state_z))
+    ape = ape.cpu() if ape is not None else None
     bsz, width = c.shape
     d = width // 2 if overlap else width
     nb = cm.banks(overlap)
@@ -117,7 +120,7 @@ def _reference(c, z, positions, state_c, state_z, ape, ratio, overlap):
             vals, scores = torch.cat([pv, vals]), torch.cat([ps, scores])
         row, err = cm.pool64(vals, scores)
         out[b], bound[b], windows[b] = row.float(), err, w
-    return {"out": out.to(c.device), "windows": windows.to(c.device)}, bound
+    return {"out": out.to(dev), "windows": windows.to(dev)}, bound
 
 
 def _inputs(case, device, seed):

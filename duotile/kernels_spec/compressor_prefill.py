@@ -103,6 +103,9 @@ def compressor_prefill_reference(c, z, start, state_c, state_z, ape=None, RATIO:
 
 
 def _reference(c, z, start, state_c, state_z, ape, ratio, overlap, n_out=None):
+    dev = c.device
+    c, z, start, state_c, state_z = (t.cpu() for t in (c, z, start, state_c, state_z))
+    ape = ape.cpu() if ape is not None else None
     n_tok, width = c.shape
     s0, nb = int(start[0]), cm.banks(overlap)
     d = width // 2 if overlap else width
@@ -131,8 +134,8 @@ def _reference(c, z, start, state_c, state_z, ape, ratio, overlap, n_out=None):
     last = torch.arange(max(n_tok - nb * ratio, 0), n_tok)  # distinct slots, each its latest token
     carry_c, carry_z = state_c.float().clone(), state_z.float().clone()
     carry_c[slot(pos[last])], carry_z[slot(pos[last])] = c.float()[last], scores[last]
-    dev = c.device
-    return {"out": out.to(dev), "windows": windows.to(dev), "carry_c": carry_c, "carry_z": carry_z}, bound
+    outs = {"out": out, "windows": windows, "carry_c": carry_c, "carry_z": carry_z}
+    return {k: v.to(dev) for k, v in outs.items()}, bound
 
 
 def _inputs(case, device, seed):
