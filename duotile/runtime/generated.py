@@ -26,10 +26,15 @@ from typing import Any
 import torch
 
 from .ops import FastOps
+from .quant import FP8_ACT_FLOOR
 
-_OP_OF = {"rmsnorm": "rms_norm", "gather_rows": "embed", "topk": "topk", "router": "route",
-          "sparse_mqa_decode": "sparse_attention", "indexer_logits": "index_scores", "hc_pre": "hc_pre",
-          "hc_post": "hc_post", "hc_head": "hc_head"}  # spec -> model op (hc_head serves hc_collapse too)
+# spec -> the model op its builds are reported under (hc_head's pre_in form serves hc_collapse)
+_OP_OF = {
+    "rmsnorm": "rms_norm", "gather_rows": "embed", "topk": "topk", "router": "route",
+    "sparse_mqa_decode": "sparse_attention", "indexer_logits": "index_scores", "hc_pre": "hc_pre",
+    "hc_post": "hc_post", "hc_head": "hc_head", "quantize": "linear_q", "gemm_blockscaled": "linear_q",
+    "sample": "sample",
+}
 
 
 class GeneratedOps:
@@ -42,7 +47,8 @@ class GeneratedOps:
         self._serves = {"rms_norm": self._rms_norm, "embed": self._embed, "topk": self._topk,
                         "route": self._route, "sparse_attention": self._sparse_attention,
                         "index_scores": self._index_scores, "hc_pre": self._hc_pre,
-                        "hc_collapse": self._hc_collapse, "hc_post": self._hc_post, "hc_head": self._hc_head}
+                        "hc_collapse": self._hc_collapse, "hc_post": self._hc_post, "hc_head": self._hc_head,
+                        "linear_q": self._linear_q, "sample": self._sample}
 
     def __getattr__(self, name: str):
         return getattr(self.base, name)
@@ -182,3 +188,36 @@ class GeneratedOps:
                                                      base=head.base.float().contiguous(),
                                                      scale=head.scale.float().reshape(-1)[:1].contiguous())
         return y
+
+    def _linear_q(self, linear, ctx, x: torch.Tensor) -> torch.Tensor:
+        """An FP8 block-scaled weight: the activation quantised by ``quantize`` (e4m3, a UE8M0 code
+        per 1 x b), then ``gemm_blockscaled`` on both sets of codes; BF16 out, as FP32."""
+        block, packed = linear.act_block, linear.packed
+        rows = x.reshape(-1, x.shape[-1])
+        if (not ctx.quant or packed is None or packed[0] != "fp8" or rows.shape[0] == 0
+                or rows.shape[1] % block or x.dtype not in (torch.bfloat16, torch.float32)):
+            return NotImplemented
+        _, codes, scales = packed
+        t, dev = rows.shape[0], rows.device
+        q = torch.empty(rows.shape, dtype=torch.float8_e4m3fn, device=dev)
+        qs = torch.empty(t, rows.shape[1] // block, dtype=torch.uint8, device=dev)
+        self._kernel("quantize", dev, {"BLOCK": block, "FLOOR": FP8_ACT_FLOOR})(x=rows.contiguous(), q=q, scale=qs)
+        c = torch.empty(1, t, codes.shape[0], dtype=torch.bfloat16, device=dev)
+        self._kernel("gemm_blockscaled", dev, {"BLOCK": block})(a=q[None], a_scale=qs[None], b=codes[None],
+                                                                b_scale=scales[None], c=c)
+        return c[0].float().reshape(*x.shape[:-1], codes.shape[0])
+
+    def _sample(self, ctx, row: torch.Tensor, params, seed: int, position: int) -> int:
+        """The `sample` kernel, with the sampler's own noise of (seed, position); a request with a
+        top-k / top-p filter (applied before the draw) stays on the reference."""
+        if params.temperature > 0 and (params.top_k != -1 or params.top_p < 1):
+            return NotImplemented
+        if not bool(torch.isfinite(row).all()):
+            return NotImplemented  # the reference names the problem
+        dev = row.device
+        token = torch.empty(1, dtype=torch.int32, device=dev)
+        self._kernel("sample", dev, {})(logits=row.float().reshape(1, -1).contiguous(),
+                                        temperature=torch.tensor([params.temperature], dtype=torch.float32, device=dev),
+                                        seed=torch.tensor([seed], dtype=torch.int64, device=dev),
+                                        position=torch.tensor([position], dtype=torch.int32, device=dev), token=token)
+        return int(token[0])

@@ -123,7 +123,7 @@ class Model:
         check_dtype(dtype)
         device = resolve_device(device)
         cfg = self.config = checkpoint.config
-        ws = WeightSource(checkpoint, device)
+        ws = WeightSource(checkpoint, device, packed=kernels == "generated")
         self.device, self.dtype = device, dtype
         self.ctx = Ctx(make_ops(batch_invariant, kernels), dtype, quant)
         self.embed, self.norm, self.head = ws.t("embed.weight"), ws.t("norm.weight"), ws.t("head.weight")

@@ -50,15 +50,18 @@ def act_quant(ctx: Ctx, x: torch.Tensor, block: int) -> torch.Tensor:
 
 
 class Linear:
-    """`y = x @ W^T` in FP32 with the dequantised weight; FP8/FP4 weights first quantise the activation."""
+    """`y = x @ W^T` in FP32 with the dequantised weight; FP8/FP4 weights first quantise the activation.
 
-    def __init__(self, weight: torch.Tensor, act_block: int | None):
-        self.weight, self.act_block = weight, act_block
+    ``packed`` holds the checkpoint's own codes where a kernel may read them: ``(kind, codes,
+    scales)``, e.g. ``("fp8", e4m3 [N, K], UE8M0 codes [N / b, K / b])`` for FP8 blocks of b x b."""
+
+    def __init__(self, weight: torch.Tensor, act_block: int | None, packed: tuple | None = None):
+        self.weight, self.act_block, self.packed = weight, act_block, packed
 
     def __call__(self, ctx: Ctx, x: torch.Tensor) -> torch.Tensor:
         if not self.act_block:
             return matmul(ctx, x, self.weight)
-        return dispatch(ctx, "linear_q", self._quantised, (ctx, x), {})
+        return dispatch(ctx, "linear_q", Linear._quantised, (self, ctx, x), {})
 
     def _quantised(self, ctx: Ctx, x: torch.Tensor) -> torch.Tensor:
         if ctx.quant:
@@ -223,8 +226,8 @@ def grouped_output(ctx: Ctx, o: torch.Tensor, wo_a: Linear, wo_b: Linear, groups
 class WeightSource:
     """Hands out a checkpoint's dequantised tensors on a device, wrapped as `Linear` where they are GEMMs."""
 
-    def __init__(self, checkpoint, device: torch.device | str = "cpu"):
-        self.ckpt, self.device = checkpoint, device
+    def __init__(self, checkpoint, device: torch.device | str = "cpu", packed: bool = False):
+        self.ckpt, self.device, self.packed = checkpoint, device, packed
         self.act_block = checkpoint.config.weight_block_size[0]
 
     def t(self, name: str) -> torch.Tensor:
@@ -234,7 +237,11 @@ class WeightSource:
         weight_name = name if name in self.ckpt.specs else name + ".weight"
         spec = self.ckpt.specs[weight_name]
         quantised = spec.kind in ("fp8", "fp4")
-        return Linear(self.t(weight_name), self.act_block if quantised else None)
+        packed = None
+        if self.packed and spec.kind == "fp8":  # what the block-scaled GEMM reads (kernels "generated")
+            codes, scales = (self.ckpt.raw(f"{weight_name}.{part}").to(self.device) for part in ("weight", "scale"))
+            packed = ("fp8", codes, scales.view(torch.uint8))
+        return Linear(self.t(weight_name), self.act_block if quantised else None, packed)
 
     def has(self, name: str) -> bool:
         return name in self.ckpt.specs
