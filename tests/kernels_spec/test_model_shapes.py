@@ -47,12 +47,17 @@ def test_dense_projections_have_the_model_md_shapes():
     assert g41["shared_w13"] == (4608, 5120, "f8e4m3") and g41["engram_proj"] == (25600, 6144, "f8e4m3")
 
 
+# ops V4 does not have serve V4.1-Flash alone: Engram (model.md 2.13)
+V41_ONLY = {"engram_hash", "engram_gate"}
+
+
 @pytest.mark.parametrize("name", sorted(SPECS))
 def test_every_spec_serves_both_models_with_named_tagged_cases(name):
     spec = SPECS[name]
     assert spec.model_shapes, f"{name} declares no model shapes"
     v4, v41 = spec.model_cases("v4"), spec.model_cases("v41-flash")
-    assert v4 and v41 and len(v4) + len(v41) == len(spec.model_shapes) == len(spec.model_cases())
+    assert (not v4 if name in V41_ONLY else v4) and v41
+    assert len(v4) + len(v41) == len(spec.model_shapes) == len(spec.model_cases())
     for key, case in spec.model_shapes.items():
         assert NAME.match(key), key
         assert case["model"] == {"v4": "v4-flash", "v41": "v41-flash"}[key.split("/")[0]], key
