@@ -57,9 +57,10 @@ REPRESENTATIVE = {
     "hc_pre": {"v4-flash": "v4/site_d4096/prefill4096", "v41-flash": "v41/site_d5120/decode16"},
     "hc_post": {"v4-flash": "v4/site_d4096/prefill4096", "v41-flash": "v41/site_d5120/decode16"},
     "hc_head": {"v4-flash": "v4/head_d4096/decode64", "v41-flash": "v41/head_d5120/prefill4096"},
-    # Engram (V4.1 alone): the hash of a prefill chunk, the gate at a decode step
+    # Engram (V4.1 alone): the hash of a prefill chunk, the gate at a decode step (each its first
+    # build case's sizes, so that CI's cubin test and this build share one artifact)
     "engram_hash": {"v41-flash": "v41/ngram4_h8/prefill4096"},
-    "engram_gate": {"v41-flash": "v41/streams_d5120/decode16"},
+    "engram_gate": {"v41-flash": "v41/streams_d5120/decode64"},
 }
 
 

@@ -166,7 +166,7 @@ SPEC = register(Spec(
            "v41_prefill_l14": {"S": 1, "C": 300, "layer": 14, "values": "edges"},
            "v41_two_chunks": {"S": 2, "C": 37, "config": {"BT": 16}, "values": "wrap"},
            "tiny_prefill": {"S": 3, "C": 20, **SMALL}},
-    build_cases={"v41_decode64": {"S": 64, "C": 1, "config": {"BT": 16}}, "v41_prefill": {"S": 1, "C": 4096}},
+    build_cases={"v41_prefill": {"S": 1, "C": 4096}, "v41_decode64": {"S": 64, "C": 1, "config": {"BT": 16}}},
     tolerance=lambda case, out: (0.0, 0.0),
     exact=True,
     bytes_moved=lambda c: 4 * c["S"] * c["C"] * (1 + 3 * 8) + 12 * c["S"],
