@@ -36,6 +36,9 @@ Each program takes one sequence and ``BT`` positions of its chunk; the orders ru
 carries ``h``. The token ``j`` back is read as two column gathers, of ``tokens`` at ``c - j`` and
 of ``history`` at ``L + c - j``, each reading 0 outside its tensor: for ``0 <= c < C`` and
 ``1 <= j <= L`` exactly one of them is inside, so their sum is the token.
+
+Targets: sm90 and sm100 generate every model shape; ascend950 refuses them all as partial tiles
+(the 3-wide history, and a decode chunk's one token), Ascend lowering whole tiles only.
 """
 
 from __future__ import annotations
