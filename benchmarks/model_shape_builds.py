@@ -61,6 +61,8 @@ REPRESENTATIVE = {
     # build case's sizes, so that CI's cubin test and this build share one artifact)
     "engram_hash": {"v41-flash": "v41/ngram4_h8/prefill4096"},
     "engram_gate": {"v41-flash": "v41/streams_d5120/decode64"},
+    # V4.1's candidate pool (V4.1 alone) at a decode step over 1M positions: its build case's sizes
+    "candidate_pool": {"v41-flash": "v41/r1_ctx1m/decode16"},
 }
 
 

@@ -57,6 +57,8 @@ class ModelDims:
     hc_mult: int  # mHC residual streams
     fp8_block: int  # dense FP8 weight block scales (block x block)
     extra_gemms: tuple[tuple[str, int, int, str], ...] = ()  # (name, N, K, dtype) beyond the common set
+    candidate_block: int = 0  # the candidate pool's block of compressed positions (V4.1; 0: no pool)
+    candidate_topk_blocks: int = 0  # blocks the pool keeps
 
     @property
     def query_width(self) -> int:  # heads x head dim: wq_b's output and the attention output
@@ -95,6 +97,7 @@ V41_FLASH = ModelDims(
     hc_mult=4, fp8_block=32,
     extra_gemms=(("index_wk", 128, 512, "bf16"),  # index keys from the compressed latent
                  ("engram_proj", 25600, 6144, "f8e4m3")),  # Engram: 24 rows of 256 -> 4 keys + 1 value
+    candidate_block=8, candidate_topk_blocks=2048,  # model.md 1.7, 2.13: layer 20's pool
 )
 
 MODELS = {m.name: m for m in (V4_FLASH, V41_FLASH)}

@@ -47,8 +47,8 @@ def test_dense_projections_have_the_model_md_shapes():
     assert g41["shared_w13"] == (4608, 5120, "f8e4m3") and g41["engram_proj"] == (25600, 6144, "f8e4m3")
 
 
-# ops V4 does not have serve V4.1-Flash alone: Engram (model.md 2.13)
-V41_ONLY = {"engram_hash", "engram_gate"}
+# ops V4 does not have serve V4.1-Flash alone: Engram and the candidate pool (model.md 2.13)
+V41_ONLY = {"engram_hash", "engram_gate", "candidate_pool"}
 
 
 @pytest.mark.parametrize("name", sorted(SPECS))
