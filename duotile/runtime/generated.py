@@ -33,7 +33,7 @@ _OP_OF = {
     "rmsnorm": "rms_norm", "gather_rows": "embed", "topk": "topk", "router": "route",
     "sparse_mqa_decode": "sparse_attention", "indexer_logits": "index_scores", "hc_pre": "hc_pre",
     "hc_post": "hc_post", "hc_head": "hc_head", "quantize": "linear_q", "gemm_blockscaled": "linear_q",
-    "sample": "sample",
+    "sample": "sample", "gemm": "linear",
 }
 
 
@@ -48,7 +48,9 @@ class GeneratedOps:
                         "route": self._route, "sparse_attention": self._sparse_attention,
                         "index_scores": self._index_scores, "hc_pre": self._hc_pre,
                         "hc_collapse": self._hc_collapse, "hc_post": self._hc_post, "hc_head": self._hc_head,
-                        "linear_q": self._linear_q, "sample": self._sample}
+                        "linear_q": self._linear_q, "sample": self._sample, "linear": self._linear,
+                        "lm_head": self._lm_head}
+        self._bf16: dict[tuple, tuple] = {}  # weight's place -> (weight, version, BF16 copy or None)
 
     def __getattr__(self, name: str):
         return getattr(self.base, name)
@@ -221,3 +223,35 @@ class GeneratedOps:
                                         seed=torch.tensor([seed], dtype=torch.int64, device=dev),
                                         position=torch.tensor([position], dtype=torch.int32, device=dev), token=token)
         return int(token[0])
+
+    def _bf16_weight(self, w: torch.Tensor) -> torch.Tensor | None:
+        """A weight's BF16 copy where BF16 holds it exactly (weights stored as BF16), else None.
+        Keyed by where the values live, not by the tensor object: a view made per call (wo_a's
+        group ``g``) is a new object each time, whose ``id`` a later view may reuse. The entry
+        holds the source, so its memory is never freed and handed to another tensor."""
+        key = (w.data_ptr(), tuple(w.shape), tuple(w.stride()), w.dtype, str(w.device))
+        hit = self._bf16.get(key)
+        if hit is None or hit[0]._version != hit[1]:
+            b = w.to(torch.bfloat16).contiguous()
+            hit = self._bf16[key] = (w, w._version, b if torch.equal(b.float(), w.float()) else None)
+        return hit[2]
+
+    def _linear(self, ctx, x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+        """``gemm`` with an FP32 result, where both operands are BF16 values (an FP32 weight, such
+        as the compressors', stays on the reference: the GEMM reads BF16)."""
+        rows = x.reshape(-1, x.shape[-1])
+        b = self._bf16_weight(w)
+        if b is None or rows.shape[0] == 0 or rows.shape[1] % 8 or w.shape[0] % 4:
+            return NotImplemented  # rows of A / B / C: whole 16-byte units
+        a = rows.to(torch.bfloat16)
+        if not torch.equal(a.float(), rows.float()):
+            return NotImplemented
+        c = torch.empty(rows.shape[0], w.shape[0], dtype=torch.float32, device=rows.device)
+        self._kernel("gemm", rows.device, {})(a=a.contiguous(), b=b, c=c)
+        return c.reshape(*x.shape[:-1], w.shape[0])
+
+    def _lm_head(self, ctx, h: torch.Tensor, norm: torch.Tensor, head: torch.Tensor, eps: float):
+        y = self._rms_norm(ctx, h, norm, eps)
+        if y is NotImplemented:
+            return NotImplemented
+        return self._linear(ctx, ctx.act(y), head)
