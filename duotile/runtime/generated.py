@@ -33,7 +33,7 @@ _OP_OF = {
     "rmsnorm": "rms_norm", "gather_rows": "embed", "topk": "topk", "router": "route",
     "sparse_mqa_decode": "sparse_attention", "indexer_logits": "index_scores", "hc_pre": "hc_pre",
     "hc_post": "hc_post", "hc_head": "hc_head", "quantize": "linear_q", "gemm_blockscaled": "linear_q",
-    "sample": "sample", "gemm": "linear",
+    "sample": "sample", "gemm": "linear", "engram_hash": "engram_hash", "engram_gate": "engram",
 }
 
 
@@ -49,7 +49,7 @@ class GeneratedOps:
                         "index_scores": self._index_scores, "hc_pre": self._hc_pre,
                         "hc_collapse": self._hc_collapse, "hc_post": self._hc_post, "hc_head": self._hc_head,
                         "linear_q": self._linear_q, "sample": self._sample, "linear": self._linear,
-                        "lm_head": self._lm_head}
+                        "lm_head": self._lm_head, "engram_hash": self._engram_hash, "engram": self._engram}
         self._bf16: dict[tuple, tuple] = {}  # weight's place -> (weight, version, BF16 copy or None)
 
     def __getattr__(self, name: str):
@@ -255,3 +255,32 @@ class GeneratedOps:
         if y is NotImplemented:
             return NotImplemented
         return self._linear(ctx, ctx.act(y), head)
+
+    def _engram_hash(self, engram, ctx, history: list[int], tokens: torch.Tensor) -> torch.Tensor:
+        """One sequence's chunk: its table rows by ``engram_hash``, from the n-1 tokens before it."""
+        prev = engram.padded_history(history)
+        if not prev or tokens.numel() == 0:
+            return NotImplemented
+        dev = engram.table.device
+        ids = torch.empty(1, tokens.numel(), engram.primes.numel(), dtype=torch.int32, device=dev)
+        self._kernel("engram_hash", dev, {})(history=torch.tensor([prev], dtype=torch.int32, device=dev),
+                                             tokens=tokens.to(dev, torch.int32).reshape(1, -1),
+                                             mult=engram.mult.to(dev), primes=engram.primes.to(dev),
+                                             offsets=engram.offsets.to(dev), ids=ids)
+        return ids[0].long()
+
+    def _engram(self, engram, ctx, x: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
+        """The rows by ``gather_rows``, ``wkv`` as the forward's own linear op, the gated update by
+        ``engram_gate``."""
+        d = engram.cfg.hidden_size
+        if not self._hc_ready(x) or engram.table.dtype not in (torch.bfloat16, torch.float32):
+            return NotImplemented
+        dev, flat = x.device, ids.to(x.device, torch.int32).reshape(-1).contiguous()
+        rows = torch.empty(flat.numel(), engram.table.shape[1], dtype=engram.table.dtype, device=dev)
+        self._kernel("gather_rows", dev, {})(table=engram.table.contiguous(), idx=flat, out=rows)
+        kv = ctx.act(engram.wkv(ctx, ctx.act(rows.reshape(x.shape[0], -1)))).float()
+        key, value = kv[:, : 4 * d].reshape(-1, 4, d).contiguous(), kv[:, 4 * d :].contiguous()
+        out = torch.empty(x.shape, dtype=ctx.dtype, device=dev)
+        self._kernel("engram_gate", dev, {"EPS": float(engram.cfg.rms_norm_eps)})(
+            x=x.contiguous(), key=key, value=value, qk=engram.qk.float().contiguous(), out=out)
+        return out

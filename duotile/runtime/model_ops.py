@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 
 OPS: dict[str, str] = {
     "embed": "token embedding rows",
+    "engram_hash": "V4.1 Engram: the table rows of each token's n-grams (rolling hashes)",
     "engram": "V4.1 Engram: hashed n-gram rows, gated into the streams",
     "hc_pre": "mHC mixes of a site: pre, post and the Sinkhorn-normalised comb",
     "hc_collapse": "mHC collapse: sum of the streams weighted by pre",

@@ -68,7 +68,7 @@ class Block:
     def single_pass(self, ctx: Ctx, x: torch.Tensor, pre_prev: torch.Tensor, step: Step):
         """V4.1: each site collapses with the `pre` of the previous site; returns (X, pre for the next)."""
         if self.engram is not None:
-            ids = torch.cat([self.engram.hash_ids(s.cache.engram_history, s.tokens) for s in step.seqs])
+            ids = torch.cat([self.engram.rows_of(ctx, s.cache.engram_history, s.tokens) for s in step.seqs])
             x = self.engram(ctx, x, ids)
         pre_a, post, comb = self.hc_attn.mixes(ctx, x)
         a = self.attn(ctx, self._norm(ctx, collapse(ctx, x, pre_prev), self.attn_norm), step)

@@ -49,16 +49,18 @@ def test_every_served_op_is_a_model_op_with_a_spec():
 # a row's largest output); the indexer keeps q . k in FP32 where the reference rounds it to BF16
 # (2^-8 of each of at most H * |q . k| terms)
 # mHC: the mixes are FP32 in another order, through the Sinkhorn (1e-4 relative); the collapse,
-# the expand and the head write the activation dtype (a BF16 rounding either way: one ulp, 2^-7 relative)
+# the expand and the head write the activation dtype (a BF16 rounding either way: one ulp, 2^-7
+# relative), and so does Engram's gated update (its gate's sums in another order; measured equal)
 def _reference_of(op):
     from duotile.runtime import engine, reference
-    from duotile.runtime.layers import common, mhc
+    from duotile.runtime.layers import common, engram, mhc
 
     ops = {"rms_norm": common.rms_norm, "embed": reference.embed, "topk": common.topk, "route": MoE.choose,
             "sparse_attention": common.sparse_attention, "index_scores": common.index_scores,
             "hc_pre": mhc.HCSite.mixes, "hc_collapse": mhc.collapse, "hc_post": mhc.expand,
             "hc_head": mhc.HCHead.__call__, "linear_q": common.Linear._quantised, "sample": engine.sample_token,
-            "linear": common.matmul, "lm_head": reference.lm_head}
+            "linear": common.matmul, "lm_head": reference.lm_head, "engram_hash": engram.Engram.rows_of,
+            "engram": engram.Engram.__call__}
     return getattr(ops[op], "__wrapped__", ops[op])  # linear_q's body is a plain method
 
 
@@ -69,7 +71,7 @@ def _close(got, want, rtol, atol=1e-6) -> bool:
 def _agree(op, got, want, args) -> bool:
     if op == "sample":
         return got == want
-    if op in ("embed", "topk"):
+    if op in ("embed", "topk", "engram_hash"):
         return torch.equal(got, want)
     if op == "route":
         return torch.equal(got[0], want[0]) and torch.allclose(got[1], want[1], rtol=4e-7, atol=0)
@@ -88,7 +90,7 @@ def _agree(op, got, want, args) -> bool:
 
         terms = quant.act_quant(x, linear.act_block).abs() @ linear.weight.abs().T
         return _close(got, want, 2.0 ** -7, 2.0 ** -20 * terms)
-    if op in ("hc_collapse", "hc_post", "hc_head"):
+    if op in ("hc_collapse", "hc_post", "hc_head", "engram"):
         return got.dtype == want.dtype and _close(got, want, 2.0 ** -7)
     if op == "sparse_attention":
         return bool(((got - want).abs() <= 2.0 ** -7 * want.abs().amax(-1, keepdim=True) + 1e-6).all())
@@ -99,7 +101,7 @@ def _agree(op, got, want, args) -> bool:
     return torch.equal(fin, torch.isfinite(got)) and bool(((got - want).abs()[fin] <= bound[fin]).all())
 
 
-METHODS = ("route", "hc_pre", "hc_head")  # served by a method: the first argument is the layer
+METHODS = ("route", "hc_pre", "hc_head", "engram_hash", "engram")  # served by a method: the first argument is the layer
 
 
 @pytest.mark.parametrize("name", ["v41-tiny", "v4-tiny"])
@@ -124,7 +126,7 @@ def test_each_kernel_agrees_with_its_reference_op_on_the_models_own_inputs(ckpt_
                   SamplingParams(temperature=0.8, seed=5, max_tokens=6, ignore_eos=True)])
     want_ops = {"rms_norm", "embed", "topk", "route", "sparse_attention", "index_scores", "hc_pre",
                 "hc_collapse", "hc_post", "linear_q", "sample", "linear", "lm_head"}
-    want_ops |= {"hc_head"} if name == "v4-tiny" else set()
+    want_ops |= {"hc_head"} if name == "v4-tiny" else {"engram_hash", "engram"}
     assert set(seen) == want_ops, set(seen)
     assert [op for op, v in sorted(seen.items()) if not all(v)] == []
     report = llm.last_stats.ops

@@ -70,12 +70,20 @@ class Engram:
         self.offsets = (flat.cumsum(0) - flat).view_as(self.primes)
         self.mult = torch.tensor(hash_multipliers(layer, cfg.engram_max_ngram_size, cfg.engram_compressed_vocab_size))
 
+    @model_op("engram_hash")
+    def rows_of(self, ctx: Ctx, history: list[int], tokens: torch.Tensor) -> torch.Tensor:
+        """``hash_ids`` as the model op."""
+        return self.hash_ids(history, tokens)
+
+    def padded_history(self, history: list[int]) -> list[int]:
+        """The last n-1 tokens before a chunk, the pad in front where the sequence has fewer."""
+        look = self.cfg.engram_max_ngram_size - 1
+        return [self.cfg.engram_pad_token_id] * (look - len(history)) + history[-look:] if look else []
+
     def hash_ids(self, history: list[int], tokens: torch.Tensor) -> torch.Tensor:
         """Table rows [S, cols] for the chunk's tokens, given the previous tokens of the sequence."""
         look = self.cfg.engram_max_ngram_size - 1
-        pad = self.cfg.engram_pad_token_id
-        prev = [pad] * (look - len(history)) + history[-look:] if look else []
-        ext = torch.tensor(prev + tokens.tolist(), dtype=torch.int64)
+        ext = torch.tensor(self.padded_history(history) + tokens.tolist(), dtype=torch.int64)
         s = tokens.shape[0]
         cols, rolling = [], ext[look:] * self.mult[0]
         for order in range(1, look + 1):
