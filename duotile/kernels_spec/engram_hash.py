@@ -37,8 +37,8 @@ carries ``h``. The token ``j`` back is read as two column gathers, of ``tokens``
 of ``history`` at ``L + c - j``, each reading 0 outside its tensor: for ``0 <= c < C`` and
 ``1 <= j <= L`` exactly one of them is inside, so their sum is the token.
 
-Targets: sm90 and sm100 generate every model shape; ascend950 refuses them all as partial tiles
-(the 3-wide history, and a decode chunk's one token), Ascend lowering whole tiles only.
+Where it lowers: the README's build table (the 3-wide history and a decode chunk's one token are
+partial tiles, which a target lowering whole tiles only refuses).
 """
 
 from __future__ import annotations
