@@ -100,8 +100,10 @@ def _for(it: Interpreter, op: Op):
 # -- memory ------------------------------------------------------------------------------------
 def _window(it: Interpreter, op: Op, tensor: torch.Tensor):
     """Slices of ``tensor`` covered by the tile (clipped), and where they sit in the tile."""
-    offsets = [int(it.scalar(o)) for o in op.attrs["offsets"]]
-    shape = [int(d) for d in op.attrs["shape"]]
+    return _window_at([int(it.scalar(o)) for o in op.attrs["offsets"]], [int(d) for d in op.attrs["shape"]], tensor)
+
+
+def _window_at(offsets: list[int], shape: list[int], tensor: torch.Tensor):
     lead = tensor.dim() - len(shape)
     src, dst = [], []
     for d, off in enumerate(offsets):
@@ -122,9 +124,14 @@ def _window(it: Interpreter, op: Op, tensor: torch.Tensor):
 
 def _read_tile(it: Interpreter, op: Op, source: torch.Tensor) -> torch.Tensor:
     """The tile at ``op``'s corner of ``source``; what lies outside it reads ``other``."""
+    offsets = [int(it.scalar(o)) for o in op.attrs["offsets"]]
+    return _read_tile_at(it, op, source, offsets)
+
+
+def _read_tile_at(it: Interpreter, op: Op, source: torch.Tensor, offsets: list[int]) -> torch.Tensor:
     t = op.result.type
     out = torch.full([int(d) for d in t.shape], op.attrs["other"], dtype=t.dtype.torch, device=it.device)
-    src, dst = _window(it, op, source)
+    src, dst = _window_at(offsets, [int(d) for d in op.attrs["shape"]], source)
     if src is not None:
         out[dst] = source[src]
     return out
@@ -135,6 +142,24 @@ def _load(it: Interpreter, op: Op):
     it.put(op.result, _read_tile(it, op, it.tensors[op.attrs["tensor"]]))
 
 
+def _narrowed(it: Interpreter, op: Op, tensor: torch.Tensor, axis: int):
+    """``tensor`` cut to the tile's window on every axis but the gathered one, and the tile's
+    offsets into that cut (None where the window is empty): a gather then copies what the tile
+    reads, not whole slices of the tensor (a weight gather read every expert's rows before)."""
+    offsets = [int(it.scalar(o)) for o in op.attrs["offsets"]]
+    shape = [int(d) for d in op.attrs["shape"]]
+    lead = tensor.dim() - len(shape)
+    for d in range(tensor.dim()):
+        if d == axis:
+            continue
+        n = 1 if d < lead else shape[d - lead]
+        lo, hi = max(offsets[d], 0), min(offsets[d] + n, tensor.shape[d])
+        if hi <= lo:
+            return None, None
+        tensor, offsets[d] = tensor.narrow(d, lo, hi - lo), offsets[d] - lo
+    return tensor, offsets
+
+
 @handles("gather")
 def _gather(it: Interpreter, op: Op):
     """The gathered axis picks rows by index; the other axes read like a load from those rows."""
@@ -142,8 +167,14 @@ def _gather(it: Interpreter, op: Op):
     axis = op.attrs["axis"]
     idx = it.get(op.args[0]).reshape(-1).long()
     valid = (idx >= 0) & (idx < tensor.shape[axis])
-    picked = tensor.index_select(axis, torch.where(valid, idx, torch.zeros_like(idx)))
-    out = _read_tile(it, op, picked)
+    cut, offsets = _narrowed(it, op, tensor, axis)
+    if cut is None:
+        t = op.result.type
+        it.put(op.result, torch.full([int(d) for d in t.shape], op.attrs["other"], dtype=t.dtype.torch,
+                                     device=it.device))
+        return
+    picked = cut.index_select(axis, torch.where(valid, idx, torch.zeros_like(idx)))
+    out = _read_tile_at(it, op, picked, offsets)
     mask_shape = [1] * out.dim()
     mask_shape[axis - (tensor.dim() - len(op.attrs["shape"]))] = -1
     it.put(op.result, torch.where(valid.view(mask_shape), out, torch.full_like(out, op.attrs["other"])))
