@@ -40,7 +40,7 @@ OPS: dict[str, str] = {
     "topk": "top-k selection of the scored rows (ties to the lowest index)",
     "sparse_attention": "one softmax with the sink over a query's window and selected rows",
     "route": "router scores and the chosen experts and weights",
-    "moe_experts": "the routed experts' clamped SwiGLU and their fixed-order combine",
+    "moe_experts": "the FFN's experts: routed and shared clamped SwiGLU, and the fixed-order combine",
     "expert": "one (shared) expert's clamped SwiGLU",
     "lm_head": "final RMSNorm and the vocabulary projection (FP32 logits)",
     "sample": "one token per request from its logits, seeded by (seed, position)",

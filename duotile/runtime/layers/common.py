@@ -53,7 +53,8 @@ class Linear:
     """`y = x @ W^T` in FP32 with the dequantised weight; FP8/FP4 weights first quantise the activation.
 
     ``packed`` holds the checkpoint's own codes where a kernel may read them: ``(kind, codes,
-    scales)``, e.g. ``("fp8", e4m3 [N, K], UE8M0 codes [N / b, K / b])`` for FP8 blocks of b x b."""
+    scales)``: ``("fp8", e4m3 [N, K], UE8M0 codes [N / b, K / b])`` for FP8 blocks of b x b,
+    ``("fp4", e2m1 pairs [N, K / 2] as uint8, UE8M0 codes [N, K / 32])`` for MXFP4 rows."""
 
     def __init__(self, weight: torch.Tensor, act_block: int | None, packed: tuple | None = None):
         self.weight, self.act_block, self.packed = weight, act_block, packed
@@ -238,9 +239,9 @@ class WeightSource:
         spec = self.ckpt.specs[weight_name]
         quantised = spec.kind in ("fp8", "fp4")
         packed = None
-        if self.packed and spec.kind == "fp8":  # what the block-scaled GEMM reads (kernels "generated")
+        if self.packed and quantised:  # what the block-scaled GEMMs read (kernels "generated")
             codes, scales = (self.ckpt.raw(f"{weight_name}.{part}").to(self.device) for part in ("weight", "scale"))
-            packed = ("fp8", codes, scales.view(torch.uint8))
+            packed = (spec.kind, codes if spec.kind == "fp8" else codes.view(torch.uint8), scales.view(torch.uint8))
         return Linear(self.t(weight_name), self.act_block if quantised else None, packed)
 
     def has(self, name: str) -> bool:

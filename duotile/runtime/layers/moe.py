@@ -53,13 +53,19 @@ class MoE:
 
     def __call__(self, ctx: Ctx, x: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
         idx, w = self.route(ctx, x, tokens)
+        return self.experts_out(ctx, x, idx, w)
+
+    @model_op("moe_experts")
+    def experts_out(self, ctx: Ctx, x: torch.Tensor, idx: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+        """The FFN's output in the activation dtype: the activation quantised once, every token's
+        routed experts weighted and summed over its k choices in a fixed order, plus the shared
+        expert."""
         xq = act_quant(ctx, x, self.act_block) if ctx.quant else x.float()
         out = self.routed(ctx, xq, idx, w)
         if self.shared is not None:
             out = out + self.shared(ctx, xq)
         return ctx.act(out)
 
-    @model_op("moe_experts")
     def routed(self, ctx: Ctx, xq: torch.Tensor, idx: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
         """The routed experts of every token, weighted, summed over its k choices in a fixed order (FP32)."""
         y = torch.zeros(xq.shape[0], idx.shape[1], xq.shape[1], dtype=torch.float32, device=xq.device)
