@@ -34,7 +34,7 @@ def test_without_case_or_shape_the_cases_and_sizes_are_named(capsys, no_sweep):
     assert "dtype" in line and "scales" in line
     assert "--shape M=... --shape N=... --shape K=..." in line
     assert ("cases: bf16_128, bf16_ragged, bf16_scaled, fp8_scaled, fp8_plain, fp8_split4, bf16_split8_scaled, "
-            "bf16_8192, fp8_8192") in line
+            "bf16_f32out, bf16_f32out_split4, bf16_8192, fp8_8192") in line
     line = one_error_line(capsys, ["tune", "flash_attention", "--target", "sm100"])
     assert "flash_attention has sizes B, H, S, D; options causal" in line
 
