@@ -35,7 +35,7 @@ _OP_OF = {
     "hc_post": "hc_post", "hc_head": "hc_head", "quantize": "linear_q", "gemm_blockscaled": "linear_q",
     "sample": "sample", "gemm": "linear", "engram_hash": "engram_hash", "engram_gate": "engram",
     "moe_permute": "moe_experts", "moe_gemm_mxfp4": "moe_experts", "swiglu_quant": "moe_experts",
-    "moe_combine": "moe_experts", "candidate_pool": "candidate_pool",
+    "moe_combine": "moe_experts", "candidate_pool": "candidate_pool", "compressor_prefill": "compress",
 }
 
 
@@ -52,7 +52,8 @@ class GeneratedOps:
                         "hc_collapse": self._hc_collapse, "hc_post": self._hc_post, "hc_head": self._hc_head,
                         "linear_q": self._linear_q, "sample": self._sample, "linear": self._linear,
                         "lm_head": self._lm_head, "engram_hash": self._engram_hash, "engram": self._engram,
-                        "moe_experts": self._moe_experts, "candidate_pool": self._candidate_pool}
+                        "moe_experts": self._moe_experts, "candidate_pool": self._candidate_pool,
+                        "compress": self._compress}
         self._moe_packs: dict[int, tuple] = {}  # id(MoE) -> (the MoE, its weights stacked for the kernels)
         self._bf16: dict[tuple, tuple] = {}  # weight's place -> (weight, version, BF16 copy or None)
 
@@ -381,3 +382,41 @@ class GeneratedOps:
             scores=scores.float().contiguous(), visible=n_visible.to(dev, torch.int32).contiguous(), blocks=blocks,
             pool=pool)
         return pool.bool()
+
+    def _compress(self, ctx, st, c: torch.Tensor, z: torch.Tensor, start: int, ratio: int, overlap: bool):
+        """``compressor_prefill`` over the chunk, its banked state laid out from the runtime's
+        carry (the open window's tokens; with ``overlap`` the previous window's A halves in the
+        other bank) and read back into it after."""
+        t, width = c.shape
+        if t == 0 or (overlap and width % 2):
+            return NotImplemented
+        from ..kernels_spec.compressor_prefill import windows_touched
+
+        dev, banks, half = c.device, 2 if overlap else 1, width // 2
+        slot = lambda p: ((p // ratio) % banks) * ratio + p % ratio  # noqa: E731 - compressor.py's layout
+        state_c = torch.zeros(banks * ratio, width, device=dev)
+        state_z = torch.zeros(banks * ratio, width, device=dev)
+        w0 = (start - st.pending_c.shape[0]) // ratio
+        for i in range(st.pending_c.shape[0]):
+            state_c[slot(w0 * ratio + i)], state_z[slot(w0 * ratio + i)] = st.pending_c[i], st.pending_z[i]
+        if overlap and st.prev_c is not None:
+            for j in range(ratio):
+                p = (w0 - 1) * ratio + j
+                state_c[slot(p), :half], state_z[slot(p), :half] = st.prev_c[j], st.prev_z[j]
+        n = windows_touched(t, ratio)
+        out = torch.empty(n, half if overlap else width, device=dev)
+        windows = torch.empty(n, dtype=torch.int32, device=dev)
+        carry_c, carry_z = torch.empty_like(state_c), torch.empty_like(state_z)
+        self._kernel("compressor_prefill", dev, {"RATIO": ratio, "OVERLAP": bool(overlap)})(
+            c=c.float().contiguous(), z=z.float().contiguous(),
+            start=torch.tensor([start], dtype=torch.int32, device=dev), state_c=state_c, state_z=state_z, out=out,
+            windows=windows, carry_c=carry_c, carry_z=carry_z)
+        done = windows >= 0
+        end = start + t
+        w_end = end // ratio
+        open_slots = [slot(p) for p in range(w_end * ratio, end)]
+        st.pending_c, st.pending_z = carry_c[open_slots].clone(), carry_z[open_slots].clone()
+        if overlap and w_end > w0:
+            last = [slot((w_end - 1) * ratio + j) for j in range(ratio)]
+            st.prev_c, st.prev_z = carry_c[last, :half].clone(), carry_z[last, :half].clone()
+        return out[done], w0

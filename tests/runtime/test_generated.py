@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import re
 
 import pytest
@@ -55,7 +56,7 @@ def test_every_served_op_is_a_model_op_with_a_spec():
 # measured bitwise equal on these models, 2026-12-01)
 def _reference_of(op):
     from duotile.runtime import engine, reference
-    from duotile.runtime.layers import attention_v41, common, engram, mhc, moe
+    from duotile.runtime.layers import attention_v41, common, compressor, engram, mhc, moe
 
     ops = {"rms_norm": common.rms_norm, "embed": reference.embed, "topk": common.topk, "route": MoE.choose,
             "sparse_attention": common.sparse_attention, "index_scores": common.index_scores,
@@ -63,8 +64,18 @@ def _reference_of(op):
             "hc_head": mhc.HCHead.__call__, "linear_q": common.Linear._quantised, "sample": engine.sample_token,
             "linear": common.matmul, "lm_head": reference.lm_head, "engram_hash": engram.Engram.rows_of,
             "engram": engram.Engram.__call__, "moe_experts": moe.MoE.experts_out,
-            "candidate_pool": attention_v41.pick_pool}
+            "candidate_pool": attention_v41.pick_pool, "compress": compressor.pool_windows}
     return getattr(ops[op], "__wrapped__", ops[op])  # linear_q's body is a plain method
+
+
+def _same_state(a, b) -> bool:
+    """Two compressor states alike: the open window's tokens, and the previous window's A halves."""
+    pairs = [(a.pending_c, b.pending_c), (a.pending_z, b.pending_z)]
+    if a.prev_c is not None or b.prev_c is not None:
+        if a.prev_c is None or b.prev_c is None:
+            return False
+        pairs += [(a.prev_c, b.prev_c), (a.prev_z, b.prev_z)]
+    return all(x.shape == y.shape and torch.equal(x, y) for x, y in pairs)
 
 
 def _close(got, want, rtol, atol=1e-6) -> bool:
@@ -74,6 +85,8 @@ def _close(got, want, rtol, atol=1e-6) -> bool:
 def _agree(op, got, want, args) -> bool:
     if op == "sample":
         return got == want
+    if op == "compress":  # the pooled rows: FP32 softmax pooling in another order; the window index exact
+        return got[1] == want[1] and got[0].shape == want[0].shape and _close(got[0], want[0], 1e-5)
     if op in ("embed", "topk", "engram_hash", "candidate_pool"):
         return torch.equal(got, want)
     if op == "route":
@@ -118,10 +131,16 @@ def test_each_kernel_agrees_with_its_reference_op_on_the_models_own_inputs(ckpt_
 
     def checked(op, kernel):
         def run(*args, **kw):
+            before = copy.deepcopy(args[1]) if op == "compress" else None  # the state it advances
             got = kernel(*args, **kw)
             if got is not NotImplemented:
-                want = _reference_of(op)(*args, **kw)
-                seen.setdefault(op, []).append(_agree(op, got, want, args[1:] if op in METHODS else args))
+                if before is not None:  # the reference from the same state; both states after must match
+                    want = _reference_of(op)(args[0], before, *args[2:], **kw)
+                    agree = _agree(op, got, want, args) and _same_state(args[1], before)
+                else:
+                    want = _reference_of(op)(*args, **kw)
+                    agree = _agree(op, got, want, args[1:] if op in METHODS else args)
+                seen.setdefault(op, []).append(agree)
             return got
         return run
 
@@ -129,7 +148,7 @@ def test_each_kernel_agrees_with_its_reference_op_on_the_models_own_inputs(ckpt_
     llm.generate([[3, 1, 4, 1, 5, 9, 2, 6], [2, 7]], [SamplingParams(max_tokens=3, ignore_eos=True),
                   SamplingParams(temperature=0.8, seed=5, max_tokens=3, ignore_eos=True)])
     want_ops = {"rms_norm", "embed", "topk", "route", "sparse_attention", "index_scores", "hc_pre",
-                "hc_collapse", "hc_post", "linear_q", "sample", "linear", "lm_head"}
+                "hc_collapse", "hc_post", "linear_q", "sample", "linear", "lm_head", "compress"}
     want_ops |= {"moe_experts"} | ({"hc_head"} if name == "v4-tiny" else {"engram_hash", "engram", "candidate_pool"})
     assert set(seen) == want_ops, set(seen)
     assert [op for op, v in sorted(seen.items()) if not all(v)] == []
@@ -163,7 +182,7 @@ def test_batch_invariance_holds_with_generated_kernels(ckpt_dir):
     served = llm.last_stats.ops
     assert served["rms_norm"][0] > 0 and all(served[op] == (served[op][0], 0) and served[op][0] > 0 for op in (
         "topk", "route", "sparse_attention", "index_scores", "hc_pre", "hc_collapse", "hc_post",
-        "moe_experts", "sample", "engram", "candidate_pool")), served
+        "moe_experts", "sample", "engram", "candidate_pool", "compress")), served
     llm.scheduler = Scheduler(16, 64, 5)  # the prompt in chunks of 5 beside two short requests
     others = SamplingParams(temperature=0.7, max_tokens=2, seed=3, ignore_eos=True)
     mixed = llm.generate([[5, 6, 7], prompt, [9]], [others, watched, SamplingParams(max_tokens=3)])[1]
