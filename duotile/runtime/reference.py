@@ -104,7 +104,7 @@ def check_dtype(dtype) -> None:
 
 def make_ops(batch_invariant: bool, kernels: str = "reference"):
     """The primitives a model runs on: PyTorch's (`reference`), or with duotile's generated kernels
-    swapped in where a spec covers the op (`generated`, see generated.py)."""
+    swapped in where a spec covers the op (`generated`, see the generated package)."""
     if kernels not in KERNELS:
         raise ValueError(f"kernels: {kernels!r} is not one of {', '.join(KERNELS)}")
     ops = InvariantOps() if batch_invariant else FastOps()

@@ -1,0 +1,96 @@
+"""Kernels for the attention path's ops: the indexer's scores, top-k, the candidate pool, the
+compressors' pooling and sparse attention with the sink."""
+
+from __future__ import annotations
+
+import torch
+
+
+class AttentionKernels:
+    """Mixed into ``GeneratedOps``: each method serves one model op (``_serves``)."""
+
+    def _topk(self, ctx, scores: torch.Tensor, k: int) -> torch.Tensor:
+        if scores.numel() == 0:
+            return NotImplemented
+        idx = torch.empty(scores.shape[0], k, dtype=torch.int32, device=scores.device)
+        self._kernel("topk", scores.device, {"TOPK": int(k)})(scores=scores.float().contiguous(), idx=idx)
+        return idx.long()
+
+    def _sparse_attention(self, ctx, q, keys, valid, sink, scale: float) -> torch.Tensor:
+        """The decode kernel, one query a batch row over its own rows: BF16 in (the forward's
+        activations are BF16 values), the slots it may not see marked -1."""
+        s, n, d = keys.shape
+        if ctx.dtype != torch.bfloat16 or s == 0 or n == 0 or scale != d ** -0.5:
+            return NotImplemented
+        slots = torch.arange(n, dtype=torch.int32, device=keys.device).expand(s, n)
+        idx = torch.where(valid.to(keys.device), slots, -1).to(torch.int32).contiguous()
+        o = torch.empty(q.shape, dtype=torch.bfloat16, device=q.device)
+        self._kernel("sparse_mqa_decode", q.device, {})(q=q.to(torch.bfloat16).contiguous(),
+                                                         kv=keys.to(torch.bfloat16).contiguous(), idx=idx,
+                                                         sink=sink.float().contiguous(), o=o)
+        return o.float()
+
+    def _index_scores(self, ctx, qi, wts, keys, n_visible) -> torch.Tensor:
+        """The indexer over one sequence's key rows, which every query of the chunk reads; the
+        visible prefix as ``pos`` at ratio 1 (visible iff j < pos + 1)."""
+        s, n = qi.shape[0], keys.shape[0]
+        if ctx.dtype != torch.bfloat16 or s == 0 or n == 0:
+            return NotImplemented
+        k = keys.to(torch.bfloat16)[None].expand(s, n, keys.shape[1]).contiguous()
+        pos = (n_visible.to(qi.device) - 1).to(torch.int32)
+        logits = torch.empty(s, n, dtype=torch.float32, device=qi.device)
+        self._kernel("indexer_logits", qi.device, {"RATIO": 1})(q=qi.to(torch.bfloat16).contiguous(),
+                                                               w=wts.float().contiguous(), k=k, pos=pos,
+                                                               logits=logits)
+        return logits
+
+    def _candidate_pool(self, ctx, scores: torch.Tensor, n_visible: torch.Tensor, block: int, topk_blocks: int):
+        """The pool as the runtime's boolean [S, N] (the kernel's block list is not used yet)."""
+        s, n = scores.shape
+        if s == 0 or n == 0:
+            return NotImplemented
+        dev = scores.device
+        blocks = torch.empty(s, topk_blocks, dtype=torch.int32, device=dev)
+        pool = torch.empty(s, n, dtype=torch.uint8, device=dev)
+        self._kernel("candidate_pool", dev, {"BLOCK": int(block), "TOPK_BLOCKS": int(topk_blocks)})(
+            scores=scores.float().contiguous(), visible=n_visible.to(dev, torch.int32).contiguous(), blocks=blocks,
+            pool=pool)
+        return pool.bool()
+
+    def _compress(self, ctx, st, c: torch.Tensor, z: torch.Tensor, start: int, ratio: int, overlap: bool):
+        """``compressor_prefill`` over the chunk, its banked state laid out from the runtime's
+        carry (the open window's tokens; with ``overlap`` the previous window's A halves in the
+        other bank) and read back into it after."""
+        t, width = c.shape
+        if t == 0 or (overlap and width % 2):
+            return NotImplemented
+        from ...kernels_spec.compressor_prefill import windows_touched
+
+        dev, banks, half = c.device, 2 if overlap else 1, width // 2
+        slot = lambda p: ((p // ratio) % banks) * ratio + p % ratio  # noqa: E731 - compressor.py's layout
+        state_c = torch.zeros(banks * ratio, width, device=dev)
+        state_z = torch.zeros(banks * ratio, width, device=dev)
+        w0 = (start - st.pending_c.shape[0]) // ratio
+        for i in range(st.pending_c.shape[0]):
+            state_c[slot(w0 * ratio + i)], state_z[slot(w0 * ratio + i)] = st.pending_c[i], st.pending_z[i]
+        if overlap and st.prev_c is not None:
+            for j in range(ratio):
+                p = (w0 - 1) * ratio + j
+                state_c[slot(p), :half], state_z[slot(p), :half] = st.prev_c[j], st.prev_z[j]
+        n = windows_touched(t, ratio)
+        out = torch.empty(n, half if overlap else width, device=dev)
+        windows = torch.empty(n, dtype=torch.int32, device=dev)
+        carry_c, carry_z = torch.empty_like(state_c), torch.empty_like(state_z)
+        self._kernel("compressor_prefill", dev, {"RATIO": ratio, "OVERLAP": bool(overlap)})(
+            c=c.float().contiguous(), z=z.float().contiguous(),
+            start=torch.tensor([start], dtype=torch.int32, device=dev), state_c=state_c, state_z=state_z, out=out,
+            windows=windows, carry_c=carry_c, carry_z=carry_z)
+        done = windows >= 0
+        end = start + t
+        w_end = end // ratio
+        open_slots = [slot(p) for p in range(w_end * ratio, end)]
+        st.pending_c, st.pending_z = carry_c[open_slots].clone(), carry_z[open_slots].clone()
+        if overlap and w_end > w0:
+            last = [slot((w_end - 1) * ratio + j) for j in range(ratio)]
+            st.prev_c, st.prev_z = carry_c[last, :half].clone(), carry_z[last, :half].clone()
+        return out[done], w0

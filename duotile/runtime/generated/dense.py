@@ -1,0 +1,86 @@
+"""Kernels for the dense ops: norms, embedding rows, GEMMs (FP8 block-scaled and BF16 with an FP32
+result), the LM head and sampling."""
+
+from __future__ import annotations
+
+import torch
+
+
+class DenseKernels:
+    """Mixed into ``GeneratedOps``: each method serves one model op (``_serves``)."""
+
+    def _rms_norm(self, ctx, x: torch.Tensor, weight: torch.Tensor | None, eps: float) -> torch.Tensor:
+        if weight is None or x.numel() == 0:
+            return NotImplemented  # the unweighted per-head norm: no kernel form yet
+        rows = x.float().reshape(-1, x.shape[-1]).contiguous()
+        out = torch.empty_like(rows)
+        kernel = self._kernel("rmsnorm", rows.device, {"EPS": float(eps)})
+        kernel(x=rows, weight=weight.float().contiguous(), y=out)
+        return out.reshape(x.shape)
+
+    def _embed(self, ctx, table: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
+        if tokens.numel() == 0 or table.dtype not in (torch.bfloat16, torch.float32):
+            return NotImplemented
+        idx = tokens.to(table.device, torch.int32).contiguous()
+        out = torch.empty(idx.shape[0], table.shape[1], dtype=table.dtype, device=table.device)
+        self._kernel("gather_rows", table.device, {})(table=table.contiguous(), idx=idx, out=out)
+        return out
+
+    def _linear_q(self, linear, ctx, x: torch.Tensor) -> torch.Tensor:
+        """An FP8 block-scaled weight: the activation quantised by ``quantize`` (e4m3, a UE8M0 code
+        per 1 x b), then ``gemm_blockscaled`` on both sets of codes; BF16 out, as FP32."""
+        block, packed = linear.act_block, linear.packed
+        rows = x.reshape(-1, x.shape[-1])
+        if (not ctx.quant or packed is None or packed[0] != "fp8" or rows.shape[0] == 0
+                or rows.shape[1] % block or x.dtype not in (torch.bfloat16, torch.float32)):
+            return NotImplemented
+        _, codes, scales = packed
+        c = self._blockscaled(*self._quantize(rows, block), codes, scales, block)
+        return c.float().reshape(*x.shape[:-1], codes.shape[0])
+
+    def _bf16_weight(self, w: torch.Tensor) -> torch.Tensor | None:
+        """A weight's BF16 copy where BF16 holds it exactly (weights stored as BF16), else None.
+        Keyed by where the values live, not by the tensor object: a view made per call (wo_a's
+        group ``g``) is a new object each time, whose ``id`` a later view may reuse. The entry
+        holds the source, so its memory is never freed and handed to another tensor."""
+        key = (w.data_ptr(), tuple(w.shape), tuple(w.stride()), w.dtype, str(w.device))
+        hit = self._bf16.get(key)
+        if hit is None or hit[0]._version != hit[1]:
+            b = w.to(torch.bfloat16).contiguous()
+            hit = self._bf16[key] = (w, w._version, b if torch.equal(b.float(), w.float()) else None)
+        return hit[2]
+
+    def _linear(self, ctx, x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+        """``gemm`` with an FP32 result, where both operands are BF16 values (an FP32 weight, such
+        as the compressors', stays on the reference: the GEMM reads BF16)."""
+        rows = x.reshape(-1, x.shape[-1])
+        b = self._bf16_weight(w)
+        if b is None or rows.shape[0] == 0 or rows.shape[1] % 8 or w.shape[0] % 4:
+            return NotImplemented  # rows of A / B / C: whole 16-byte units
+        a = rows.to(torch.bfloat16)
+        if not torch.equal(a.float(), rows.float()):
+            return NotImplemented
+        c = torch.empty(rows.shape[0], w.shape[0], dtype=torch.float32, device=rows.device)
+        self._kernel("gemm", rows.device, {})(a=a.contiguous(), b=b, c=c)
+        return c.reshape(*x.shape[:-1], w.shape[0])
+
+    def _lm_head(self, ctx, h: torch.Tensor, norm: torch.Tensor, head: torch.Tensor, eps: float):
+        y = self._rms_norm(ctx, h, norm, eps)
+        if y is NotImplemented:
+            return NotImplemented
+        return self._linear(ctx, ctx.act(y), head)
+
+    def _sample(self, ctx, row: torch.Tensor, params, seed: int, position: int) -> int:
+        """The `sample` kernel, with the sampler's own noise of (seed, position); a request with a
+        top-k / top-p filter (applied before the draw) stays on the reference."""
+        if params.temperature > 0 and (params.top_k != -1 or params.top_p < 1):
+            return NotImplemented
+        if not bool(torch.isfinite(row).all()):
+            return NotImplemented  # the reference names the problem
+        dev = row.device
+        token = torch.empty(1, dtype=torch.int32, device=dev)
+        self._kernel("sample", dev, {})(logits=row.float().reshape(1, -1).contiguous(),
+                                        temperature=torch.tensor([params.temperature], dtype=torch.float32, device=dev),
+                                        seed=torch.tensor([seed], dtype=torch.int64, device=dev),
+                                        position=torch.tensor([position], dtype=torch.int32, device=dev), token=token)
+        return int(token[0])
