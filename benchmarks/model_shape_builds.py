@@ -63,6 +63,7 @@ REPRESENTATIVE = {
     "engram_gate": {"v41-flash": "v41/streams_d5120/decode64"},
     # V4.1's candidate pool (V4.1 alone) at a decode step over 1M positions: its build case's sizes
     "candidate_pool": {"v41-flash": "v41/r1_ctx1m/decode16"},
+    "rope": {"v4-flash": "v4/index_q_h64_d128/decode16", "v41-flash": "v41/q_h64_d512/prefill4096"},
 }
 
 

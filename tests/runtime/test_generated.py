@@ -64,7 +64,8 @@ def _reference_of(op):
             "hc_head": mhc.HCHead.__call__, "linear_q": common.Linear._quantised, "sample": engine.sample_token,
             "linear": common.matmul, "lm_head": reference.lm_head, "engram_hash": engram.Engram.rows_of,
             "engram": engram.Engram.__call__, "moe_experts": moe.MoE.experts_out,
-            "candidate_pool": attention_v41.pick_pool, "compress": compressor.pool_windows}
+            "candidate_pool": attention_v41.pick_pool, "compress": compressor.pool_windows,
+            "rope": common.rope}
     return getattr(ops[op], "__wrapped__", ops[op])  # linear_q's body is a plain method
 
 
@@ -87,7 +88,7 @@ def _agree(op, got, want, args) -> bool:
         return got == want
     if op == "compress":  # the pooled rows: FP32 softmax pooling in another order; the window index exact
         return got[1] == want[1] and got[0].shape == want[0].shape and _close(got[0], want[0], 1e-5)
-    if op in ("embed", "topk", "engram_hash", "candidate_pool"):
+    if op in ("embed", "topk", "engram_hash", "candidate_pool", "rope"):
         return torch.equal(got, want)
     if op == "route":
         return torch.equal(got[0], want[0]) and torch.allclose(got[1], want[1], rtol=4e-7, atol=0)
@@ -148,7 +149,7 @@ def test_each_kernel_agrees_with_its_reference_op_on_the_models_own_inputs(ckpt_
     llm.generate([[3, 1, 4, 1, 5, 9, 2, 6], [2, 7]], [SamplingParams(max_tokens=3, ignore_eos=True),
                   SamplingParams(temperature=0.8, seed=5, max_tokens=3, ignore_eos=True)])
     want_ops = {"rms_norm", "embed", "topk", "route", "sparse_attention", "index_scores", "hc_pre",
-                "hc_collapse", "hc_post", "linear_q", "sample", "linear", "lm_head", "compress"}
+                "hc_collapse", "hc_post", "linear_q", "sample", "linear", "lm_head", "compress", "rope"}
     want_ops |= {"moe_experts"} | ({"hc_head"} if name == "v4-tiny" else {"engram_hash", "engram", "candidate_pool"})
     assert set(seen) == want_ops, set(seen)
     assert [op for op, v in sorted(seen.items()) if not all(v)] == []
@@ -160,7 +161,7 @@ def test_a_generation_reports_generated_and_reference_calls_per_op(ckpt_dir):
     llm = LLM(ckpt_dir("v41-tiny"), kernels="generated")
     llm.generate([1, 2, 3], SamplingParams(max_tokens=2))
     first = llm.last_stats.ops
-    assert first["embed"] == (2, 0) and first["sample"] == (2, 0) and first["rope"][1] > 0
+    assert first["embed"] == (2, 0) and first["sample"] == (2, 0) and first["kv_round"][1] > 0
     llm.generate([1, 2, 3], SamplingParams(max_tokens=2))
     assert llm.last_stats.ops == first  # per generation, not since the engine was made
     ref = LLM(ckpt_dir("v41-tiny"))
@@ -183,6 +184,7 @@ def test_batch_invariance_holds_with_generated_kernels(ckpt_dir):
     assert served["rms_norm"][0] > 0 and all(served[op] == (served[op][0], 0) and served[op][0] > 0 for op in (
         "topk", "route", "sparse_attention", "index_scores", "hc_pre", "hc_collapse", "hc_post",
         "moe_experts", "sample", "engram", "candidate_pool", "compress")), served
+    assert served["rope"][0] > 0
     llm.scheduler = Scheduler(16, 64, 5)  # the prompt in chunks of 5 beside two short requests
     others = SamplingParams(temperature=0.7, max_tokens=2, seed=3, ignore_eos=True)
     mixed = llm.generate([[5, 6, 7], prompt, [9]], [others, watched, SamplingParams(max_tokens=3)])[1]
@@ -220,4 +222,4 @@ def test_a_generation_with_a_changing_batch_builds_once_per_width(capsys):
     line = next(ln for ln in out if ln.startswith("op rms_norm:"))
     calls, builds = (int(n) for n in re.match(r"op rms_norm: (\d+) generated \(on (\d+) build", line).groups())
     assert calls > 20 and 1 <= builds <= 3, line
-    assert any(ln.startswith("op rope: 0 generated, ") for ln in out)  # what still runs on the reference
+    assert any(ln.startswith("op kv_round: 0 generated, ") for ln in out)  # what still runs on the reference

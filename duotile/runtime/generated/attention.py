@@ -94,3 +94,18 @@ class AttentionKernels:
             last = [slot((w_end - 1) * ratio + j) for j in range(ratio)]
             st.prev_c, st.prev_z = carry_c[last, :half].clone(), carry_z[last, :half].clone()
         return out[done], w0
+
+    def _rope(self, ctx, rotary, x: torch.Tensor, positions: torch.Tensor, inverse: bool = False) -> torch.Tensor:
+        """``rope`` over the rows' own table rows: the rotary's blocks of 64 positions that the
+        positions span, the positions counted from the first (as ``Rotary.cos_sin`` reads them)."""
+        if positions.numel() == 0 or x.dtype not in (torch.bfloat16, torch.float32) or x.shape[-1] % 2:
+            return NotImplemented
+        lo, hi = int(positions.min()) // rotary.BLOCK, int(positions.max()) // rotary.BLOCK
+        blocks = [rotary._block(b) for b in range(lo, hi + 1)]
+        cos, sin = (torch.cat([blk[i] for blk in blocks]).contiguous() for i in (0, 1))
+        rows = x.reshape(x.shape[0], -1, x.shape[-1]).contiguous()  # [T, heads (or 1), C]
+        out = torch.empty(rows.shape, dtype=torch.float32, device=x.device)
+        idx = (positions - lo * rotary.BLOCK).to(x.device, torch.int32).contiguous()
+        self._kernel("rope", x.device, {"ROPE": rotary.dim, "INVERSE": bool(inverse)})(
+            x=rows, positions=idx, cos=cos.to(x.device), sin=sin.to(x.device), out=out)
+        return out.reshape(x.shape)
