@@ -66,7 +66,7 @@ def _reference_of(op):
             "engram": engram.Engram.__call__, "moe_experts": moe.MoE.experts_out,
             "candidate_pool": attention_v41.pick_pool, "compress": compressor.pool_windows,
             "rope": common.rope}
-    return getattr(ops[op], "__wrapped__", ops[op])  # linear_q's body is a plain method
+    return ops[op].__wrapped__
 
 
 def _same_state(a, b) -> bool:

@@ -15,7 +15,7 @@ import torch
 
 from .. import quant
 from ..config import ModelConfig
-from ..model_ops import Tally, dispatch, model_op
+from ..model_ops import Tally, model_op
 from ..ops import FastOps
 
 
@@ -62,8 +62,9 @@ class Linear:
     def __call__(self, ctx: Ctx, x: torch.Tensor) -> torch.Tensor:
         if not self.act_block:
             return matmul(ctx, x, self.weight)
-        return dispatch(ctx, "linear_q", Linear._quantised, (self, ctx, x), {})
+        return self._quantised(ctx, x)
 
+    @model_op("linear_q")
     def _quantised(self, ctx: Ctx, x: torch.Tensor) -> torch.Tensor:
         if ctx.quant:
             x = act_quant(ctx, x, self.act_block)
