@@ -90,7 +90,25 @@ def spec_peer(name: str, inputs: dict, config: dict, causal: bool = False) -> tu
         x = inputs["x"]
         y = torch.empty_like(x)
         return "copy (x -> y)", lambda: y.copy_(x)
+    if name == "topk":
+        scores, k = inputs["scores"], inputs["idx"].shape[-1]
+        return "torch.topk", lambda: torch.topk(scores, min(k, scores.shape[-1]), dim=-1)
+    if name == "gemm_blockscaled":
+        return rowwise_scaled_mm_peer(inputs)
     raise KeyError(f"no torch peer for {name!r}")
+
+
+def rowwise_scaled_mm_peer(inputs: dict) -> tuple[str, object]:
+    """torch._scaled_mm with one fp32 scale per row of A and of B (no per-block scales: a harder
+    peer than the block-scaled form, which torch runs at about 0.8x the row-scaled rate), one call
+    per group."""
+    a, b = inputs["a"], inputs["b"]
+    g, m, n = a.shape[0], a.shape[1], b.shape[1]
+    sa, sb = torch.ones(m, 1, device=a.device), torch.ones(1, n, device=a.device)
+    calls = [(a[i], b[i].t()) for i in range(g)]
+    return ("torch._scaled_mm row-scaled", lambda: [torch._scaled_mm(x, w, scale_a=sa, scale_b=sb,
+                                                                     out_dtype=torch.bfloat16)
+                                                    for x, w in calls])
 
 
 def copy_bandwidth(nbytes: int) -> float:

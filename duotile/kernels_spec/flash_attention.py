@@ -116,6 +116,7 @@ SPEC = register(Spec(
     constants_of=lambda case: {"CAUSAL": bool(case.get("causal"))},
     flops=_flops,
     model_shapes=shapes.for_models(shapes.attention_shapes),
+    reference_parts=("B", "H"),  # B x H x S x S fp32 scores: 64 GiB at 64 heads of 16K
     sweep={"B": Dim(1, 2, large=4), "H": Dim(1, 3, large=8), "S": Dim(1, 200, large=4100),
            "D": OneOf(64, 128), "causal": OneOf(False, True)},
 ))

@@ -106,6 +106,8 @@ class Spec:
     sweep: dict[str, Any] = field(default_factory=dict)
     # a random case must satisfy this (e.g. a split count no larger than the blocks); redrawn else
     sweep_valid: Callable[[Case], bool] | None = None
+    # leading dims the reference is independent over, run one index at a time (``run_reference``)
+    reference_parts: tuple[str, ...] = ()
 
     @property
     def name(self) -> str:
@@ -151,9 +153,27 @@ class Spec:
             allowed = allowed + self.extra_error(case, output, inputs).to(allowed.device)
         return torch.where(torch.isfinite(want.float()), allowed, 0.0)
 
-    def run_reference(self, inputs: dict[str, torch.Tensor], case: Case) -> dict[str, torch.Tensor]:
+    def run_reference(self, inputs: dict[str, torch.Tensor], case: Case, whole: bool = False
+                      ) -> dict[str, torch.Tensor]:
+        """The reference's outputs (FP32 where run in parts). A spec whose reference holds a large
+        intermediate (attention's B x H x S x S scores) names the leading dims it is independent
+        over (``reference_parts``): it then runs one index of them at a time, unless ``whole``."""
+        if self.reference_parts and not whole:
+            return self._reference_in_parts(inputs, case)
         args = {k: v for k, v in inputs.items() if k not in self.outputs}
         return self.reference(**args, **self.constants_of(case))
+
+    def _reference_in_parts(self, inputs, case) -> dict[str, torch.Tensor]:
+        dims = self.reference_parts
+        for name, t in self.kernel.tensors.items():
+            assert tuple(t.dims[:len(dims)]) == dims, f"{self.name}.{name} does not lead with {dims}"
+        lead = inputs[self.outputs[0]].shape[:len(dims)]
+        out = {o: torch.empty(inputs[o].shape, dtype=torch.float32, device=inputs[o].device) for o in self.outputs}
+        for idx in torch.cartesian_prod(*(torch.arange(n) for n in lead)).reshape(-1, len(dims)).tolist():
+            part = {k: v[tuple(slice(i, i + 1) for i in idx)] for k, v in inputs.items()}
+            for o, v in self.run_reference(part, case, whole=True).items():
+                out[o][tuple(slice(i, i + 1) for i in idx)] = v.float()
+        return out
 
 
 REGISTRY: dict[str, Spec] = {}

@@ -48,25 +48,6 @@ def sweep_cases() -> list[tuple[str, str, dict, int]]:
 
 CASES = sweep_cases()
 KERNELS: dict = {}
-# references that hold a whole score matrix (B x H x S x S fp32: 64 GiB at 64 heads of 16K) run one
-# index of their leading dims at a time; the reference is independent over them
-REFERENCE_PARTS = {"flash_attention": ("B", "H")}
-
-
-def reference(spec, case, inputs):
-    """``spec.run_reference``, in parts over the leading dims ``REFERENCE_PARTS`` names."""
-    dims = REFERENCE_PARTS.get(spec.name)
-    if not dims:
-        return spec.run_reference(inputs, case)
-    for name, t in spec.kernel.tensors.items():
-        assert tuple(t.dims[:len(dims)]) == dims, f"{spec.name}.{name} does not lead with {dims}"
-    lead = inputs[spec.outputs[0]].shape[:len(dims)]
-    out = {o: torch.empty(inputs[o].shape, dtype=torch.float32, device=inputs[o].device) for o in spec.outputs}
-    for idx in torch.cartesian_prod(*(torch.arange(n) for n in lead)).reshape(-1, len(dims)).tolist():
-        part = {k: v[tuple(slice(i, i + 1) for i in idx)] for k, v in inputs.items()}
-        for o, v in spec.run_reference(part, case).items():
-            out[o][tuple(slice(i, i + 1) for i in idx)] = v.float()
-    return out
 
 
 @pytest.fixture(autouse=True)
@@ -128,7 +109,7 @@ def test_user_build_matches_reference(name, label, case, seed):
         pytest.xfail(f"{where}: no build at the user's config: {type(err).__name__}: {err}")
     kernel(**inputs)
     torch.cuda.synchronize()
-    off = check_on_device(spec, case, inputs, reference(spec, case, inputs))
+    off = check_on_device(spec, case, inputs, spec.run_reference(inputs, case))
     line = f"{name:16s} {label:36s} {case} config {config}: {'ok' if off is None else 'WRONG'}"
     print(line)
     if os.environ.get("DUOTILE_SWEEP_LOG"):
@@ -141,7 +122,7 @@ def test_reference_in_parts_is_the_whole_reference():
     spec = SPECS["flash_attention"]
     case = {"B": 2, "H": 3, "S": 70, "D": 64, "causal": True}
     inputs = spec.make_inputs(case, torch.device("cuda"), 1)
-    whole, parts = spec.run_reference(inputs, case), reference(spec, case, inputs)
+    whole, parts = spec.run_reference(inputs, case, whole=True), spec.run_reference(inputs, case)
     for o in spec.outputs:  # the same math; cuBLAS may sum a batched einsum in another order
         atol, rtol = spec.tolerance(case, o)
         torch.testing.assert_close(parts[o], whole[o].float(), atol=atol / 4, rtol=rtol / 4, msg=o)

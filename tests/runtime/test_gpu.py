@@ -12,6 +12,7 @@ from duotile.runtime.weights import Checkpoint
 
 from . import test_engine as te
 from .conftest import tokens
+from .test_generated import each_op_agrees
 
 pytestmark = [pytest.mark.gpu,
               pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
@@ -37,11 +38,24 @@ def test_prefill_then_decode_bitwise_on_cuda(ckpt_dir, name):
     assert torch.equal(torch.stack(got), full[16:])
 
 
-def test_generated_rmsnorm_keeps_batch_invariance_on_cuda(ckpt_dir):
-    """With kernels="generated" on the H200 the RMSNorms run as duotile's sm90 build (fp32 rows)."""
-    llm = LLM(ckpt_dir("v41-tiny"), batch_invariant=True, device="cuda", kernels="generated")
+@pytest.mark.parametrize("name", ["v41-tiny", "v4-tiny"])
+def test_generated_kernels_agree_with_their_reference_ops_on_cuda(ckpt_dir, name):
+    """test_generated.py's per-op check on the sm90 builds: every call a kernel serves, rerun by
+    the reference op on the same arguments, agrees within the op's bound."""
+    llm = LLM(ckpt_dir(name), device="cuda", kernels="generated")
+    each_op_agrees(llm, name)
+    assert {k.target for k in llm.model.ctx.ops._kernels.values()} == {"sm90"}
+
+
+@pytest.mark.parametrize("name", ["v41-tiny", "v4-tiny"])
+def test_generated_kernels_keep_batch_invariance_on_cuda(ckpt_dir, name):
+    """On the sm90 builds a request is bitwise the same alone and among 2, 5 and 16 others, with
+    its prompt in chunks of 1, 3, 6 and 16."""
+    llm = LLM(ckpt_dir(name), batch_invariant=True, device="cuda", kernels="generated")
     alone = te._alone(llm)
-    assert llm.model.ctx.ops.calls["rms_norm"] > 0
-    assert all(k.target == "sm90" for k in llm.model.ctx.ops._kernels.values())
-    for k in (1, 3):
+    served = llm.last_stats.ops
+    for op in ("rms_norm", "topk", "route", "sparse_attention", "index_scores", "hc_pre", "hc_post",
+               "moe_experts", "compress", "rope"):
+        assert served[op][0] > 0 and served[op][1] == 0, (op, served[op])
+    for k in range(len(te.MIXES)):
         assert te._same(te._mixed(llm, k), alone), te.MIXES[k]

@@ -50,6 +50,7 @@ class GeneratedOps(DenseKernels, AttentionKernels, StreamKernels, MoEKernels):
         self.base = base
         self.invariant = base.invariant
         self._kernels: dict[tuple, Any] = {}
+        self._consts: dict[tuple, Any] = {}  # small constant tensors by what and device (a norm's unit weight)
         self._serves = {"rms_norm": self._rms_norm, "embed": self._embed, "topk": self._topk,
                         "route": self._route, "sparse_attention": self._sparse_attention,
                         "index_scores": self._index_scores, "hc_pre": self._hc_pre,

@@ -98,8 +98,10 @@ class AttentionKernels:
     def _rope(self, ctx, rotary, x: torch.Tensor, positions: torch.Tensor, inverse: bool = False) -> torch.Tensor:
         """``rope`` over the rows' own table rows: the rotary's blocks of 64 positions that the
         positions span, the positions counted from the first (as ``Rotary.cos_sin`` reads them)."""
-        if positions.numel() == 0 or x.dtype not in (torch.bfloat16, torch.float32) or x.shape[-1] % 2:
+        if x.dtype not in (torch.bfloat16, torch.float32) or x.shape[-1] % 2:
             return NotImplemented
+        if positions.numel() == 0:  # no rows: nothing to launch
+            return torch.empty(x.shape, dtype=torch.float32, device=x.device)
         lo, hi = int(positions.min()) // rotary.BLOCK, int(positions.max()) // rotary.BLOCK
         blocks = [rotary._block(b) for b in range(lo, hi + 1)]
         cos, sin = (torch.cat([blk[i] for blk in blocks]).contiguous() for i in (0, 1))

@@ -10,13 +10,21 @@ class DenseKernels:
     """Mixed into ``GeneratedOps``: each method serves one model op (``_serves``)."""
 
     def _rms_norm(self, ctx, x: torch.Tensor, weight: torch.Tensor | None, eps: float) -> torch.Tensor:
-        if weight is None or x.numel() == 0:
-            return NotImplemented  # the unweighted per-head norm: no kernel form yet
         rows = x.float().reshape(-1, x.shape[-1]).contiguous()
         out = torch.empty_like(rows)
+        if rows.shape[0] == 0:  # no rows: nothing to launch
+            return out.reshape(x.shape)
+        if weight is None:  # the unweighted per-head norm: a weight of ones scales by exactly 1
+            weight = self._ones(rows.shape[1], rows.device)
         kernel = self._kernel("rmsnorm", rows.device, {"EPS": float(eps)})
         kernel(x=rows, weight=weight.float().contiguous(), y=out)
         return out.reshape(x.shape)
+
+    def _ones(self, n: int, device) -> torch.Tensor:
+        key = ("ones", n, device)
+        if key not in self._consts:
+            self._consts[key] = torch.ones(n, device=device)
+        return self._consts[key]
 
     def _embed(self, ctx, table: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
         if tokens.numel() == 0 or table.dtype not in (torch.bfloat16, torch.float32):
