@@ -32,6 +32,7 @@ TARGETS = ("sm90", "sm100", "ascend950")
 # rows), and the FP8 block-scaled GEMM at a V4 decode and a V4.1 prefill (32-wide blocks)
 REPRESENTATIVE = {
     "gemm": {"v4-flash": "v4/wo_b/prefill4096", "v41-flash": "v41/compressor_ratio2/prefill4096"},
+    "gemm_f32": {"v4-flash": "v4/index_hadamard_q/decode16", "v41-flash": "v41/compressor_wkv/decode1"},
     "gemm_splitk": {"v4-flash": "v4/wo_b/decode16", "v41-flash": "v41/wq_a/decode1"},
     "gemm_blockscaled": {"v4-flash": "v4/wo_b/decode16", "v41-flash": "v41/wq_b/prefill4096"},
     "rmsnorm": {"v4-flash": "v4/hidden/prefill4096", "v41-flash": "v41/kv_norm/decode64"},
