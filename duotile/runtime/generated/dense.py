@@ -1,5 +1,5 @@
-"""Kernels for the dense ops: norms, embedding rows, GEMMs (FP8 block-scaled and BF16 with an FP32
-result), the LM head and sampling."""
+"""Kernels for the dense ops: norms, embedding rows, GEMMs (FP8 block-scaled; BF16, or FP32 split
+into BF16 parts, with an FP32 result), the LM head and sampling."""
 
 from __future__ import annotations
 
@@ -59,18 +59,26 @@ class DenseKernels:
         return hit[2]
 
     def _linear(self, ctx, x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
-        """``gemm`` with an FP32 result, where both operands are BF16 values (an FP32 weight, such
-        as the compressors', stays on the reference: the GEMM reads BF16)."""
-        rows = x.reshape(-1, x.shape[-1])
-        b = self._bf16_weight(w)
-        if b is None or rows.shape[0] == 0 or rows.shape[1] % 8 or w.shape[0] % 4:
-            return NotImplemented  # rows of A / B / C: whole 16-byte units
-        a = rows.to(torch.bfloat16)
-        if not torch.equal(a.float(), rows.float()):
-            return NotImplemented
-        c = torch.empty(rows.shape[0], w.shape[0], dtype=torch.float32, device=rows.device)
-        self._kernel("gemm", rows.device, {})(a=a.contiguous(), b=b, c=c)
-        return c.reshape(*x.shape[:-1], w.shape[0])
+        """``gemm`` with an FP32 result where both operands are BF16 values; ``gemm_f32`` (an FP32
+        operand split into BF16 hi and lo parts) where one is not: the compressors' FP32 weights,
+        V4's Hadamard matrix, FP32 activations. An operand whose values BF16 holds is passed as
+        BF16 (not split). A weight of a few rows (N not a multiple of 4: a C row is whole 16-byte
+        units) gets zero rows, whose columns are dropped; no rows is an empty result, no launch."""
+        (n, k), rows = w.shape, x.reshape(-1, x.shape[-1])
+        if rows.shape[1] != k or k % 8:
+            return NotImplemented  # rows of A / B: whole 16-byte units (a mismatch: the reference says so)
+        if rows.shape[0] == 0:
+            return torch.zeros(*x.shape[:-1], n, dtype=torch.float32, device=x.device)
+        a, b = rows.to(torch.bfloat16), self._bf16_weight(w)
+        a_bf16 = torch.equal(a.float(), rows.float())
+        spec = "gemm" if a_bf16 and b is not None else "gemm_f32"
+        a = a if a_bf16 else rows.float()
+        b = w.float() if b is None else b
+        if n % 4:
+            b = torch.cat([b, b.new_zeros(-n % 4, k)])
+        c = torch.empty(rows.shape[0], b.shape[0], dtype=torch.float32, device=rows.device)
+        self._kernel(spec, rows.device, {})(a=a.contiguous(), b=b.contiguous(), c=c)
+        return (c[:, :n].contiguous() if n % 4 else c).reshape(*x.shape[:-1], n)
 
     def _lm_head(self, ctx, h: torch.Tensor, norm: torch.Tensor, head: torch.Tensor, eps: float):
         y = self._rms_norm(ctx, h, norm, eps)
