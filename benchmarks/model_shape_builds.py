@@ -65,6 +65,8 @@ REPRESENTATIVE = {
     # V4.1's candidate pool (V4.1 alone) at a decode step over 1M positions: its build case's sizes
     "candidate_pool": {"v41-flash": "v41/r1_ctx1m/decode16"},
     "rope": {"v4-flash": "v4/index_q_h64_d128/decode16", "v41-flash": "v41/q_h64_d512/prefill4096"},
+    # the cache rows' round trip: V4's window rows at a prefill chunk, V4.1's at a decode step (FP8)
+    "kv_round": {"v4-flash": "v4/window_fp8_64_d448/prefill4096", "v41-flash": "v41/window_fp8_32_d512/decode16"},
 }
 
 

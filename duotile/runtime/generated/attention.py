@@ -1,9 +1,15 @@
 """Kernels for the attention path's ops: the indexer's scores, top-k, the candidate pool, the
-compressors' pooling and sparse attention with the sink."""
+compressors' pooling, sparse attention with the sink, rope and the KV / index rows' cache-format
+round trip."""
 
 from __future__ import annotations
 
 import torch
+
+# kv_round's formats (runtime/layers/common.py) -> the kv_round spec's constants
+_KV_FORMATS = {"fp8/32": {"FORMAT": "fp8", "BLOCK": 32, "FLOOR": 0.0},
+               "fp8/64": {"FORMAT": "fp8", "BLOCK": 64, "FLOOR": 0.0},
+               "nvfp4": {"FORMAT": "nvfp4", "BLOCK": 16}, "mxfp4": {"FORMAT": "mxfp4", "BLOCK": 32}}
 
 
 class AttentionKernels:
@@ -111,3 +117,17 @@ class AttentionKernels:
         self._kernel("rope", x.device, {"ROPE": rotary.dim, "INVERSE": bool(inverse)})(
             x=rows, positions=idx, cos=cos.to(x.device), sin=sin.to(x.device), out=out)
         return out.reshape(x.shape)
+
+    def _kv_round(self, ctx, t: torch.Tensor, fmt: str) -> torch.Tensor:
+        """``kv_round`` over the rows of the last dim (whatever the leading dims: a block never
+        crosses a row), FP32 out; no rows is an empty result, no launch. A width that is not
+        whole blocks stays on the reference, which refuses it."""
+        consts = _KV_FORMATS.get(fmt)
+        if consts is None or t.dtype not in (torch.bfloat16, torch.float32) or t.dim() == 0 \
+                or t.shape[-1] % consts["BLOCK"]:
+            return NotImplemented
+        rows = t.reshape(-1, t.shape[-1]).contiguous()
+        out = torch.empty(rows.shape, dtype=torch.float32, device=t.device)
+        if rows.numel():
+            self._kernel("kv_round", t.device, consts)(x=rows, out=out)
+        return out.reshape(t.shape)
