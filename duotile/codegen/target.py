@@ -46,6 +46,9 @@ class Target:
     stages: tuple[str, ...] = ("ir",)
     knobs: dict[str, Space] = {}  # target-specific tunables (threads, cores, ...)
     dynamic_shapes: bool = True  # keeps a kernel's dynamic sizes symbolic (else builds each size)
+    # a tile extent this small is never waste, however small the dimension it walks: the least
+    # tile every matrix instruction of the target takes (the autotuner's waste rule)
+    least_tile: int = 64
 
     @staticmethod
     def static_under(config: dict[str, Any]) -> bool:

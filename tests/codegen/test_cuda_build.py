@@ -272,3 +272,16 @@ def test_sm100_refuses_a_gemm_tile_without_a_tcgen05_atom_naming_the_line():
         specialize_phases(spec.kernel, sig, "sm100", {**spec.config_of(case), "BN": 32})
     specialize_phases(spec.kernel, sig, "sm100", {**spec.config_of(case), "BN": 64})  # N 64: the .ws atom
 
+
+
+def test_the_user_config_of_a_narrow_compressor_builds():
+    """compressor_decode over 16 channels: the cost model chose a 64-wide channel tile (three
+    quarters masked), whose masked selects TileLang 0.1.15 could not lower ("Cannot convert type
+    boolx8 to CUDA type"); the waste rule of a gemm-less kernel now keeps its tile at 32."""
+    from duotile import codegen
+
+    spec = load_all()["compressor_decode"]
+    case = {"B": 20, "form": "hca", "D": 16, "P": 8}
+    kernel = codegen.compile(spec.kernel, "sm90", constants=spec.constants_of(case))
+    (artifact,) = kernel.artifacts(**spec.meta_inputs(case))
+    assert artifact.meta["config"]["BD"] <= 32 and "ptx" in artifact.stages

@@ -40,6 +40,7 @@ class TileLangCuda(Target):
     def __init__(self, arch: Arch):
         self.arch = arch
         self.name = arch.name
+        self.least_tile = arch.least_tile
         # threads per block (warp groups that split a wgmma tile evenly);
         # raster: rows of blocks swept together for L2 reuse (0 = off);
         # fp8_promote_k (sm90): add the fp8 partial sums into the fp32 accumulator every N elements of K

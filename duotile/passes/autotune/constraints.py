@@ -57,13 +57,19 @@ def mma_reasons(u: TileUsage, target: str, atom: tuple[int, int, int] | None) ->
 
 
 
-WASTE_FLOOR = 64  # a tile this small is never waste: wgmma's 64 rows are the smallest sm90 MMA tile
+VECTOR_FLOOR = 32  # a kernel without a gemm: tiles up to a warp's lanes are never waste
 
 
-def waste_reasons(module: Module, exempt: set[str]) -> list[str]:
+def waste_reasons(module: Module, exempt: set[str], floor: int = 64) -> list[str]:
     """Tiles larger than the next power of two of the dimension they walk, and larger than
-    ``WASTE_FLOOR``: a decode GEMM of one row still takes a 64-row tile, the least the tensor
-    cores take, and refusing it would leave no candidate at all."""
+    ``floor``, the target's ``least_tile``: a decode GEMM of one row still takes a 64-row tile on
+    sm90 (128 on sm100, whose 64-row form takes only N multiples of 64), the least the tensor
+    cores take, and refusing it would leave no candidate at all. A kernel without a gemm has no
+    such least tile: its floor is ``VECTOR_FLOOR`` (a 64-wide tile over 16 channels is three
+    quarters masked work, and its masked selects are what TileLang 0.1.15 failed to lower,
+    "Cannot convert type boolx8", in compressor_decode at D = 16)."""
+    if not any(op.name == "gemm" for op in module.walk()):
+        floor = min(floor, VECTOR_FLOOR)
     out, seen = [], set()
     for op in module.walk():
         if op.name not in ("load", "store"):
@@ -76,7 +82,7 @@ def waste_reasons(module: Module, exempt: set[str]) -> list[str]:
             if name in exempt or not (ext.is_Integer and size.is_Integer):
                 continue
             cap = 1 << max(0, int(size) - 1).bit_length()
-            if int(ext) > max(cap, WASTE_FLOOR) and (name, int(ext)) not in seen:
+            if int(ext) > max(cap, floor) and (name, int(ext)) not in seen:
                 seen.add((name, int(ext)))
                 out.append(f"tile extent {int(ext)} over {name}={int(size)} exceeds its power-of-two "
                            f"bucket {cap} (only masked work)")
@@ -160,7 +166,7 @@ class Constraints:
             limits = tgt.tuning_limits(usage, tgt.phase_knobs(phase, {**tgt.default_knobs(), **knobs}))
             reasons += [lim.reason() for lim in limits if not lim.ok()]
             reasons += mma_reasons(usage, self.target, tgt.mma_atom)
-            reasons += waste_reasons(phase, exempt)
+            reasons += waste_reasons(phase, exempt, tgt.least_tile)
             for lim in limits:
                 needed[lim.memory] = max(needed.get(lim.memory, 0), int(lim.needed))
         reasons = list(dict.fromkeys(reasons))

@@ -122,3 +122,21 @@ def test_sm90_registers_count_the_tiles_live_together_not_the_sum_of_two_peaks()
     assert wide.usage["registers per thread"] == (128 * 192 + 128 * 128) // 256 + 3 + 32
     one_group = c.check({**manual, "BN": 192, "threads": 128})  # one warp group holding it all
     assert not one_group.ok and any("registers per thread" in r for r in one_group.reasons)
+
+
+def test_the_waste_floor_is_the_targets_least_tile_and_a_warp_without_a_gemm():
+    # sm100's 64-row tcgen05 form takes only N multiples of 64: a 128-row tile over 3 key rows is
+    # its least tile, not waste (a 2-head indexer call of a small model had no config that lowered)
+    spec = registry.get("indexer_logits")
+    case = {"B": 1, "H": 2, "L": 3, "D": 128, "RATIO": 4}
+    sig = spec.kernel.bind(spec.meta_inputs(case))
+    on = {t: Constraints(spec.kernel, sig, t, spec.constants_of(case)) for t in ("sm90", "sm100")}
+    cfg = {"BN": 128, "NB": 1, "STAGES": 2}
+    assert on["sm100"].check(cfg, full=False).ok
+    assert any("tile extent 128 over L=3" in r for r in on["sm90"].check(cfg, full=False).reasons)
+    # a kernel with no gemm: a 64-wide tile over 16 channels is waste (floor 32)
+    spec = registry.get("compressor_decode")
+    case = {"B": 20, "form": "hca", "D": 16, "P": 8}
+    cons = Constraints(spec.kernel, spec.kernel.bind(spec.meta_inputs(case)), "sm90", spec.constants_of(case))
+    assert any("tile extent 64 over" in r for r in cons.check({"BD": 64}, full=False).reasons)
+    assert cons.check({"BD": 32}, full=False).ok
