@@ -46,6 +46,9 @@ from .registry import Dim, OneOf, Spec, register
 NEG_INF = float("-inf")
 
 
+MIN_HEADS = 16  # the least width of the dots tile (the heads, padded)
+
+
 @dsl.kernel(batch_dim="B", dynamic=("B", "L"))
 def indexer_logits(q: dsl.Tensor["B", "H", "D", dsl.bf16], w: dsl.Tensor["B", "H", dsl.f32],
                    k: dsl.Tensor["B", "L", "D", dsl.bf16 | dsl.f8e4m3], pos: dsl.Tensor["B", dsl.i32],
@@ -57,7 +60,9 @@ def indexer_logits(q: dsl.Tensor["B", "H", "D", dsl.bf16], w: dsl.Tensor["B", "H
                    STAGES: dsl.Tunable = dsl.int_range(1, 3, default=2)):
     if not (isinstance(RATIO, int) and RATIO >= 1):
         raise dsl.DslError(f"RATIO {RATIO!r} must be a positive int (a compress ratio)")
-    H, D = q.H, q.D
+    # fewer heads than MIN_HEADS (a small model's 2) are padded with zero queries of weight 0,
+    # which add exact zeros: the dots tile keeps a width the tensor cores' instructions take
+    H, D = dsl.maximum(q.H, MIN_HEADS), q.D
     for b, g in dsl.grid(q.B, dsl.cdiv(dsl.cdiv(k.L, BN), NB)):
         q_tile = dsl.load(q[b, 0, 0], (H, D), role="operand")
         wts = dsl.load(w[b, 0], (H,))
@@ -216,6 +221,8 @@ SPEC = register(Spec(
         "v4_mixed": {"B": 5, "H": 64, "L": 150, "D": 128, "RATIO": 4, "config": SMALL},
         # V4.1's 32 heads, ratio 2 and 1, a ragged last tile
         "v41_r2_ragged": {"B": 3, "H": 32, "L": 77, "D": 128, "RATIO": 2, "config": SMALL},
+        # a small model's 2 heads: padded to MIN_HEADS with zero queries of weight 0
+        "few_heads": {"B": 3, "H": 2, "L": 70, "D": 64, "RATIO": 2, "config": SMALL},
         "v41_r1": {"B": 4, "H": 32, "L": 64, "D": 128, "RATIO": 1, "visible": "all"},
         # every sequence sees exactly 0 (all -inf) / 5 rows
         "none_visible": {"B": 2, "H": 64, "L": 40, "D": 128, "RATIO": 4, "visible": 0, "config": SMALL},
@@ -237,7 +244,7 @@ SPEC = register(Spec(
     flops=lambda c: 2.0 * c["B"] * c["H"] * c["L"] * c["D"],
     bytes_moved=lambda c: c["B"] * (2.0 * c["L"] * c["D"] + 4.0 * c["L"] + 2.0 * c["H"] * c["D"] + 4.0 * c["H"]),
     model_shapes=shapes.for_models(indexer_shapes),
-    sweep={"B": Dim(1, 6, large=64), "H": OneOf(32, 64), "L": Dim(1, 300, large=70000), "D": OneOf(64, 128),
+    sweep={"B": Dim(1, 6, large=64), "H": OneOf(32, 64, 2), "L": Dim(1, 300, large=70000), "D": OneOf(64, 128),
            "RATIO": OneOf(1, 2, 4), "values": OneOf("normal", "normal", "ints"), "dtype": OneOf("bf16", "f8e4m3"),
            "config": {"BN": OneOf(32, 64), "NB": OneOf(1, 2, 4), "STAGES": OneOf(1, 2)}},
 ))

@@ -54,11 +54,22 @@ LN2 = 0.6931471805599453
 NEG_INF = float("-inf")
 
 
+# the head tile has at least this many rows: fewer heads (a small model's 4) are padded with zero
+# queries whose rows are never stored, so the score and output gemms keep a tensor-core tile's
+# height (a 4-row accumulator cannot be split over the warps that share a tile on sm90)
+MIN_HEAD_ROWS = 64
+
+
+def _head_rows(q):
+    return dsl.maximum(q.H, MIN_HEAD_ROWS)
+
+
 def _attend(q, kv, idx, b, lo, hi, BN, STAGES):
     """Online softmax of the heads of sequence b over the slot blocks lo .. hi-1: (acc, row_max,
     row_sum), the output not yet divided by row_sum, in base-2 units; row_max is -inf and
-    row_sum 0 for a head that met no live slot."""
-    H, D, N = q.H, q.D, kv.N
+    row_sum 0 for a head that met no live slot. Rows past the heads (``_head_rows``) are zero
+    queries."""
+    H, D, N = _head_rows(q), q.D, kv.N
     q_tile = dsl.load(q[b, 0, 0], (H, D), role="operand")
     acc = dsl.zeros((H, D), dsl.f32, role="accumulator")
     row_max = dsl.full((H,), NEG_INF, dsl.f32)
@@ -97,7 +108,7 @@ def sparse_mqa_decode(q: dsl.Tensor["B", "H", "D", dsl.bf16], kv: dsl.Tensor["B"
     if SPLIT == 1:
         for b in dsl.grid(q.B):
             acc, row_max, row_sum = _attend(q, kv, idx, b, 0, blocks, BN, STAGES)
-            sink2 = dsl.load(sink[0], (H,)) * LOG2E
+            sink2 = dsl.load(sink[0], (_head_rows(q),)) * LOG2E  # padded rows: a sink of 0, never stored
             top = dsl.maximum(row_max, sink2)
             base = dsl.where(top > NEG_INF, top, 0.0)
             w = dsl.exp2(row_max - base)
@@ -258,6 +269,9 @@ SPEC = register(Spec(
         "split4_holes": {"B": 3, "H": 64, "D": 64, "N": 300, "L": 200, "holes": 0.3,
                          "config": {**SMALL, "SPLIT": 4}},
         "one_phase_ragged": {"B": 4, "H": 64, "D": 64, "N": 90, "L": 96, "config": {**SMALL, "SPLIT": 1}},
+        # a small model's 4 heads: padded to MIN_HEAD_ROWS with zero queries, never stored
+        "few_heads": {"B": 3, "H": 4, "D": 64, "N": 60, "L": 70, "holes": 0.3, "config": {**SMALL, "SPLIT": 2}},
+        "few_heads_one_phase": {"B": 2, "H": 4, "D": 64, "N": 40, "L": 50, "config": {**SMALL, "SPLIT": 1}},
         "all_but_one": {"B": 3, "H": 64, "D": 64, "N": 50, "L": 100, "valid": "one",
                         "config": {**SMALL, "SPLIT": 4}},
         "all_dead": {"B": 2, "H": 64, "D": 64, "N": 50, "L": 70, "valid": "none", "config": {**SMALL, "SPLIT": 2}},
@@ -280,7 +294,7 @@ SPEC = register(Spec(
     bytes_moved=lambda c: 2.0 * c["B"] * (c["L"] * c["D"] + 2 * c["H"] * c["D"]) + 4.0 * c["B"] * c["L"],
     model_shapes=shapes.for_models(_model_shapes),
     # index lists from one slot to several hundred blocks, caches from one row up
-    sweep={"B": Dim(1, 4, large=64), "H": 64, "D": OneOf(64, 128), "L": Dim(1, 260, large=9000),
+    sweep={"B": Dim(1, 4, large=64), "H": OneOf(64, 64, 4), "D": OneOf(64, 128), "L": Dim(1, 260, large=9000),
            "N": Dim(1, 300, large=300000), "holes": OneOf(0.0, 0.3, 0.9), "repeat": OneOf(False, True),
            "valid": OneOf("ragged", "all", "one"), "spread": OneOf(1.0, 10.0), "sink": OneOf(1.0, 10.0),
            "config": {"SPLIT": OneOf(1, 2, 4, 8, 16), "BN": OneOf(32, 64)}},
