@@ -39,7 +39,7 @@ _OP_OF = {
     "sample": "sample", "gemm": "linear", "engram_hash": "engram_hash", "engram_gate": "engram",
     "moe_permute": "moe_experts", "moe_gemm_mxfp4": "moe_experts", "swiglu_quant": "moe_experts",
     "moe_combine": "moe_experts", "candidate_pool": "candidate_pool", "compressor_prefill": "compress",
-    "rope": "rope", "kv_round": "kv_round",
+    "rope": "rope", "kv_round": "kv_round", "gemm_f32": "linear",
 }
 
 class GeneratedOps(DenseKernels, AttentionKernels, StreamKernels, MoEKernels):
