@@ -86,7 +86,10 @@ def _prebuild(job):
         return cname, f"{type(err).__name__}: {str(err).splitlines()[0][:160]}"
 
 
-def run(names, model, rounds, jobs, budget_s):
+HEADER = ["kernel", "shape", "config", "check", "peer", "ours_us", "peer_us", "ratio", "rate", "of_ceiling"]
+
+
+def run(names, model, rounds, jobs, budget_s, save=None):
     specs = load_all()
     cases = [(n, c) for n in names for c, case in specs[n].model_cases(model).items()]
     t0 = time.monotonic()
@@ -129,6 +132,8 @@ def run(names, model, rounds, jobs, budget_s):
             row["rate"] += f", {_bytes(inputs) / (ours * 1e-3) / 1e12:.2f} TB/s"
         print(" | ".join(str(v) for v in row.values()), flush=True)
         rows.append(row)
+        if save is not None:  # after every row: a run stopped by a time limit keeps what it measured
+            save(rows)
         del inputs
     return rows
 
@@ -184,12 +189,12 @@ def main(argv=None) -> int:
     p.add_argument("--name", default="bench_model_shapes", help="results file stem")
     args = p.parse_args(argv)
     names = sorted(load_all()) if args.kernels == "all" else [k.strip() for k in args.kernels.split(",") if k.strip()]
-    rows = run(names, args.model, args.rounds, args.jobs, args.budget)
     stamp = time.strftime("%Y-%m-%d")
-    header = ["kernel", "shape", "config", "check", "peer", "ours_us", "peer_us", "ratio", "rate", "of_ceiling"]
-    for r in rows:
-        r.setdefault("config", "")
-    write_results(args.name, [{**r, "date": stamp} for r in rows], header)
+
+    def save(rows, quiet=True):
+        write_results(args.name, [{"config": "", **r, "date": stamp} for r in rows], HEADER, quiet=quiet)
+
+    save(run(names, args.model, args.rounds, args.jobs, args.budget, save), quiet=False)
     return 0
 
 

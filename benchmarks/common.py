@@ -119,7 +119,7 @@ def copy_bandwidth(nbytes: int) -> float:
     return 2 * nbytes / (ms * 1e-3) / 1e12
 
 
-def write_results(name: str, rows: list[dict], header: list[str]) -> Path:
+def write_results(name: str, rows: list[dict], header: list[str], quiet: bool = False) -> Path:
     out = Path(__file__).parent / "results"
     out.mkdir(exist_ok=True)
     device = torch.cuda.get_device_name()
@@ -131,7 +131,8 @@ def write_results(name: str, rows: list[dict], header: list[str]) -> Path:
     if extra:
         for suffix in (".json", ".md"):
             Path(extra, f"{name}{suffix}").write_text((out / f"{name}{suffix}").read_text())
-    print("\n".join(lines))
+    if not quiet:
+        print("\n".join(lines))
     return out / f"{name}.md"
 
 
