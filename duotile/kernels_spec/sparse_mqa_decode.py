@@ -56,7 +56,7 @@ NEG_INF = float("-inf")
 
 # the head tile has at least this many rows: fewer heads (a small model's 4) are padded with zero
 # queries whose rows are never stored, so the score and output gemms keep a tensor-core tile's
-# height (a 4-row accumulator cannot be split over the warps that share a tile on sm90)
+# height (a 4-row accumulator cannot be split over the warps that share one tile)
 MIN_HEAD_ROWS = 64
 
 

@@ -16,13 +16,18 @@ from duotile.runtime.sampler import SamplingParams
 
 
 def _signatures(llm: LLM) -> list[tuple[str, object, dict, dict]]:
-    """(spec, kernel, meta tensors, constants) for every distinct call the engine's kernels took."""
-    out = []
+    """(spec, kernel, meta tensors, constants) for every build the engine's kernels made: one call
+    of each signature with its dynamic sizes left out (a GPU target builds those once too)."""
+    out, keys = [], set()
     for kernel in llm.model.ctx.ops._kernels.values():
         for seen in kernel._calls:
             with torch.device("meta"):
                 tensors = {name: torch.empty(shape, dtype=dtype) for name, shape, dtype, _ in seen}
-            out.append((kernel.kernel.name, kernel.kernel, tensors, kernel.constants or {}))
+            consts = tuple(sorted((kernel.constants or {}).items()))
+            key = (kernel.kernel.name, kernel.kernel.bind(tensors).key(), consts)
+            if key not in keys:
+                keys.add(key)
+                out.append((kernel.kernel.name, kernel.kernel, tensors, kernel.constants or {}))
     return out
 
 

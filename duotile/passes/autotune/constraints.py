@@ -60,16 +60,21 @@ def mma_reasons(u: TileUsage, target: str, atom: tuple[int, int, int] | None) ->
 VECTOR_FLOOR = 32  # a kernel without a gemm: tiles up to a warp's lanes are never waste
 
 
+def waste_floor(phases: list[Module], least_tile: int) -> int:
+    """The waste rule's floor for a kernel of these phases: the target's least tile where any phase
+    runs a gemm (a split gemm's combine phase reads the gemm's tiles), else ``VECTOR_FLOOR``."""
+    gemm = any(op.name == "gemm" for phase in phases for op in phase.walk())
+    return least_tile if gemm else min(least_tile, VECTOR_FLOOR)
+
+
 def waste_reasons(module: Module, exempt: set[str], floor: int = 64) -> list[str]:
     """Tiles larger than the next power of two of the dimension they walk, and larger than
     ``floor``, the target's ``least_tile``: a decode GEMM of one row still takes a 64-row tile on
     sm90 (128 on sm100, whose 64-row form takes only N multiples of 64), the least the tensor
     cores take, and refusing it would leave no candidate at all. A kernel without a gemm has no
-    such least tile: its floor is ``VECTOR_FLOOR`` (a 64-wide tile over 16 channels is three
+    such least tile: its floor is ``VECTOR_FLOOR`` (``waste_floor``) (a 64-wide tile over 16 channels is three
     quarters masked work, and its masked selects are what TileLang 0.1.15 failed to lower,
     "Cannot convert type boolx8", in compressor_decode at D = 16)."""
-    if not any(op.name == "gemm" for op in module.walk()):
-        floor = min(floor, VECTOR_FLOOR)
     out, seen = [], set()
     for op in module.walk():
         if op.name not in ("load", "store"):
@@ -162,11 +167,12 @@ class Constraints:
             return Verdict(False, reasons + [f"does not trace: {err}"])
         exempt = {self.kernel.batch_dim} if self.kernel.batch_dim else set()
         needed: dict[str, int] = {}
+        floor = waste_floor(phases, tgt.least_tile)
         for phase, usage in zip(phases, usages):  # each phase is a launch of its own
             limits = tgt.tuning_limits(usage, tgt.phase_knobs(phase, {**tgt.default_knobs(), **knobs}))
             reasons += [lim.reason() for lim in limits if not lim.ok()]
             reasons += mma_reasons(usage, self.target, tgt.mma_atom)
-            reasons += waste_reasons(phase, exempt, tgt.least_tile)
+            reasons += waste_reasons(phase, exempt, floor)
             for lim in limits:
                 needed[lim.memory] = max(needed.get(lim.memory, 0), int(lim.needed))
         reasons = list(dict.fromkeys(reasons))
