@@ -8,6 +8,9 @@ import re
 import pytest
 import torch
 
+from duotile.codegen.choose_config import choose_config
+from duotile.codegen.compile import specialize_phases
+from duotile.codegen.target import get_target
 from duotile.runtime import model_ops
 from duotile.runtime.engine import LLM
 from duotile.runtime.generated import _OP_OF, GeneratedOps
@@ -138,7 +141,9 @@ def test_each_kernel_agrees_with_its_reference_op_on_the_models_own_inputs(ckpt_
     """Every call a generated kernel serves in a generation is run by the reference op too, on the
     same arguments; the two agree within the op's bound (exactly for embedding rows, top-k and the
     chosen experts). What the forward then does with them is the reference model's."""
-    each_op_agrees(LLM(ckpt_dir(name), kernels="generated"), name)
+    llm = LLM(ckpt_dir(name), kernels="generated")
+    each_op_agrees(llm, name)
+    every_build_lowers_for_the_gpu_targets(llm)  # the same generation's calls, on sm90 / sm100
 
 
 def each_op_agrees(llm: LLM, name: str) -> None:
@@ -241,3 +246,40 @@ def test_a_generation_with_a_changing_batch_builds_once_per_width(capsys):
     calls, builds = (int(n) for n in re.match(r"op kv_round: (\d+) generated \(on (\d+) build\(s\)\), 0 reference$",
                                               line).groups())
     assert calls > 20 and builds == 3, line
+
+
+def _signatures(llm: LLM) -> list[tuple[str, object, dict, dict]]:
+    """(spec, kernel, meta tensors, constants) for every build the engine's kernels made: one call
+    of each signature with its dynamic sizes left out (a GPU target builds those once too)."""
+    out, keys = [], set()
+    for kernel in llm.model.ctx.ops._kernels.values():
+        for seen in kernel._calls:
+            with torch.device("meta"):
+                tensors = {name: torch.empty(shape, dtype=dtype) for name, shape, dtype, _ in seen}
+            consts = tuple(sorted((kernel.constants or {}).items()))
+            key = (kernel.kernel.name, kernel.kernel.bind(tensors).key(), consts)
+            if key not in keys:
+                keys.add(key)
+                out.append((kernel.kernel.name, kernel.kernel, tensors, kernel.constants or {}))
+    return out
+
+
+def every_build_lowers_for_the_gpu_targets(llm: LLM) -> None:
+    """Every build signature the engine's kernels made (on the interpreter) is also specialised and
+    generated for sm90 and sm100 with the config a user gets: the interpreter takes any tile, the GPU
+    generators do not (a 4-head decode's 4-row accumulator cannot be split over sm90's warps)."""
+    calls = _signatures(llm)
+    assert {spec for spec, *_ in calls} >= {"sparse_mqa_decode", "rmsnorm", "topk", "moe_gemm_mxfp4"}
+    failed = []
+    for target in ("sm90", "sm100"):
+        tgt = get_target(target)
+        for spec, kernel, tensors, constants in calls:
+            sig = kernel.bind(tensors)
+            try:
+                config = choose_config(kernel, target, sig, constants)
+                phases, knobs = specialize_phases(kernel, sig, tgt, config, constants)
+                for m in phases:
+                    tgt.generate(m, tgt.phase_knobs(m, knobs))
+            except Exception as err:  # noqa: BLE001 - every failing call is listed
+                failed.append(f"{target} {spec} {sig.shapes}: {type(err).__name__}: {str(err).splitlines()[0][:200]}")
+    assert not failed, "\n".join(failed)
