@@ -245,22 +245,6 @@ def target_choice(kernel: KernelDef, target: str, sig: Signature,
     for k in ranked:
         if cons.check(seen[k]).ok:
             return None if k == config_key(default) else seen[k]
-    return _knob_moved(kernel, space, cons, [seen[k] for k in ranked[:KNOB_RETRIES]] or [default], score)
-
-
-KNOB_RETRIES = 4  # the best configs by the model whose target knobs are moved when none lowers as is
-
-
-def _knob_moved(kernel: KernelDef, space, cons, bases: list[dict[str, Any]], score) -> dict[str, Any] | None:
-    """No config at the target's default schedule lowers (a tile too small for its warps: a 4-row
-    accumulator over sm90's 8 warps): the same tiles with one target knob moved to another of its
-    values, the model's fastest first, that the target accepts; else None (the defaults, whose
-    build then names the problem)."""
-    knobs = [n for n in space.free if n not in kernel.tunables]
-    moved = [{**c, n: v} for c in bases for n in knobs for v in space.params[n].values() if v != c[n]]
-    for c in sorted(moved, key=score):
-        if score(c) < math.inf and cons.check(c).ok:
-            return c
     return None
 
 
