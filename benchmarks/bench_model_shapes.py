@@ -11,7 +11,7 @@ inputs (the composite a runtime without the kernel would run).
 Each row: the shape, where its config came from (tuned / table / model / default), whether the
 output matched the reference, our and the peer's median time over interleaved rounds, the ratio
 (peer / ours: above 1 is faster than the peer), TFLOP/s or TB/s and the fraction of the ceiling
-measured here (torch's own bf16 / fp8 GEMM rate, the copy bandwidth). Builds run first, in
+measured here (torch's own bf16 / fp8 GEMM rate, the copy bandwidth). Each spec's builds run first, in
 ``--jobs`` processes, so the timing loop only loads them. Writes results/bench_model_shapes.{md,json}.
 """
 
@@ -92,21 +92,19 @@ HEADER = ["kernel", "shape", "config", "check", "peer", "ours_us", "peer_us", "r
 def run(names, model, rounds, jobs, budget_s, save=None):
     specs = load_all()
     cases = [(n, c) for n in names for c, case in specs[n].model_cases(model).items()]
-    t0 = time.monotonic()
-    with ProcessPoolExecutor(max_workers=jobs, mp_context=__import__("multiprocessing").get_context("spawn")) as ex:
-        errors = dict(ex.map(_prebuild, cases))
-    print(f"prebuilt {len(cases)} shapes in {time.monotonic() - t0:.0f} s", flush=True)
-    t0 = time.monotonic()  # the budget counts the timing loop, not the builds
-    kernels, rows = {}, []
-    for name, cname in cases:
-        if time.monotonic() - t0 > budget_s:
+    kernels, rows, errors, timing_s = {}, [], {}, 0.0
+    for i, (name, cname) in enumerate(cases):
+        if timing_s > budget_s:
             rows.append({"kernel": name, "shape": cname, "check": "not run (time budget)"})
             continue
+        if name != (cases[i - 1][0] if i else None):  # one spec's shapes built together, then timed
+            errors.update(_build_spec(name, [c for c in cases if c[0] == name], jobs))
+        t0 = time.monotonic()  # the budget counts the timing loop, not the builds
         spec = specs[name]
         case = spec.model_cases()[cname]
         row = {"kernel": name, "shape": cname}
-        if errors.get(cname):
-            rows.append({**row, "check": errors[cname]})
+        if errors.get((name, cname)):
+            rows.append({**row, "check": errors[(name, cname)]})
             continue
         key = (name, tuple(sorted(spec.constants_of(case).items())))
         kernel = kernels.setdefault(key, codegen.compile(spec.kernel, "sm90", constants=spec.constants_of(case)))
@@ -135,7 +133,19 @@ def run(names, model, rounds, jobs, budget_s, save=None):
         if save is not None:  # after every row: a run stopped by a time limit keeps what it measured
             save(rows)
         del inputs
+        timing_s += time.monotonic() - t0
     return rows
+
+
+def _build_spec(name, cases, jobs) -> dict[str, str]:
+    """Build one spec's shapes in ``jobs`` processes (spec by spec, so a run stopped by a time
+    limit has timed the specs it built); returns {(spec, shape): error} for the builds that failed."""
+    t0 = time.monotonic()
+    with ProcessPoolExecutor(max_workers=min(jobs, len(cases)),
+                             mp_context=__import__("multiprocessing").get_context("spawn")) as ex:
+        errors = dict(ex.map(_prebuild, cases))
+    print(f"built {name}: {len(cases)} shapes in {time.monotonic() - t0:.0f} s", flush=True)
+    return {(name, k): v for k, v in errors.items() if v}
 
 
 def _call(kernel, inputs):
