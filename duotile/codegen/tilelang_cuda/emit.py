@@ -16,6 +16,7 @@ from ..handlers import OpHandlers
 from . import overlap, tma_store
 from .arch import Arch
 from .exprs import ElementPrinter, index, literal
+from .linear_grid import linear_head, needs_linear_grid
 from .manual_ws import PRODUCER_THREADS, ManualWarpSpecialization
 from .plan import Plan, make_plan
 from .promote_fp8 import every, promoted_gemm
@@ -127,6 +128,8 @@ def emit_module(module: Module, arch: Arch, knobs: dict) -> str:
     swizzle = int(knobs.get("raster", 0) or 0)
     targets = ", ".join(names) + ("," if len(names) == 1 else "")
     head = [f"with T.Kernel({', '.join(extents)}, threads={threads}) as ({targets}):"]
+    if persistent_head is None and not swizzle and needs_linear_grid(grid.attrs["extents"]):
+        head = linear_head([str(v) for v in grid.attrs["vars"]], grid.attrs["extents"], threads)
     if persistent_head is not None:  # the tile loop decodes (and rasterises) the grid itself
         head, swizzle = [persistent_head], 0
     configs = {"tl.disable_warp_specialized": True} if mode == "off" else {}

@@ -1,0 +1,52 @@
+"""A grid whose outer axes may pass CUDA's 65,535-block limit on ``blockIdx.y`` / ``.z`` is
+launched along one axis and decoded (codegen/tilelang_cuda/linear_grid.py). Found on the H200:
+``kv_round`` at 4,096 tokens x 64 heads launched grid (4, 65536) and failed with
+``CUDA_ERROR_INVALID_VALUE``."""
+
+from __future__ import annotations
+
+import itertools
+import shutil
+
+import pytest
+import sympy
+
+from duotile.codegen.tilelang_cuda.linear_grid import linear_head, needs_linear_grid
+
+
+def test_outer_axes_over_the_limit_or_dynamic_need_the_linear_grid():
+    n = sympy.Symbol("n_T")
+    assert needs_linear_grid([65536, 4])
+    assert needs_linear_grid([sympy.ceiling(n / 4), 4])
+    assert needs_linear_grid([3, 70000, 5])
+    assert not needs_linear_grid([65535, 4])
+    assert not needs_linear_grid([4, 10**7])  # the innermost axis is blockIdx.x: 2^31 - 1
+    assert not needs_linear_grid([10**7])
+
+
+def test_the_decode_walks_every_block_once_innermost_fastest():
+    names, extents = ["z", "y", "x"], [3, 4, 5]
+    head = linear_head(names, extents, 128)
+    assert head[0] == "with T.Kernel(60, threads=128) as (grid_id,):"
+    seen = []
+    for grid_id in range(60):
+        env = {"grid_id": grid_id}
+        for line in head[1:]:
+            exec(line.strip(), {}, env)  # noqa: S102 - our own generated binding lines
+        seen.append((env["z"], env["y"], env["x"]))
+    assert seen == list(itertools.product(range(3), range(4), range(5)))
+
+
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="needs nvcc")
+def test_kv_round_at_the_h200_failing_shape_launches_one_axis():
+    pytest.importorskip("tilelang")
+    from duotile.codegen.driver import build_case
+    from duotile.kernels_spec import load_all
+
+    spec = load_all()["kv_round"]
+    name = "v4/index_q_mxfp4_h64_d128/prefill4096"
+    r = build_case(spec, name, spec.model_cases()[name], "sm90")
+    assert r.ok, r.error
+    src, cuda = r.artifact.stages["tilelang"], r.artifact.stages["cuda"]
+    assert "as (grid_id,):" in src and "t = grid_id // 4" in src
+    assert "blockIdx.x" in cuda and "blockIdx.y" not in cuda
