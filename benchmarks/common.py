@@ -94,8 +94,47 @@ def spec_peer(name: str, inputs: dict, config: dict, causal: bool = False) -> tu
         scores, k = inputs["scores"], inputs["idx"].shape[-1]
         return "torch.topk", lambda: torch.topk(scores, min(k, scores.shape[-1]), dim=-1)
     if name == "gemm_blockscaled":
-        return rowwise_scaled_mm_peer(inputs)
+        return blockscaled_mm_peer(inputs)
     raise KeyError(f"no torch peer for {name!r}")
+
+
+TORCH_BLOCK = 128  # the one block size torch's block-scaled _scaled_mm takes on sm90 (1x128, 128x128)
+
+
+def block_scales(inputs: dict, group: int) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """The fp32 scales torch's block-scaled ``_scaled_mm`` takes for group ``group`` of a
+    ``gemm_blockscaled`` call, both column-major: A's (M, K/128) per 1x128 block and B's
+    (K/128, N/128) per 128x128 block, decoded from the UE8M0 codes; None where the call's blocks
+    are not 128 wide (V4.1's 32)."""
+    a, a_codes, b_codes = inputs["a"], inputs["a_scale"], inputs["b_scale"]
+    k, n = a.shape[-1], inputs["b"].shape[1]
+    if k != TORCH_BLOCK * a_codes.shape[-1] or n != TORCH_BLOCK * b_codes.shape[1]:
+        return None
+    sa = torch.exp2(a_codes[group].float() - 127)  # (M, KB)
+    sb = torch.exp2(b_codes[group].float() - 127)  # (NB, KB): its transpose is (KB, NB), column-major
+    return sa.t().contiguous().t(), sb.contiguous().t()
+
+
+def blockscaled_mm_peer(inputs: dict) -> tuple[str, object]:
+    """torch._scaled_mm with the call's own block scales, one call per group, where torch takes
+    them (128-wide blocks); else, or where torch refuses the shape, the row-scaled form, the label
+    saying which and why."""
+    a, b = inputs["a"], inputs["b"]
+    scales = [block_scales(inputs, i) for i in range(a.shape[0])]
+    if scales[0] is None:
+        label, call = rowwise_scaled_mm_peer(inputs)
+        return f"{label} (blocks not 128 wide)", call
+    calls = [(a[i], b[i].t(), sa, sb) for i, (sa, sb) in enumerate(scales)]
+
+    def call():
+        return [torch._scaled_mm(x, w, scale_a=sa, scale_b=sb, out_dtype=torch.bfloat16) for x, w, sa, sb in calls]
+
+    try:
+        call()
+    except (RuntimeError, ValueError) as err:
+        label, row = rowwise_scaled_mm_peer(inputs)
+        return f"{label} (block-scaled refused: {str(err).splitlines()[0][:60]})", row
+    return "torch._scaled_mm block-scaled", call
 
 
 def rowwise_scaled_mm_peer(inputs: dict) -> tuple[str, object]:

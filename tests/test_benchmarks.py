@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from types import SimpleNamespace
 
+import torch
+
 from benchmarks import common, tune_sweep
 
 
@@ -108,3 +110,33 @@ def test_interleaved_rows_take_ratios_against_their_own_peer_within_each_round(m
     assert order == [fast, slow, a, b] * 2
     assert rows[0]["vs_peer"] == 0.8 and rows[0]["peer"] == "fast" and rows[0]["spread"] == "0.800-0.800"
     assert rows[1]["vs_peer"] == 1.0 and rows[1]["peer_ms"] == 1.35 and rows[1]["ms"] == 1.35
+
+
+def _blockscaled_inputs(block: int, m: int = 4, k: int = 256, n: int = 256):
+    g = torch.Generator().manual_seed(0)
+    return {"a": torch.randn(1, m, k, generator=g).to(torch.float8_e4m3fn),
+            "b": torch.randn(1, n, k, generator=g).to(torch.float8_e4m3fn),
+            "a_scale": torch.randint(120, 134, (1, m, k // block), dtype=torch.uint8, generator=g),
+            "b_scale": torch.randint(120, 134, (1, n // block, k // block), dtype=torch.uint8, generator=g)}
+
+
+def test_block_scales_are_the_codes_decoded_in_torchs_column_major_layout():
+    from benchmarks.common import block_scales
+
+    inputs = _blockscaled_inputs(128)
+    sa, sb = block_scales(inputs, 0)
+    assert sa.shape == (4, 2) and sa.stride() == (1, 4)  # (M, K/128), column-major
+    assert sb.shape == (2, 2) and sb.stride() == (1, 2)  # (K/128, N/128), column-major
+    assert torch.equal(sa, torch.exp2(inputs["a_scale"][0].float() - 127))
+    assert torch.equal(sb, torch.exp2(inputs["b_scale"][0].float() - 127).t())
+    assert block_scales(_blockscaled_inputs(32), 0) is None  # V4.1's blocks: torch has no such form
+
+
+def test_blockscaled_peer_says_when_it_falls_back_to_row_scales():
+    from benchmarks.common import blockscaled_mm_peer
+
+    label, _ = blockscaled_mm_peer(_blockscaled_inputs(32))
+    assert label == "torch._scaled_mm row-scaled (blocks not 128 wide)"
+    if not torch.cuda.is_available():  # torch's CPU _scaled_mm takes no block scales: a refusal, named
+        label, _ = blockscaled_mm_peer(_blockscaled_inputs(128))
+        assert label.startswith("torch._scaled_mm row-scaled (block-scaled refused: ")
