@@ -137,3 +137,10 @@ class ElementPrinter:
         if k in _CALL:
             return f"{_CALL[k]}({', '.join(kids)})"
         raise UnsupportedError(f"elementwise {k} has no TileLang form")
+
+
+def atom(e) -> str:
+    """An index expression as one operand of ``%``, ``//`` or ``*``: parenthesised unless a
+    number or a name (a dynamic tile count is a product: ``tile_id % (8 * T.ceildiv(n_M, 128))``)."""
+    text = index(e)
+    return text if text.isidentifier() or text.lstrip("-").isdigit() or text.startswith("(") else f"({text})"

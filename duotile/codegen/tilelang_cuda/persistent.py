@@ -37,7 +37,7 @@ import sympy
 
 from ...dsl.errors import UnsupportedError
 from ...dsl.ir import Module, Op
-from .exprs import index
+from .exprs import atom, index
 
 BASE = "ring_base[0]"  # iterations of the tiles this role has finished (a register per thread)
 
@@ -84,16 +84,16 @@ class TileLoop:
         """Start the loop (caller indents twice: the loop and the bounds check)."""
         me = f"cta // {self.cluster}" if self.cluster > 1 else "cta"
         src.line(f"for tile_round in T.serial({index(self.rounds)}):")
-        src.line(f"    tile_id = {me} + tile_round * {_atom(self.ctas)}")
+        src.line(f"    tile_id = {me} + tile_round * {atom(self.ctas)}")
         src.line(f"    if tile_id < {index(self.tiles)}:")
 
     def decode(self, src) -> None:
         """Bind the grid variables from ``tile_id`` (with clusters: from the pair's number)."""
-        names, ext = self.vars, [_atom(x) for x in self.extents]
+        names, ext = self.vars, [atom(x) for x in self.extents]
         if self.raster and len(names) >= 2 and self.extents[-2] != 1:
             p, rows, cols = self.raster, ext[-2], ext[-1]
-            area = _atom(self.extents[-2] * self.extents[-1])
-            src.line(f"panel_row = tile_id % {area} // {_atom(p * self.extents[-1])} * {p}")
+            area = atom(self.extents[-2] * self.extents[-1])
+            src.line(f"panel_row = tile_id % {area} // {atom(p * self.extents[-1])} * {p}")
             src.line(f"panel_rows = T.min({p}, {rows} - panel_row)")
             src.line(f"in_panel = tile_id % {area} - panel_row * {cols}")
             src.line(f"{names[-2]} = {self._mine(names[-2], 'panel_row + in_panel % panel_rows')}")
@@ -104,7 +104,7 @@ class TileLoop:
             inner, outer = self.extents[-1], names[:-1]
         for k in range(len(outer) - 1, -1, -1):
             span = f" % {ext[k]}" if k else ""
-            at = f"tile_id // {_atom(inner)}{span}"
+            at = f"tile_id // {atom(inner)}{span}"
             src.line(f"{outer[k]} = {self._mine(outer[k], at)}")
             inner *= self.extents[k]
 
@@ -119,13 +119,6 @@ class TileLoop:
         """After a tile: count its iterations of the pipelined ``loop`` into the ring base."""
         n = index(sympy.Max(sympy.expand(loop.attrs["extent"] - loop.attrs["start"]), 0))
         src.line(f"{BASE} = {BASE} + {n}")
-
-
-def _atom(e) -> str:
-    """An index expression as one operand of ``%``, ``//`` or ``*``: parenthesised unless a
-    number or a name (a dynamic tile count is a product: ``tile_id % (8 * T.ceildiv(n_M, 128))``)."""
-    text = index(e)
-    return text if text.isidentifier() or text.lstrip("-").isdigit() or text.startswith("(") else f"({text})"
 
 
 def check_persistent(module: Module, arch_name: str, knobs: dict, ws_mode: str, has_tmem: bool) -> None:
