@@ -24,6 +24,8 @@ from duotile import codegen
 from duotile.dsl.errors import CapacityError, UnsupportedError
 from duotile.kernels_spec import load_all
 
+from ..kernels_spec.compare import mismatch
+
 pytestmark = pytest.mark.gpu
 
 BASE = int(os.environ.get("DUOTILE_SWEEP_SEED", "0"))
@@ -65,27 +67,6 @@ def user_kernel(spec, case):
     return KERNELS[key]
 
 
-def check_on_device(spec, case, inputs, ref) -> str | None:
-    """``check_outputs`` (tests/kernels_spec) on the GPU: large outputs stay where they are. None
-    when every output is within the spec's tolerance, else what is off."""
-    for out in spec.outputs:
-        got = inputs[out].float()
-        want = ref[out].float().to(got.device)
-        if spec.exact:
-            if not torch.equal(got, want):
-                return f"{spec.name}/{out} differs in {int((got != want).sum())}/{got.numel()} elements"
-            continue
-        allowed = spec.allowed_error(case, out, want, inputs).to(got.device)
-        err = (got - want).abs()
-        bad = ~((err <= allowed) | (got == want))  # NaN counts as bad; equal infinities do not
-        if bad.any():
-            worst = int(torch.argmax(torch.where(bad, err - allowed, torch.zeros_like(err))))
-            return (f"{spec.name}/{out}: {int(bad.sum())}/{bad.numel()} elements off, max error "
-                    f"{err.max().item():.3g}; worst at flat index {worst}: got {got.flatten()[worst].item():.6g}, "
-                    f"want {want.flatten()[worst].item():.6g}, allowed {allowed.flatten()[worst].item():.3g}")
-    return None
-
-
 @pytest.fixture(scope="module", autouse=True)
 def _announce_seed(request):
     line = (f"shape sweep: DUOTILE_SWEEP_SEED={BASE} ({len(CASES)} cases: "
@@ -109,7 +90,7 @@ def test_user_build_matches_reference(name, label, case, seed):
         pytest.xfail(f"{where}: no build at the user's config: {type(err).__name__}: {err}")
     kernel(**inputs)
     torch.cuda.synchronize()
-    off = check_on_device(spec, case, inputs, spec.run_reference(inputs, case))
+    off = mismatch(spec, case, inputs, spec.run_reference(inputs, case))
     line = f"{name:16s} {label:36s} {case} config {config}: {'ok' if off is None else 'WRONG'}"
     print(line)
     if os.environ.get("DUOTILE_SWEEP_LOG"):

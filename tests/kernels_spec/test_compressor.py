@@ -21,7 +21,7 @@ from duotile.runtime.layers.common import Ctx
 from duotile.runtime.layers.compressor import pool_windows
 from duotile.runtime.ops import FastOps
 
-from .test_interpret import check_outputs
+from .compare import check_outputs
 
 DECODE, PREFILL = load_all()["compressor_decode"], load_all()["compressor_prefill"]
 FORMS = ("csa", "hca", "ratio2", "ratio1")

@@ -16,7 +16,7 @@ from duotile.kernels_spec.model_shapes import V4_FLASH, V41_FLASH
 from duotile.runtime.layers.common import Ctx, index_scores
 from duotile.runtime.ops import FastOps
 
-from .test_interpret import check_outputs
+from .compare import check_outputs
 
 SPEC = get("indexer_logits")
 CPU = torch.device("cpu")

@@ -8,21 +8,9 @@ import torch
 from duotile import codegen
 from duotile.kernels_spec import load_all
 
+from .compare import check_outputs
+
 CASES = [(name, case) for name, spec in sorted(load_all().items()) for case in spec.cases]
-
-
-def check_outputs(spec, case, inputs, ref):
-    for out in spec.outputs:
-        got, want = inputs[out].float().cpu(), ref[out].float().cpu()
-        if spec.exact:  # bit for bit, a NaN matching a NaN (a non-finite block's values)
-            nan = want.isnan()
-            assert torch.equal(got.isnan(), nan) and torch.equal(got[~nan], want[~nan]), f"{spec.name}/{out} differs"
-        else:
-            allowed = spec.allowed_error(case, out, want, {k: v.cpu() for k, v in inputs.items()})
-            err = (got - want).abs()
-            bad = ~((err <= allowed) | (got == want))  # NaN counts as bad; equal infinities do not
-            assert not bad.any(), (f"{spec.name}/{out}: {int(bad.sum())}/{bad.numel()} elements off, "
-                                   f"max error {err.max().item():.3g}")
 
 
 @pytest.mark.parametrize("name,case_name", CASES)

@@ -22,7 +22,7 @@ from duotile.runtime import quant
 from duotile.runtime.layers.common import Ctx
 from duotile.runtime.ops import FastOps
 
-from .test_interpret import check_outputs
+from .compare import check_outputs
 from .test_quantize import dequantize, same_bits
 
 SPEC = load_all()["rmsnorm_quant"]

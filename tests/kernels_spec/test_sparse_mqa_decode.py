@@ -15,7 +15,7 @@ from duotile.kernels_spec import get
 from duotile.runtime.layers.common import Ctx, sparse_attention
 from duotile.runtime.ops import FastOps
 
-from .test_interpret import check_outputs
+from .compare import check_outputs
 
 SPEC = get("sparse_mqa_decode")
 CASE = {"B": 3, "H": 64, "D": 64, "N": 150, "L": 100, "holes": 0.3}

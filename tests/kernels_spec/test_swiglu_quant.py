@@ -21,7 +21,7 @@ from duotile.runtime.layers.common import Ctx, Linear
 from duotile.runtime.layers.moe import Expert
 from duotile.runtime.ops import FastOps, InvariantOps
 
-from .test_interpret import check_outputs
+from .compare import check_outputs
 from .test_quantize import dequantize, same_bits
 from .test_rmsnorm_quant import naive_quantise
 
