@@ -39,7 +39,9 @@ def index(e, names: dict[str, str]) -> str:
         # parenthesised whole: ``-1*floor(x/8)`` must not print as ``-1*(x) // 8``
         return f"(({n} + {d - 1}) // {d})" if isinstance(e, sympy.ceiling) else f"(({n}) // {d})"
     if isinstance(e, sympy.Mod):
-        return f"({index(e.args[0], names)}) % {index(e.args[1], names)}"
+        return f"(({index(e.args[0], names)}) % {index(e.args[1], names)})"  # whole: 64*Mod(x, 2) is not (64*x) % 2
+    if e.is_Pow and e.exp.is_Integer and e.exp > 0:  # sympy's rewrites make them: Mod(64*x, 128) is 64*Mod(x**2, 2)
+        return "(" + " * ".join([f"({index(e.base, names)})"] * int(e.exp)) + ")"
     if e.is_Add:
         terms = [index(a, names) for a in e.args]
         return "(" + " + ".join(terms) + ")"

@@ -41,7 +41,13 @@ def index(e) -> str:
         return f"({index(num)} // {index(den)})"
     if isinstance(e, sympy.Mod):
         return f"({index(e.args[0])} % {index(e.args[1])})"
+    if _integer_power(e):  # sympy's own rewrites make them: Mod(64*x, 128) is 64*Mod(x**2, 2)
+        return "(" + " * ".join([index(e.base)] * int(e.exp)) + ")"
     raise UnsupportedError(f"index expression {e} has no TileLang form")
+
+
+def _integer_power(e) -> bool:
+    return e.is_Pow and e.exp.is_Integer and e.exp > 0
 
 
 def _nested(fn: str, args) -> str:
