@@ -66,34 +66,36 @@ def topk(scores: dsl.Tensor["B", "L", dsl.f32], idx: dsl.Tensor["B", "K", dsl.i3
     if not (isinstance(TOPK, int) and TOPK >= 1):
         raise dsl.DslError(f"TOPK {TOPK!r} must be a positive int: the selection's width")
     n, k = scores.L, TOPK
+    kp = dsl.next_pow2(k)  # the lists' width: a register tile a whole multiple of the threads
     width = dsl.minimum(CHUNK, dsl.next_pow2(n))  # scores a chunk: one tile
     chunks = dsl.cdiv(n, width)
     heads = dsl.next_pow2(chunks)  # the merge's gather of list heads, a power of two wide
-    cand_v = dsl.workspace("cand_v", (scores.B, chunks * k), dsl.f32)  # chunk c's list at c * K
-    cand_i = dsl.workspace("cand_i", (scores.B, chunks * k), dsl.f32)
+    cand_v = dsl.workspace("cand_v", (scores.B, chunks * kp), dsl.f32)  # chunk c's list at c * kp
+    cand_i = dsl.workspace("cand_i", (scores.B, chunks * kp), dsl.f32)
 
     for b, c in dsl.grid(scores.B, chunks):
         ids = (c * width + dsl.arange(width)).to(dsl.f32)[None, :]
         live = dsl.empty((1, width), dsl.f32)
         live[:] = dsl.load(scores[b, c * width], (1, width), other=NEG_INF)
-        vals = dsl.full((1, k), NEG_INF, dsl.f32)
-        inds = dsl.full((1, k), BIG, dsl.f32)
+        vals = dsl.full((1, kp), NEG_INF, dsl.f32)  # slots past K stay empty
+        inds = dsl.full((1, kp), BIG, dsl.f32)
         for i in dsl.range(dsl.minimum(k, width)):
             top = live.max(axis=1)[:, None]
             at = dsl.where(live.eq(top), ids, BIG).min(axis=1)[:, None]  # ties: the lowest index
-            vals[:] = dsl.where(dsl.arange(k)[None, :].eq(i), top, vals)
-            inds[:] = dsl.where(dsl.arange(k)[None, :].eq(i), dsl.where(top > NEG_INF, at, BIG), inds)
+            vals[:] = dsl.where(dsl.arange(kp)[None, :].eq(i), top, vals)
+            inds[:] = dsl.where(dsl.arange(kp)[None, :].eq(i), dsl.where(top > NEG_INF, at, BIG), inds)
             live[:] = dsl.where(ids.eq(at), NEG_INF, live)
-        dsl.store(cand_v[b, c * k], vals)
-        dsl.store(cand_i[b, c * k], inds)
+        dsl.store(cand_v[b, c * kp], vals)
+        dsl.store(cand_i[b, c * kp], inds)
 
     for b in dsl.grid(scores.B):
         ptr = dsl.zeros((1, heads), dsl.i32)  # the next entry of each chunk's list
-        picks = dsl.full((1, k), BIG, dsl.f32)  # round i's pick in slot i
-        rank = dsl.zeros((1, k), dsl.f32)  # #{picks j so far : x_j < x_i}
-        slots = dsl.arange(k)[None, :]
+        picks = dsl.full((1, kp), BIG, dsl.f32)  # round i's pick in slot i
+        slots = dsl.arange(kp)[None, :]
+        rank = dsl.empty((1, kp), dsl.f32)  # #{picks j so far : x_j < x_i}; slots past K: none wanted
+        rank[:] = dsl.where(slots < k, 0.0, BIG)
         for i in dsl.range(k):
-            at = dsl.arange(heads)[None, :] * k + ptr  # lists past the last chunk read past the row
+            at = dsl.arange(heads)[None, :] * kp + ptr  # lists past the last chunk read past the row
             hv = dsl.load(cand_v[b, at], (1, heads), other=NEG_INF)
             hi = dsl.load(cand_i[b, at], (1, heads), other=BIG)
             top = hv.max(axis=1)[:, None]
@@ -227,6 +229,9 @@ SPEC = register(Spec(
         "extreme_k10": {"B": 3, "L": 400, "K": 10, "values": "extreme", "visible": "all",
                         "config": {"CHUNK": 128, "RT": 8}},
         "one_chunk_k5": {"B": 2, "L": 9, "K": 5, "config": {"CHUNK": 1024, "RT": 8}},  # fewer scores than a tile
+        # K not a power of two at the user's config: the lists are padded to 64 slots (sm90 once
+        # refused a 16 x 33 register tile over 256 threads)
+        "odd_k33": {"B": 3, "L": 700, "K": 33, "values": "dup_max", "visible": "mixed"},
         # the models' K on a short row: two chunks of 1024, every row sees more than K
         "model_k512": {"B": 2, "L": 1500, "K": 512, "visible": "all", "config": SMALL},
     },

@@ -12,7 +12,7 @@ from ...dsl.tunables import choice
 from ...passes.fold_bounds import fold_bounds
 from ...passes.forward_copies import forward_copies
 from ...passes.fuse_elementwise import fuse_elementwise
-from ...passes.mark_short_loops import mark_short_loops
+from ...passes.mark_short_loops import mark_short_loops, max_trips
 from ..target import Artifact, Target, lowering_error, register_target
 from . import tma_store, toolchain
 from .arch import SM90, SM100, Arch
@@ -92,8 +92,15 @@ class TileLangCuda(Target):
 
     def phase_knobs(self, module: Module, knobs: dict) -> dict:
         """A phase without a pipelined loop (a split reduction's combine) keeps the default schedule:
-        warp specialisation, the two-gemm rotation and persistence are schedules of such a loop."""
-        if module.phase is None or any(op.name == "for" and op.attrs.get("stages") for op in module.walk()):
+        warp specialisation, the two-gemm rotation and persistence are schedules of such a loop. So
+        does a kernel whose pipelined loops run at most once at every grid point (causal attention
+        over fewer rows than two key blocks): a ring over one step pipelines nothing, and the
+        hand-scheduled split would refuse it, a tuned config chosen for longer rows included."""
+        loops = [op for op in module.walk() if op.name == "for" and op.attrs.get("stages")]
+        extents = dict(zip(module.grid.attrs["vars"], module.grid.attrs["extents"]))
+        trips = [max_trips(op.attrs["start"], op.attrs["extent"], extents) for op in loops]
+        short = bool(trips) and all(t is not None and t <= 1 for t in trips)
+        if not short and (module.phase is None or loops):
             return knobs
         schedule = {"warp_specialize", "overlap", "persistent", "cluster", "tma_store"}
         return {k: (self.knobs[k].default if k in schedule and k in self.knobs else v) for k, v in knobs.items()}
