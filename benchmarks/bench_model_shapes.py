@@ -31,6 +31,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.common import MEASURED, copy_bandwidth, interleaved, spec_peer, write_results  # noqa: E402
 from duotile import codegen  # noqa: E402
+from duotile.kernels_spec.compare import mismatch  # noqa: E402
 from duotile.kernels_spec.registry import load_all  # noqa: E402
 
 KERNELS = ("gemm", "gemm_splitk", "flash_attention", "rmsnorm", "mqa_decode")
@@ -58,18 +59,8 @@ def _ceiling(name: str, inputs: dict) -> tuple[str, float]:
 
 
 def _check(spec, case, inputs) -> str:
-    ref = spec.run_reference(inputs, case)
-    for out in spec.outputs:
-        got, want = inputs[out].float(), ref[out].float()
-        if spec.exact:
-            if not torch.equal(got, want):
-                return "FAIL"
-            continue
-        # equal infinities (masked logits) are not off
-        bad = ~(((got - want).abs() <= spec.allowed_error(case, out, want, inputs).to(got.device)) | (got == want))
-        if bad.any():
-            return f"FAIL ({int(bad.sum())} off)"
-    return "ok"
+    off = mismatch(spec, case, inputs, spec.run_reference(inputs, case))
+    return "ok" if off is None else f"FAIL ({off})"
 
 
 def _prebuild(job):

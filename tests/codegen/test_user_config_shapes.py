@@ -44,8 +44,7 @@ def test_a_loop_that_runs_once_keeps_the_default_schedule_and_a_longer_one_the_c
 
 def test_topk_at_an_odd_k_matches_on_the_interpreter():
     from duotile import codegen
-
-    from ..kernels_spec.compare import check_outputs
+    from duotile.kernels_spec.compare import check_outputs
 
     spec = SPECS["topk"]
     case = spec.cases["odd_k33"]

@@ -23,8 +23,7 @@ import torch
 from duotile import codegen
 from duotile.dsl.errors import CapacityError, UnsupportedError
 from duotile.kernels_spec import load_all
-
-from ..kernels_spec.compare import mismatch
+from duotile.kernels_spec.compare import mismatch
 
 pytestmark = pytest.mark.gpu
 

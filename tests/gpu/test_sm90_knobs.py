@@ -7,8 +7,7 @@ import torch
 
 from duotile import codegen
 from duotile.kernels_spec import load_all
-
-from ..kernels_spec.compare import check_outputs
+from duotile.kernels_spec.compare import check_outputs
 
 pytestmark = pytest.mark.gpu
 

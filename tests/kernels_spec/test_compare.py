@@ -9,8 +9,7 @@ import pytest
 import torch
 
 from duotile.kernels_spec import load_all
-
-from .compare import check_outputs, mismatch
+from duotile.kernels_spec.compare import check_outputs, mismatch
 
 KV_ROUND = load_all()["kv_round"]
 CASE = {"T": 2, "D": 4, "FORMAT": "mxfp4"}

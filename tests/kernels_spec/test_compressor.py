@@ -15,13 +15,12 @@ import torch
 from duotile import codegen, dsl
 from duotile.kernels_spec import compressor as cm
 from duotile.kernels_spec import load_all
+from duotile.kernels_spec.compare import check_outputs
 from duotile.kernels_spec.compressor_prefill import windows_touched
 from duotile.runtime.cache import CompressorState
 from duotile.runtime.layers.common import Ctx
 from duotile.runtime.layers.compressor import pool_windows
 from duotile.runtime.ops import FastOps
-
-from .compare import check_outputs
 
 DECODE, PREFILL = load_all()["compressor_decode"], load_all()["compressor_prefill"]
 FORMS = ("csa", "hca", "ratio2", "ratio1")

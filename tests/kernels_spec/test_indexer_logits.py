@@ -12,11 +12,10 @@ import torch
 
 from duotile import codegen
 from duotile.kernels_spec import get
+from duotile.kernels_spec.compare import check_outputs
 from duotile.kernels_spec.model_shapes import V4_FLASH, V41_FLASH
 from duotile.runtime.layers.common import Ctx, index_scores
 from duotile.runtime.ops import FastOps
-
-from .compare import check_outputs
 
 SPEC = get("indexer_logits")
 CPU = torch.device("cpu")

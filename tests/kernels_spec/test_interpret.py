@@ -7,8 +7,7 @@ import torch
 
 from duotile import codegen
 from duotile.kernels_spec import load_all
-
-from .compare import check_outputs
+from duotile.kernels_spec.compare import check_outputs
 
 CASES = [(name, case) for name, spec in sorted(load_all().items()) for case in spec.cases]
 

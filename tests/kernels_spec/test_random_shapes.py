@@ -14,8 +14,7 @@ import torch
 
 from duotile import codegen
 from duotile.kernels_spec import load_all
-
-from .compare import check_outputs
+from duotile.kernels_spec.compare import check_outputs
 
 BASE = int(os.environ.get("DUOTILE_SWEEP_SEED", "0"))
 PER_SPEC = 12

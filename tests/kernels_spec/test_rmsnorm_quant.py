@@ -15,6 +15,7 @@ import torch
 from duotile import codegen
 from duotile.dsl.errors import CallError, DslError
 from duotile.kernels_spec import load_all
+from duotile.kernels_spec.compare import check_outputs
 from duotile.kernels_spec.quantize import quantize_reference
 from duotile.kernels_spec.rmsnorm import rmsnorm_reference
 from duotile.kernels_spec.rmsnorm_quant import rms_norm_rows
@@ -22,7 +23,6 @@ from duotile.runtime import quant
 from duotile.runtime.layers.common import Ctx
 from duotile.runtime.ops import FastOps
 
-from .compare import check_outputs
 from .test_quantize import dequantize, same_bits
 
 SPEC = load_all()["rmsnorm_quant"]

@@ -12,10 +12,9 @@ import torch
 
 from duotile import codegen
 from duotile.kernels_spec import get
+from duotile.kernels_spec.compare import check_outputs
 from duotile.runtime.layers.common import Ctx, sparse_attention
 from duotile.runtime.ops import FastOps
-
-from .compare import check_outputs
 
 SPEC = get("sparse_mqa_decode")
 CASE = {"B": 3, "H": 64, "D": 64, "N": 150, "L": 100, "holes": 0.3}

@@ -15,13 +15,13 @@ import torch
 from duotile import codegen
 from duotile.dsl.errors import CallError, DslError
 from duotile.kernels_spec import load_all
+from duotile.kernels_spec.compare import check_outputs
 from duotile.kernels_spec.quantize import quantize_reference
 from duotile.runtime import quant
 from duotile.runtime.layers.common import Ctx, Linear
 from duotile.runtime.layers.moe import Expert
 from duotile.runtime.ops import FastOps, InvariantOps
 
-from .compare import check_outputs
 from .test_quantize import dequantize, same_bits
 from .test_rmsnorm_quant import naive_quantise
 

@@ -1,6 +1,6 @@
 """One comparison of a kernel's outputs with its reference, for every level of the ladder: the
-interpreter's tests on the CPU and the shape sweep on the GPU call the same function, so the
-two cannot judge the same outputs differently.
+interpreter's tests on the CPU, the shape sweep on the GPU and the benchmarks' check call the same
+function, so no two of them judge the same outputs differently.
 
 An exact spec is compared bit for bit, but for NaN: a NaN matches a NaN whatever its payload (a
 non-finite block's values), and a NaN against a number, either way, is a difference. Other specs
