@@ -42,6 +42,12 @@ def _bytes(inputs: dict) -> float:
     return float(sum(t.numel() * t.element_size() for t in inputs.values() if torch.is_tensor(t)))
 
 
+def _moved(spec, case, inputs: dict) -> float:
+    """The bytes a call reads and writes: the spec's count where it declares one (a cache of which
+    a call writes one row a sequence is not traffic), else every tensor argument once."""
+    return float(spec.bytes_moved(case)) if spec.bytes_moved is not None else _bytes(inputs)
+
+
 GEMMS = ("gemm", "gemm_splitk", "gemm_blockscaled")
 
 
@@ -112,7 +118,7 @@ def run(names, model, rounds, jobs, budget_s, save=None):
         t = _timed({"peer": peer_fn, "ours": _call(kernel, inputs)}, rounds)
         ours, theirs = statistics.median(t["ours"]), statistics.median(t["peer"])
         unit, ceiling = _ceiling(name, inputs)
-        work = spec.flops(case) if unit == "TFLOP/s" else _bytes(inputs)
+        work = spec.flops(case) if unit == "TFLOP/s" else _moved(spec, case, inputs)
         rate = work / (ours * 1e-3) / 1e12
         row.update({"peer": label, "ours_us": f"{ours * 1e3:.1f}", "peer_us": f"{theirs * 1e3:.1f}",
                     "ratio": f"{theirs / ours:.3f}", "rate": f"{rate:.2f} {unit}",

@@ -4,7 +4,9 @@ function, so no two of them judge the same outputs differently.
 
 An exact spec is compared bit for bit, but for NaN: a NaN matches a NaN whatever its payload (a
 non-finite block's values), and a NaN against a number, either way, is a difference. Other specs
-are compared within ``spec.allowed_error``; a NaN there is always off, equal infinities are not."""
+are compared within ``spec.allowed_error``, a NaN matching a NaN and equal infinities matching
+(a NaN against a number is off). The autotuner's correctness check takes the exact rule from here
+too (``exact_mismatch``)."""
 
 from __future__ import annotations
 
@@ -18,7 +20,7 @@ def _bits(t: torch.Tensor) -> torch.Tensor:
     return t
 
 
-def _exact_mismatch(name: str, got: torch.Tensor, want: torch.Tensor) -> str | None:
+def exact_mismatch(name: str, got: torch.Tensor, want: torch.Tensor) -> str | None:
     if got.shape != want.shape or got.dtype != want.dtype:
         return f"{name}: got {tuple(got.shape)} {got.dtype}, want {tuple(want.shape)} {want.dtype}"
     if got.dtype.is_floating_point:
@@ -39,14 +41,14 @@ def mismatch(spec, case, inputs: dict, ref: dict) -> str | None:
     for out in spec.outputs:
         got, want = inputs[out], ref[out].to(inputs[out].device)
         if spec.exact:
-            off = _exact_mismatch(f"{spec.name}/{out}", got, want.to(got.dtype))
+            off = exact_mismatch(f"{spec.name}/{out}", got, want.to(got.dtype))
             if off:
                 return off
             continue
         got, want = got.float(), want.float()
         allowed = spec.allowed_error(case, out, want, inputs).to(got.device)
         err = (got - want).abs()
-        bad = ~((err <= allowed) | (got == want))
+        bad = ~((err <= allowed) | (got == want) | (got.isnan() & want.isnan()))
         if bad.any():
             worst = int(torch.argmax(torch.where(bad, err - allowed, torch.zeros_like(err))))
             return (f"{spec.name}/{out}: {int(bad.sum())}/{bad.numel()} elements off, max error "

@@ -35,6 +35,7 @@ import torch
 
 from ...codegen.compile import build_phases, load_phases, specialize_phases
 from ...codegen.target import get_target
+from ...kernels_spec.compare import exact_mismatch
 from ...kernels_spec.registry import Spec
 from .space import Config, config_key
 from .timing import median_ms
@@ -214,8 +215,9 @@ class Runner:
             if got.shape != want.shape:
                 return False, f"{name}: shape {tuple(got.shape)} != reference {tuple(want.shape)}", math.inf
             if self.spec.exact:
-                if not torch.equal(got, want):
-                    problems.append(f"{name}: not bitwise equal to the reference")
+                off = exact_mismatch(name, got, want.to(got.dtype))
+                if off:
+                    problems.append(f"not bitwise equal to the reference: {off}")
                 continue
             g, w = got.float(), want.float()
             err = (g - w).abs()
