@@ -132,6 +132,21 @@ def _agree(op, got, want, args) -> bool:
     return torch.equal(fin, torch.isfinite(got)) and bool(((got - want).abs()[fin] <= bound[fin]).all())
 
 
+def _difference(got, want) -> str:
+    """The largest difference of two results (tensors or tuples of them), in a few words."""
+    pairs = list(zip(got, want)) if isinstance(got, tuple) else [(got, want)]
+    out = []
+    for g, w in pairs:
+        if torch.is_tensor(g) and torch.is_tensor(w) and g.shape == w.shape:
+            err = (g.float() - w.float().to(g.device)).abs()
+            top = err.max().item() if err.numel() else 0.0
+            out.append(f"{tuple(g.shape)} {g.dtype}: max |diff| {top:.3g}, "
+                       f"{int((err > 0).sum())} elements differ")
+        else:
+            out.append(f"{type(g).__name__} vs {type(w).__name__}")
+    return "; ".join(out)
+
+
 # served by a method: the first argument is the layer
 METHODS = ("route", "hc_pre", "hc_head", "engram_hash", "engram", "moe_experts")
 
@@ -162,6 +177,8 @@ def each_op_agrees(llm: LLM, name: str) -> None:
                     want = _reference_of(op)(*args, **kw)
                     agree = _agree(op, got, want, args[1:] if op in METHODS else args)
                 seen.setdefault(op, []).append(agree)
+                if not agree:  # at once: a GPU run cut by a time limit still says which op and call
+                    print(f"disagrees: {op} call {len(seen[op])}: {_difference(got, want)}", flush=True)
             return got
         return run
 
