@@ -22,7 +22,10 @@ ones; dequantising gives NaN across the block, so a bad activation is never sile
 block test reads bits (a NaN's magnitude bits sort above Inf's), so it does not rest on a target's
 NaN rules for max or comparisons. The other blocks of the row are unaffected.
 
-Decode path: each row is quantised on its own (batch dimension T, dynamic).
+Decode path: each row is quantised on its own (batch dimension T, dynamic and bucketed: each
+power-of-two bucket of T gets its own config and build, larger tiles for a prefill chunk than for a
+decode step; only max reductions, so no bit depends on the config, which check_batch_invariance
+enforces).
 """
 
 from __future__ import annotations
@@ -41,7 +44,7 @@ FP8_MAX = 448.0
 NAN_CODE = 255  # UE8M0 code of a block with a NaN or an Inf
 
 
-@dsl.kernel(batch_dim="T", dynamic=("T",))
+@dsl.kernel(batch_dim="T", bucketed=("T",))
 def quantize(x: dsl.Tensor["T", "D", dsl.bf16 | dsl.f32], q: dsl.Tensor["T", "D", dsl.f8e4m3],
              scale: dsl.Tensor["T", "NB", dsl.u8], *,
              BLOCK: dsl.Const = 128, FLOOR: dsl.Const = 1e-4,

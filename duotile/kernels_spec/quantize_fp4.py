@@ -51,7 +51,10 @@ Pairing: the even and the odd channels of a block are read as two tiles, gathers
 axis (``x[row, col + 2 * arange(BLOCK // 2)]`` and ``+ 1``), so the two nibbles of a byte sit at
 the same place of two tiles and a byte is ``even | odd << 4``.
 
-Decode path: each row is quantised on its own (batch dimension T, dynamic).
+Decode path: each row is quantised on its own (batch dimension T, dynamic and bucketed: each
+power-of-two bucket of T gets its own config and build, larger tiles for a prefill chunk than for a
+decode step; only max reductions, so no bit depends on the config, which check_batch_invariance
+enforces).
 """
 
 from __future__ import annotations
@@ -97,7 +100,7 @@ def _scaled_by_code(mag, bits, code, inv):
     return dsl.where(subnormal, rebuilt, mag * inv[:, None])
 
 
-@dsl.kernel(batch_dim="T", dynamic=("T",))
+@dsl.kernel(batch_dim="T", bucketed=("T",))
 def quantize_fp4(x: dsl.Tensor["T", "D", dsl.bf16 | dsl.f32], q: dsl.Tensor["T", "DQ", dsl.u8],
                  scale: dsl.Tensor["T", "NB", dsl.u8], *,
                  FORMAT: dsl.Const = "mxfp4",
@@ -159,7 +162,7 @@ def quantize_fp4_reference(x: torch.Tensor, FORMAT: str = "mxfp4") -> dict:
 def fp4_quant_shapes(m: shapes.ModelDims, decode_t=shapes.DECODE_SAMPLE) -> dict[str, shapes.Case]:
     """Where each format quantises activations, at the decode batches ``decode_t`` (``T`` = the
     batch: a row a sequence, the most a step emits; 1, 16 and 64 sample 1..64, which one build
-    serves since T is dynamic) and at one prefill chunk (``PREFILL_CHUNK`` tokens, which emit
+    a power-of-two bucket of T serves) and at one prefill chunk (``PREFILL_CHUNK`` tokens, which emit
     ``chunk / ratio`` compressed rows):
 
     * MXFP4 index queries, ``index_heads x index_head_dim`` wide (V4: 64 x 128, V4.1: 32 x 128);

@@ -14,7 +14,9 @@ reduction changes its order with the batch size. It then re-traces the kernel wi
 value of each tunable: a tunable that changes such a reduction's extent or split is named in
 the error. Reductions over other dimensions may depend on tunables freely: the tuning cache
 keys batch-invariant kernels without the batch dimension, so one config serves every batch
-size, and ``require_batch_free`` rejects tuning results that differ by batch size.
+size, and ``require_batch_free`` rejects tuning results that differ by batch size. A kernel that
+buckets its batch dimension instead (a config per power-of-two bucket) may hold only order-free
+reductions (max, min): its rows then cannot depend on the config at all.
 
 The IR is not changed. Before and after (accepted; ``ROWS`` only changes which rows a program
 takes, the reduction over ``D`` keeps extent ``D``)::
@@ -170,6 +172,8 @@ def check_batch_invariance(kernel: KernelDef, dtypes: dict | None = None, presen
     if batch is None:
         return module
     reductions = find_reductions(module)
+    if batch in kernel.bucketed:
+        _require_order_free(kernel, reductions)
     risky = [r for r in reductions if batch in r.dims or _mentions(r.extent, batch)
              or (r.kind == "loop" and _mentions(r.op.attrs.get("start"), batch))]
     if not risky:
@@ -201,6 +205,23 @@ def check_batch_invariance(kernel: KernelDef, dtypes: dict | None = None, presen
         msg = (f"{kernel.name} is batch-invariant in {batch}, but {what} {how}: a row's result would "
                f"depend on the batch size.")
     raise DslError(msg, r.op.loc)
+
+
+ORDER_FREE = ("reduce.max", "reduce.min")  # exact in any order and any split
+
+
+def _require_order_free(kernel: KernelDef, reductions: list[Reduction]) -> None:
+    """A kernel that buckets its batch dimension (``bucketed=("T",)``: a config per power-of-two
+    bucket of the batch, so that prefill chunks get larger tiles than decode steps) computes a row
+    under another config at another batch size. Its rows stay bitwise the same only if no result
+    depends on the config: every reduction must be a max or a min (a sum's order follows the tile
+    and thread layout, which its tunables set)."""
+    for r in reductions:
+        if r.kind not in ORDER_FREE:
+            raise DslError(f"{kernel.name} buckets its batch dimension {kernel.batch_dim} (a config per bucket), "
+                           f"so its rows must not depend on the config, but it has a {r.kind} reduction, whose "
+                           "order its tunables can change: only max / min reductions are order-free. Leave "
+                           f"{kernel.batch_dim} dynamic without a bucket.", r.op.loc)
 
 
 def require_batch_free(kernel: KernelDef, tuned: dict[tuple, dict[str, Any]]) -> dict[str, Any]:

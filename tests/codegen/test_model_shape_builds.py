@@ -45,7 +45,7 @@ def generated(name, shape, target):
     spec = SPECS[name]
     case = spec.model_shapes[shape]
     batch = spec.kernel.batch_dim
-    shared = batch in spec.kernel.dynamic and target != "ascend950"
+    shared = batch in spec.kernel.dynamic and batch not in spec.kernel.bucketed and target != "ascend950"
     key = (name, target, tuple(sorted((k, str(v)) for k, v in case.items() if not (shared and k == batch))))
     if key not in GENERATED:
         GENERATED[key] = generate_row(spec, shape, case, target)
