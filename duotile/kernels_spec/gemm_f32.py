@@ -1,40 +1,43 @@
-"""C = A @ B^T in FP32 on BF16 tensor cores: each FP32 operand split into two BF16 parts.
+"""C = A @ B^T in FP32 on BF16 tensor cores: each FP32 operand split into three BF16 parts.
 
-    hi = x.to(bf16)          lo = (x - hi).to(bf16)          x = hi + lo + r
-    C ~= A_hi B_hi^T + A_hi B_lo^T + A_lo B_hi^T              (one FP32 accumulator)
+    p0 = x.to(bf16)      p1 = (x - p0).to(bf16)      p2 = (x - p0 - p1).to(bf16)      x = p0 + p1 + p2 + r
+    C ~= sum of A_i B_j^T over the parts with i + j <= 2                  (one FP32 accumulator)
 
 The runtime's FP32 projections (model op ``linear`` where an operand is not a BF16 value): V4.1's
 compressor ``wkv`` / ``wgate`` [512, 5120] (FP32 weights, model.md 2.13) and V4's indexer
 Hadamard-128 (entries +-2^-3.5, model.md 2.5.5), both against BF16 activations, and every
 projection of a model run with FP32 activations. ``a`` and ``b`` are each FP32 or BF16: a BF16
-operand is its own ``hi`` (no ``lo``), so a BF16 activation against an FP32 weight takes two gemms
-a K step, not three, and reads half the activation bytes. Both BF16 is one gemm (``gemm``'s FP32
-result, which the runtime calls for that).
+operand is its own only part, so a BF16 activation against an FP32 weight takes three gemms a K
+step (six with both split), and reads half the activation bytes. Both BF16 is one gemm (``gemm``'s
+FP32 result, which the runtime calls for that).
+
+Three parts, not two: with two (``hi + lo``, three gemms for two FP32 operands) the split leaves
+2^-16 of each product where the reference's FP32 matmul leaves 2^-24, and in the tiny models
+(``duotile/runtime/presets.py``) that alone moved the logits by 0.28 where reordering the FP32
+sums moves them by 0.03 (2026-12-02, the interpreter). Three parts leave what FP32 itself does.
 
 **The error** (every bound relative to ``S = |A| @ |B|^T``, the sum of the products' magnitudes):
 
-* The split. With ``u = 2^-8`` (BF16 keeps 8 significant bits, rounded to nearest):
-  ``|x - hi| <= u |x|``, ``lo`` is ``x - hi`` rounded again, so ``|lo| <= u (1 + u) |x|`` and
-  ``|r| = |x - hi - lo| <= u |x - hi| <= u^2 |x|``. Each BF16 x BF16 product is exact in FP32. The
-  terms left out of ``a b = (a_hi + a_lo + a_r)(b_hi + b_lo + b_r)`` are
-  ``a_lo b_lo + (a_hi + a_lo) b_r + a_r b``: at most ``u^2 (1 + u)^2 + u^2 (1 + u^2) + u^2``,
-  about ``3.008 x 2^-16`` of ``|a||b|`` with both operands split (the dropped ``lo * lo`` term, and
-  the BF16 rounding of each ``lo``); ``2^-16`` where one operand is BF16 (its ``lo`` and ``r`` are
-  zero, so only the other's ``r`` is left); zero where both are. A BF16 GEMM of the operands
-  rounded to BF16 leaves up to ``2^-8 (2 + 2^-8)`` of ``|a||b|``, 2^7 more (on random data the
-  measured error is 400 to 700 times the split's: tests/kernels_spec/test_gemm_f32.py).
-* The FP32 sums. The kernel adds ``n`` products (``K`` per operand split, plus ``K``) into one
+* The split. With ``u = 2^-8`` (BF16 keeps 8 significant bits, rounded to nearest), each part
+  rounds what the earlier ones leave: ``|e_i| <= u^i |x|`` for the remainder after i parts, so
+  ``|p_0| <= (1 + u) |x|``, ``|p_i| <= u^i (1 + u) |x|`` and ``|r| <= u^3 |x|``. Each BF16 x BF16
+  product is exact in FP32. The terms left out of ``a b`` are the part products with i + j > 2
+  (``a_1 b_2``, ``a_2 b_1``, ``a_2 b_2``) and ``(a - a_r) b_r + a_r b``: about ``4 x 2^-24`` of
+  ``|a||b|`` with both operands split, ``2^-24`` where one is BF16 (only the other's ``r`` is
+  left), zero where both are (``split_error``). A BF16 GEMM of the operands rounded to BF16 leaves
+  up to ``2^-8 (2 + 2^-8)`` of ``|a||b|``.
+* The FP32 sums. The kernel adds ``n`` products (``K`` for each gemm a K step runs) into one
   FP32 accumulator in an order the target picks; each add rounds by at most an ulp, 2^-23 of the
   partial sum (round to nearest gives half that; tensor cores' adders may truncate), and the
   products' magnitudes add to at most ``(1 + u)^2 (1 + 2u) S < (1 + 2^-5) S``:
   ``n 2^-23 (1 + 2^-5) S``. The reference
   is an FP32 matmul, ``K`` products rounded to nearest and summed: ``K 2^-24 S``. The bound is the
   sum of the two, since both are compared with the exact product.
-* The bottom of the range. A ``lo`` or a product below 2^-126 is an FP32 subnormal, which a
-  target may flush to zero: at most 2^-126 an element of ``lo`` (times the other operand) and a
-  product; ``2^-125 (sum_k |a_ik| + sum_k |b_jk| + 4 K)`` covers them (zero in practice: every
-  case's values are far from it). ``|x|`` must stay below the largest BF16 (``hi`` would be
-  infinite): about 3.39e38.
+* The bottom of the range. A part or a product below 2^-126 is an FP32 subnormal, which a
+  target may flush to zero: at most 2^-126 an element of each lower part (times the other
+  operand) and a product; ``2^-124 (sum_k |a_ik| + sum_k |b_jk| + 4 K)`` covers them (the lowest
+  part of values near 2^-110 and below; every case's values are far from it but ``tiny``'s).
+  ``|x|`` must stay below the largest BF16 (``p_0`` would be infinite): about 3.39e38.
 
 Model shapes: V4.1's compressor projection (N 512 = head dim, K 5120 = hidden; ``wkv`` and
 ``wgate`` are the same GEMM) at decode rows 1, 16, 64 and a prefill chunk; V4's Hadamard-128 on
@@ -43,7 +46,7 @@ keys (a decode step's one compressed row, a prefill chunk's 4096 / 4). ``SPLIT``
 contiguous ranges added in range order, as ``gemm`` does at decode.
 
 An FP32 tile is a vector load (its split is vector work, which reads vector tiles on every target);
-its hi and lo parts are the gemms' operands. A BF16 tile is loaded as an operand.
+its parts are the gemms' operands. A BF16 tile is loaded as an operand.
 """
 
 from __future__ import annotations
@@ -62,29 +65,37 @@ TINY = 2.0 ** -126  # the smallest normal FP32 (and BF16): below it a target may
 INDEX_RATIO = 4  # V4's indexer compressor: one index key per 4 tokens (model.md 2.5.5)
 
 
-def _split(x, corner, shape):
-    """(hi, lo) of the tile of ``x`` at ``corner``: an FP32 tile's BF16 rounding and the BF16 rounding
-    of what that leaves, made by vector work from a vector load; a BF16 tile is its own hi (lo
-    None), loaded as a gemm operand."""
+PARTS = 3  # BF16 parts of an FP32 operand
+
+
+def _parts(x, corner, shape):
+    """The BF16 parts of the tile of ``x`` at ``corner``: an FP32 tile's BF16 rounding, then the BF16
+    rounding of what each leaves, made by vector work from a vector load; a BF16 tile is its only
+    part, loaded as a gemm operand."""
     if x.dtype == dsl.bf16:
-        return dsl.load(x[corner], shape, role="operand"), None
-    tile = dsl.load(x[corner], shape)
-    hi = tile.to(dsl.bf16)
-    return hi, (tile - hi.to(dsl.f32)).to(dsl.bf16)
+        return [dsl.load(x[corner], shape, role="operand")]
+    rest, parts = dsl.load(x[corner], shape), []
+    for i in range(PARTS):
+        parts.append(rest.to(dsl.bf16))
+        if i < PARTS - 1:
+            rest = rest - parts[-1].to(dsl.f32)
+    return parts
+
+
+def _pairs(a_parts: int, b_parts: int) -> list[tuple[int, int]]:
+    """The part products a K step runs, (i, j) with i + j < PARTS, the smallest terms first."""
+    kept = [(i, j) for i in range(a_parts) for j in range(b_parts) if i + j < PARTS]
+    return sorted(kept, key=lambda p: (-(p[0] + p[1]), p))
 
 
 def _k_range(a, b, m, n, k_start, k_stop, BM, BN, BK, STAGES):
-    """acc = A[m tile] @ B[n tile]^T over K blocks k_start .. k_stop - 1: hi * hi + hi * lo + lo * hi
-    (the terms an operand's missing lo would make zero are not run)."""
+    """acc = A[m tile] @ B[n tile]^T over K blocks k_start .. k_stop - 1, by ``_pairs``."""
     acc = dsl.zeros((BM, BN), dsl.f32, role="accumulator")
     for k in dsl.pipelined(k_stop, stages=STAGES, start=k_start):
-        a_hi, a_lo = _split(a, (m * BM, k * BK), (BM, BK))
-        b_hi, b_lo = _split(b, (n * BN, k * BK), (BN, BK))
-        if a_lo is not None:  # the small terms first
-            dsl.gemm(a_lo, b_hi, acc, transpose_b=True)
-        if b_lo is not None:
-            dsl.gemm(a_hi, b_lo, acc, transpose_b=True)
-        dsl.gemm(a_hi, b_hi, acc, transpose_b=True)
+        ap = _parts(a, (m * BM, k * BK), (BM, BK))
+        bp = _parts(b, (n * BN, k * BK), (BN, BK))
+        for i, j in _pairs(len(ap), len(bp)):
+            dsl.gemm(ap[i], bp[j], acc, transpose_b=True)
     return acc
 
 
@@ -117,11 +128,25 @@ def gemm_f32_reference(a, b) -> dict:
 
 
 # -- the error bound (the module docstring derives it) ----------------------------------------------
+def _magnitudes(split: bool) -> tuple[list[float], float]:
+    """(the bound on each part's magnitude, the remainder's), as shares of |x|."""
+    if not split:
+        return [1.0], 0.0
+    return [(1 + U_BF16) * U_BF16 ** i for i in range(PARTS)], U_BF16 ** PARTS
+
+
 def split_error(a_split: bool, b_split: bool) -> float:
-    """The dropped terms' share of ``|a||b|``: a_lo b_lo + (a_hi + a_lo) b_r + a_r b."""
-    lo_a, r_a = (U_BF16 * (1 + U_BF16), U_BF16 ** 2) if a_split else (0.0, 0.0)
-    lo_b, r_b = (U_BF16 * (1 + U_BF16), U_BF16 ** 2) if b_split else (0.0, 0.0)
-    return lo_a * lo_b + (1 + r_a) * r_b + r_a
+    """The dropped terms' share of ``|a||b|``: the part products ``_pairs`` leaves out, and
+    ``(a - a_r) b_r + a_r b``."""
+    (ma, ra), (mb, rb) = _magnitudes(a_split), _magnitudes(b_split)
+    kept = set(_pairs(len(ma), len(mb)))
+    dropped = sum(x * y for i, x in enumerate(ma) for j, y in enumerate(mb) if (i, j) not in kept)
+    return dropped + (1 + ra) * rb + ra
+
+
+def products(a_split: bool, b_split: bool) -> int:
+    """The gemms a K step runs."""
+    return len(_pairs(PARTS if a_split else 1, PARTS if b_split else 1))
 
 
 def error_bound(a: torch.Tensor, b: torch.Tensor, a_split: bool = True, b_split: bool = True) -> torch.Tensor:
@@ -130,9 +155,9 @@ def error_bound(a: torch.Tensor, b: torch.Tensor, a_split: bool = True, b_split:
     k = a.shape[-1]
     af, bf = a.float().abs(), b.float().abs()
     s = af.double() @ bf.double().t()
-    n = k * (1 + a_split + b_split)  # the products the kernel adds
+    n = k * products(a_split, b_split)  # the products the kernel adds
     rel = split_error(a_split, b_split) + n * ULP_ADD * (1 + 2.0 ** -5) + k * U_F32
-    floor = 2 * TINY * (af.sum(-1, dtype=torch.float64)[:, None] + bf.sum(-1, dtype=torch.float64)[None, :] + 4 * k)
+    floor = 4 * TINY * (af.sum(-1, dtype=torch.float64)[:, None] + bf.sum(-1, dtype=torch.float64)[None, :] + 4 * k)
     return (rel * s + floor).float()
 
 
@@ -205,7 +230,7 @@ SPEC = register(Spec(
                  "bf16_a_decode": {"M": 1, "N": 512, "K": 5120, "a_dtype": "bf16"}},
     tolerance=lambda case, output: (0.0, 0.0),  # the whole bound is the elementwise one
     extra_error=_extra_error,
-    flops=lambda c: 2.0 * c["M"] * c["N"] * c["K"] * (3 - (c.get("a_dtype") == "bf16") - (c.get("b_dtype") == "bf16")),
+    flops=lambda c: 2.0 * c["M"] * c["N"] * c["K"] * products(c.get("a_dtype") != "bf16", c.get("b_dtype") != "bf16"),
     model_shapes=shapes.for_models(f32_projection_shapes),
     # a row of A or B (K) is a whole number of 16 bytes in either dtype, and one of C (N) of FP32
     sweep={"M": Dim(1, 300, large=4100), "N": Dim(4, 320, multiple=4, large=4104),

@@ -229,7 +229,7 @@ SPEC = register(Spec(
         "extreme_k10": {"B": 3, "L": 400, "K": 10, "values": "extreme", "visible": "all",
                         "config": {"CHUNK": 128, "RT": 8}},
         "one_chunk_k5": {"B": 2, "L": 9, "K": 5, "config": {"CHUNK": 1024, "RT": 8}},  # fewer scores than a tile
-        # K not a power of two at the user's config: the lists are padded to 64 slots (sm90 once
+        # K not a power of two at the user's config: the lists are padded to 64 slots (a CUDA build once
         # refused a 16 x 33 register tile over 256 threads)
         "odd_k33": {"B": 3, "L": 700, "K": 33, "values": "dup_max", "visible": "mixed"},
         # the models' K on a short row: two chunks of 1024, every row sees more than K

@@ -36,14 +36,14 @@ class DenseKernels:
 
     def _linear_q(self, linear, ctx, x: torch.Tensor) -> torch.Tensor:
         """An FP8 block-scaled weight: the activation quantised by ``quantize`` (e4m3, a UE8M0 code
-        per 1 x b), then ``gemm_blockscaled`` on both sets of codes; BF16 out, as FP32."""
+        per 1 x b), then ``gemm_blockscaled`` on both sets of codes; FP32 out, as the reference's."""
         block, packed = linear.act_block, linear.packed
         rows = x.reshape(-1, x.shape[-1])
         if (not ctx.quant or packed is None or packed[0] != "fp8" or rows.shape[0] == 0
                 or rows.shape[1] % block or x.dtype not in (torch.bfloat16, torch.float32)):
             return NotImplemented
         _, codes, scales = packed
-        c = self._blockscaled(*self._quantize(rows, block), codes, scales, block)
+        c = self._blockscaled(*self._quantize(rows, block), codes, scales, block, out=torch.float32)
         return c.float().reshape(*x.shape[:-1], codes.shape[0])
 
     def _bf16_weight(self, w: torch.Tensor) -> torch.Tensor | None:

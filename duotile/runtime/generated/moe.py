@@ -70,8 +70,10 @@ class MoEKernels:
                                                                      offsets=offsets, out=out)
         return out
 
-    def _blockscaled(self, q, qs, codes, scales, block: int) -> torch.Tensor:
-        c = torch.empty(1, q.shape[0], codes.shape[0], dtype=torch.bfloat16, device=q.device)
+    def _blockscaled(self, q, qs, codes, scales, block: int, out=torch.bfloat16) -> torch.Tensor:
+        """C in ``out``: the dense projections take FP32, as their reference keeps (a BF16 C moved the
+        tiny models' logits by 0.5); the shared expert BF16, what swiglu_quant and moe_combine read."""
+        c = torch.empty(1, q.shape[0], codes.shape[0], dtype=out, device=q.device)
         self._kernel("gemm_blockscaled", q.device, {"BLOCK": block})(a=q[None], a_scale=qs[None], b=codes[None],
                                                                      b_scale=scales[None], c=c)
         return c[0]
