@@ -37,6 +37,28 @@ def test_the_rms_norm_op_runs_the_rmsnorm_kernel_and_counts_it():
     assert ctx.ops.sum is not None and ctx.ops.invariant is False  # primitives are the base flavour's
 
 
+@pytest.mark.parametrize("block", [32, 128])
+def test_an_fp8_projection_keeps_fp32_as_its_reference_does(block):
+    """linear_q on the interpreter: the quantiser's codes are the reference's and the products are
+    exact, so only the FP32 sums' order may differ (2^-20 of |x| |W| is ample). A BF16 C, as the
+    block-scaled GEMM once wrote, is 2^-9 off: it moved the tiny models' logits by 0.5."""
+    from duotile.runtime import quant
+    from duotile.runtime.layers.common import Linear
+
+    g = torch.Generator().manual_seed(3)
+    w = torch.randn(96, 256, generator=g) * 0.05
+    codes, scales = quant.quantize_fp8_blocks(w, block)
+    lin = Linear(quant.dequantize_fp8_blocks(codes, scales, block), block,
+                 ("fp8", codes, scales.view(torch.uint8)))
+    x = torch.randn(5, 256, generator=g).to(torch.bfloat16)
+    got = lin(Ctx(GeneratedOps(FastOps())), x)
+    want = lin(Ctx(FastOps()), x)
+    terms = quant.act_quant(x.float(), block).abs() @ lin.weight.abs().T
+    assert got.dtype == want.dtype == torch.float32
+    assert bool(((got - want).abs() <= 2.0 ** -20 * terms).all())
+    assert not torch.equal(got, got.to(torch.bfloat16).float())  # not BF16 values
+
+
 def test_unknown_kernels_choice_is_rejected():
     with pytest.raises(ValueError, match="kernels: 'triton' is not one of reference, generated"):
         make_ops(False, "triton")
