@@ -40,7 +40,7 @@ from .ops import (
     workspace,
     zeros,
 )
-from .tunables import boolean, choice, enum, int_range, pow2
+from .tunables import SMALLER_POW2, boolean, choice, enum, int_range, is_power_of_two, pow2
 
 __all__ = [
     "DType", "bf16", "bool_", "f8e4m3", "f16", "f32", "i32", "i64", "u8",
@@ -49,5 +49,5 @@ __all__ = [
     "arange", "bitcast", "cdiv", "empty", "exp", "exp2", "full", "gemm", "grid", "load", "log", "log2",
     "maximum", "minimum", "next_pow2", "pipelined", "range", "rsqrt", "sigmoid", "sqrt", "store", "where",
     "workspace", "zeros",
-    "boolean", "choice", "enum", "int_range", "pow2",
+    "SMALLER_POW2", "boolean", "choice", "enum", "int_range", "is_power_of_two", "pow2",
 ]

@@ -196,6 +196,14 @@ class IntRange(Space):
         return (value - self.lo) / max(1, self.hi - self.lo)
 
 
+def is_power_of_two(v: Any) -> bool:
+    """An int of 1, 2, 4, ...: the ``also=`` predicate of tile sizes that tests may set smaller."""
+    return isinstance(v, int) and not isinstance(v, bool) and v >= 1 and v & (v - 1) == 0
+
+
+SMALLER_POW2 = (is_power_of_two, "a smaller power of two (tests)")  # ``choice(..., also=SMALLER_POW2)``
+
+
 def choice(*options, default=None, also: tuple[Callable[[Any], bool], str] | None = None) -> Choice:
     """``also=(predicate, words)``: values a config may set beyond ``options`` (never searched)."""
     return Choice(options=tuple(options), default_value=default, also=also)

@@ -72,10 +72,6 @@ KEY_NEG_INF = -2139095041  # the key of -inf: 0xFF800000 with its low 31 bits fl
 LOW31 = 0x7FFFFFFF
 
 
-def _pow2(v) -> bool:
-    return isinstance(v, int) and v >= 1 and v & (v - 1) == 0
-
-
 def _key(x):
     """The order-preserving i32 key of f32 block scores: -0.0 as 0.0, NaN as -inf."""
     x = dsl.where(x > NEG_INF, dsl.where(x.eq(0.0), 0.0, x), NEG_INF)
@@ -87,10 +83,10 @@ def _key(x):
 def candidate_pool(scores: dsl.Tensor["B", "N", dsl.f32], visible: dsl.Tensor["B", dsl.i32],
                    blocks: dsl.Tensor["B", "KB", dsl.i32], pool: dsl.Tensor["B", "N", dsl.u8], *,
                    BLOCK: dsl.Const = 8, TOPK_BLOCKS: dsl.Const = 2048,
-                   W: dsl.Tunable = dsl.choice(64, 32, 128, also=(_pow2, "a smaller power of two (tests)")),
-                   ROWS: dsl.Tunable = dsl.choice(16, 8, 32, also=(_pow2, "a smaller power of two (tests)")),
-                   RT: dsl.Tunable = dsl.choice(256, 128, 512, also=(_pow2, "a smaller power of two (tests)")),
-                   WM: dsl.Tunable = dsl.choice(1024, 512, 2048, also=(_pow2, "a smaller power of two (tests)"))):
+                   W: dsl.Tunable = dsl.choice(64, 32, 128, also=dsl.SMALLER_POW2),
+                   ROWS: dsl.Tunable = dsl.choice(16, 8, 32, also=dsl.SMALLER_POW2),
+                   RT: dsl.Tunable = dsl.choice(256, 128, 512, also=dsl.SMALLER_POW2),
+                   WM: dsl.Tunable = dsl.choice(1024, 512, 2048, also=dsl.SMALLER_POW2)):
     for name, v in (("BLOCK", BLOCK), ("TOPK_BLOCKS", TOPK_BLOCKS)):
         if not (isinstance(v, int) and v >= 1):
             raise dsl.DslError(f"{name} {v!r} must be a positive int")

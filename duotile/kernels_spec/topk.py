@@ -54,14 +54,10 @@ NEG_INF = float("-inf")
 BIG = float(1 << 24)  # the index of an empty slot: above every real index (L < 2^24), exact in f32
 
 
-def _pow2(v) -> bool:
-    return isinstance(v, int) and v >= 1 and v & (v - 1) == 0
-
-
 @dsl.kernel(batch_dim="B", dynamic=("B",))
 def topk(scores: dsl.Tensor["B", "L", dsl.f32], idx: dsl.Tensor["B", "K", dsl.i32], *,
          TOPK: dsl.Const = 512,
-         CHUNK: dsl.Tunable = dsl.choice(4096, 1024, 2048, 8192, also=(_pow2, "a smaller power of two (tests)")),
+         CHUNK: dsl.Tunable = dsl.choice(4096, 1024, 2048, 8192, also=dsl.SMALLER_POW2),
          RT: dsl.Tunable = dsl.choice(16, 8, 32)):
     if not (isinstance(TOPK, int) and TOPK >= 1):
         raise dsl.DslError(f"TOPK {TOPK!r} must be a positive int: the selection's width")
