@@ -68,18 +68,24 @@ INDEX_RATIO = 4  # V4's indexer compressor: one index key per 4 tokens (model.md
 PARTS = 3  # BF16 parts of an FP32 operand
 
 
-def _parts(x, corner, shape):
-    """The BF16 parts of the tile of ``x`` at ``corner``: an FP32 tile's BF16 rounding, then the BF16
-    rounding of what each leaves, made by vector work from a vector load; a BF16 tile is its only
-    part, loaded as a gemm operand."""
-    if x.dtype == dsl.bf16:
-        return [dsl.load(x[corner], shape, role="operand")]
-    rest, parts = dsl.load(x[corner], shape), []
-    for i in range(PARTS):
+def bf16_parts(tile, n: int = PARTS) -> list:
+    """An FP32 tile as ``n`` BF16 tiles, largest first: its BF16 rounding, then the BF16 rounding of
+    what each leaves (vector work). Their sum keeps 8 n significant bits (the module docstring's
+    bound); a gemm over each part, the small ones first, takes the tile at that precision."""
+    rest, parts = tile, []
+    for i in range(n):
         parts.append(rest.to(dsl.bf16))
-        if i < PARTS - 1:
+        if i < n - 1:
             rest = rest - parts[-1].to(dsl.f32)
     return parts
+
+
+def _parts(x, corner, shape):
+    """The BF16 parts of the tile of ``x`` at ``corner`` (``bf16_parts`` of a vector load); a BF16
+    tile is its only part, loaded as a gemm operand."""
+    if x.dtype == dsl.bf16:
+        return [dsl.load(x[corner], shape, role="operand")]
+    return bf16_parts(dsl.load(x[corner], shape))
 
 
 def _pairs(a_parts: int, b_parts: int) -> list[tuple[int, int]]:

@@ -52,6 +52,7 @@ import torch
 
 from .. import dsl
 from . import model_shapes as shapes
+from .gemm_f32 import bf16_parts
 from .registry import Dim, OneOf, Spec, register
 
 LOG2E = 1.4426950408889634
@@ -97,9 +98,8 @@ def _attend(q, kv, idx, b, lo, hi, BN, STAGES):
         # P in two BF16 parts, the small one first: P V to about 2^-16 of |P| |V| (the rows are BF16
         # values), where one BF16 rounding of P left 2^-9, which moved the tiny models' logits by
         # 0.3 against the FP32 reference; the second MMA is cheap beside the rows' loads
-        p_hi = p.to(dsl.bf16)
-        dsl.gemm((p - p_hi.to(dsl.f32)).to(dsl.bf16), kv_tile, acc)
-        dsl.gemm(p_hi, kv_tile, acc)
+        for part in reversed(bf16_parts(p, 2)):
+            dsl.gemm(part, kv_tile, acc)
     return acc, row_max, row_sum
 
 

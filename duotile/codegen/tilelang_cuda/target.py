@@ -96,14 +96,22 @@ class TileLangCuda(Target):
         does a kernel whose pipelined loops run at most once at every grid point (causal attention
         over fewer rows than two key blocks): a ring over one step pipelines nothing, and the
         hand-scheduled split would refuse it, a tuned config chosen for longer rows included."""
+        schedule = {k for k in ("warp_specialize", "overlap", "persistent", "cluster", "tma_store") if k in self.knobs}
+        if all(knobs.get(k, self.knobs[k].default) == self.knobs[k].default for k in schedule):
+            return knobs  # the default schedule already (most calls: the config search's checks)
         loops = [op for op in module.walk() if op.name == "for" and op.attrs.get("stages")]
+        if loops and not self._runs_at_most_once(module, loops):
+            return knobs
+        if not loops and module.phase is None:
+            return knobs
+        return {k: (self.knobs[k].default if k in schedule else v) for k, v in knobs.items()}
+
+    @staticmethod
+    def _runs_at_most_once(module: Module, loops) -> bool:
+        """Whether every loop of ``loops`` runs at most once at every grid point (static extents)."""
         extents = dict(zip(module.grid.attrs["vars"], module.grid.attrs["extents"]))
         trips = [max_trips(op.attrs["start"], op.attrs["extent"], extents) for op in loops]
-        short = bool(trips) and all(t is not None and t <= 1 for t in trips)
-        if not short and (module.phase is None or loops):
-            return knobs
-        schedule = {"warp_specialize", "overlap", "persistent", "cluster", "tma_store"}
-        return {k: (self.knobs[k].default if k in schedule and k in self.knobs else v) for k, v in knobs.items()}
+        return all(t is not None and t <= 1 for t in trips)
 
     def start_points(self, module: Module) -> list[dict]:
         """sm90: duotile's warp specialisation for a pipelined loop, with the two-gemm rotation
