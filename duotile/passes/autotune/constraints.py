@@ -144,6 +144,8 @@ class Constraints:
         self.relations = [parse_relation(r) for r in relations]
         self.owners = owners or {}
         self._cache: dict[tuple, Verdict] = {}
+        # by the kernel's tunables: the bound module, its fused phases and their estimated usage
+        self._traced: dict[tuple, tuple[Module, list[Module], list[TileUsage]]] = {}
 
     def bound(self, config: dict[str, Any]) -> Module:
         """The traced module of a config with its shapes bound: the one trace every check reads."""
@@ -197,23 +199,27 @@ class Constraints:
         return [f"violates {r.text}" for r in self.relations if not r(values)]
 
     def _trace(self, config: dict[str, Any]):
-        """The bound module, a fused copy of each of its phases (the estimator reads those;
-        ``bound`` is left for the target's own pipeline), their estimated usage, the target knobs
-        and the target."""
-        bound = self.bound(config)
-        phases = [fuse_elementwise(Rewriter().module(p)) for p in split_phases(bound)]
+        """The bound module, a fused copy of each of its phases (what the estimator reads), their
+        estimated usage, the target knobs and the target. All but the knobs depend on the kernel's
+        tunables only, so configs that differ in target knobs alone share one trace: the config
+        search tries many such neighbours. A trace error is not kept (it is raised again)."""
+        kern = tuple(sorted((k, repr(v)) for k, v in config.items() if k in self.kernel.tunables))
+        if kern not in self._traced:
+            bound = self.bound(config)
+            phases = [fuse_elementwise(Rewriter().module(p)) for p in split_phases(bound)]
+            self._traced[kern] = bound, phases, [estimate_usage(p) for p in phases]
         knobs = {k: v for k, v in config.items() if k not in self.kernel.tunables}
-        return bound, phases, [estimate_usage(p) for p in phases], knobs, get_target(self.target)
+        return *self._traced[kern], knobs, get_target(self.target)
 
     def _target_capacity(self, bound: Module, knobs: dict[str, Any]) -> list[str]:
         """The target's own pipeline and capacity model (what its build would reject), still before
         any compiler runs: the estimator above is a quick filter, the target's check is the law.
-        ``tgt.lower`` may rewrite ``bound`` in place."""
+        ``tgt.lower`` may rewrite a module in place, so it gets a copy of the shared ``bound``."""
         from ...dsl.errors import CapacityError, UnsupportedError
 
         tgt = get_target(self.target)
         try:
-            for phase in split_phases(bound):
+            for phase in split_phases(Rewriter().module(bound)):
                 tgt.lower(phase, tgt.phase_knobs(phase, {**tgt.default_knobs(), **knobs}))
         except CapacityError as err:
             return [f"{err.memory}: needs {err.needed / 1024:.1f} KiB > capacity {err.capacity / 1024:.1f} KiB "

@@ -105,6 +105,23 @@ def test_one_trace_per_config_serves_the_estimator_and_the_targets_check(monkeyp
     assert calls == {"trace": 1, "lower": 1}
     assert not c.check({"BM": 256, "BN": 256, "BK": 128, "STAGES": 5}).ok  # pruned by the estimator
     assert calls == {"trace": 2, "lower": 1}
+    # a neighbour that moves a target knob alone reuses the trace; the target still lowers it
+    assert c.check({"BM": 128, "BN": 128, "BK": 64, "STAGES": 3, "threads": 128}).ok
+    assert calls == {"trace": 2, "lower": 2}
+
+
+def test_a_shared_trace_is_not_changed_by_the_targets_lowering():
+    """The target's check lowers a copy: the bound module the estimator reads stays as traced, so a
+    second config with the same tiles is judged on the same module as the first."""
+    from duotile.dsl.printer import format_module
+
+    c = gemm_constraints("sm90")
+    base = {"BM": 128, "BN": 128, "BK": 64, "STAGES": 3}
+    assert c.check(base).ok
+    (bound, *_), = c._traced.values()
+    before = format_module(bound)
+    assert c.check({**base, "threads": 128}).ok and c.law({**base, "threads": 512}) == []
+    assert format_module(bound) == before
 
 
 def test_sm90_registers_count_the_tiles_live_together_not_the_sum_of_two_peaks():
