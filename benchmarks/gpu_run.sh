@@ -6,6 +6,9 @@
 #   bash benchmarks/gpu_run.sh tune NAMES      # tune_sweep.py --budget quick --only NAMES
 #   bash benchmarks/gpu_run.sh profile [ARGS]  # ncu: a kernel and its peer, one launch each
 #                                              # (profile_kernel.py --kernel attention|gemm_fp8)
+#   bash benchmarks/gpu_run.sh prebuild FILE   # duotile build --signatures FILE, 15 processes: the
+#                                              # builds a later phase meets (scripts/gpu_signatures.py
+#                                              # lists them), into $DUOTILE_CACHE and TileLang's cache
 # Phases may be chained: `bash benchmarks/gpu_run.sh bench && bash benchmarks/gpu_run.sh tune gemm_fp8`.
 # Each phase runs under `timeout $PHASE_LIMIT` (default 540 s), writes into $WORK, and then packs
 # everything into $OUT/<phase>.tgz (tune: tune_<NAMES>.tgz, its tables under $WORK/tune_<NAMES>/, so
@@ -34,7 +37,9 @@ case "$phase" in
              -f -o "$WORK/profile" python3 benchmarks/profile_kernel.py "$@" 2>&1 | grep -v "TileLang:" >>"$log"
            ncu --import "$WORK/profile.ncu-rep" --page details >"$WORK/profile_details.txt" 2>&1
            cp "$WORK/profile_details.txt" "$OUT/" ;;
-  *) echo "unknown phase $phase (tests | bench | tune NAMES | profile [ARGS])"; exit 2 ;;
+  prebuild) timeout "$limit" python3 -m duotile build --signatures "$1" --target sm90 --jobs "${PREBUILD_JOBS:-15}" \
+             2>&1 | grep -v "TileLang:\|Warning: \[ThreadSync\]" >>"$log" ;;
+  *) echo "unknown phase $phase (tests | bench | tune NAMES | profile [ARGS] | prebuild FILE)"; exit 2 ;;
 esac
 status=$?
 tail -n 45 "$log"

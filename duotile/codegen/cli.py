@@ -27,11 +27,16 @@ def register(sub) -> None:
     p.add_argument("--target", default=",".join(BUILD_TARGETS), metavar="T[,T...]",
                    help=f"comma-separated targets, of: {known}")
     p.add_argument("--kernel", default=None, metavar="NAME", help="only this kernel (default: all; see `duotile list`)")
-    p.add_argument("--jobs", type=int, default=2, metavar="N", help="parallel builds (threads)")
+    p.add_argument("--jobs", type=int, default=2, metavar="N",
+                   help="parallel builds: threads, or processes with --signatures (default: %(default)s)")
     p.add_argument("--no-cache", action="store_true", help="rebuild even when a cached artifact exists")
     p.add_argument("--no-tuned", action="store_true", help="ignore tuned configs from `duotile tune`")
     p.add_argument("--model", default=None, choices=("v41-flash", "v4-flash"),
                    help="build every shape this model needs (the specs' model shapes) instead of the build cases")
+    p.add_argument("--signatures", default=None, metavar="FILE",
+                   help="build the call signatures listed in FILE (`duotile generate --kernels generated "
+                        "--save-builds FILE` writes one) with the config a user gets, in --jobs processes, "
+                        "into the artifact cache a later run reads (default: the build cases)")
     p.set_defaults(func=cmd_build)
     p = sub.add_parser("show", help="print one stage of a kernel's build",
                        description="Print one stage of a kernel's build for a target and config. Where the "
@@ -77,6 +82,8 @@ def cmd_build(args) -> int:
                        f"{', '.join(target_names())}")
     if args.jobs < 1:
         raise ValueError(f"--jobs must be 1 or more, got {args.jobs}")
+    if args.signatures:
+        return _build_signatures(args.signatures, targets, args.jobs)
     jobs = [(spec, cname, case, t) for name, spec in sorted(specs.items()) if not args.kernel or name == args.kernel
             for cname, case in (spec.model_cases(args.model) if args.model else spec.build_cases).items()
             for t in targets]
@@ -105,6 +112,26 @@ def cmd_build(args) -> int:
     print(f"\n{len(results) - failed - rejected - refused} built, {rejected} rejected by a capacity check (the config "
           f"does not fit that target's memories), {refused} refused by the target (an op it does not lower, named in "
           f"the note), {failed} failed; artifacts under {cache_root()}")
+    return 1 if failed else 0
+
+
+def _build_signatures(path: str, targets: list[str], jobs: int) -> int:
+    """``duotile build --signatures FILE``: each listed signature for each target, a row each."""
+    from . import prebuild
+
+    sigs = prebuild.load(path)
+    rows = [("kernel", "shapes", "target", "status", "seconds", "cache", "config / error")]
+    failed = 0
+    for target in targets:
+        for r in prebuild.prebuild(sigs, target, jobs):
+            shapes = " ".join(f"{n}{list(s)}" for n, s, _ in r.signature.tensors)
+            detail = " ".join(f"{k}={v}" for k, v in r.config.items()) if r.ok else r.error
+            rows.append((r.signature.spec, shapes[:60], target, "ok" if r.ok else "FAIL", f"{r.seconds:.1f}",
+                         r.cache, detail[:NOTE_WIDTH]))
+            failed += not r.ok
+    _table(rows)
+    print(f"\n{len(rows) - 1 - failed} built, {failed} failed ({len(sigs)} signatures from {path}); "
+          f"artifacts under {cache_root()}")
     return 1 if failed else 0
 
 

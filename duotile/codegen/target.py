@@ -70,6 +70,12 @@ class Target:
         """A callable ``f(tensors: dict)`` that runs the kernel, where this machine can."""
         raise NotImplementedError(f"target {self.name} cannot run kernels on this machine")
 
+    def prepare_load(self, artifact: Artifact) -> bool:
+        """Do ahead, on any machine, what ``load`` would do first on the one that runs the kernel
+        (a JIT compile into a cache it reads), so a prebuild can spare the run that time. Whether
+        there was anything to do."""
+        return False
+
     def toolchain(self) -> dict[str, str]:
         """Versions that change what this target generates (part of every cache key)."""
         return {}

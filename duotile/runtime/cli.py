@@ -75,6 +75,10 @@ def _register_generate(subparsers: argparse._SubParsersAction) -> None:
                    help="CPU threads; tiny models are fastest with 1 (default: %(default)s)")
     p.add_argument("--no-progress", action="store_true",
                    help=f"hide the progress bar shown from {PROGRESS_MIN_TOKENS} tokens on (default: shown)")
+    p.add_argument("--save-builds", default=None, metavar="FILE",
+                   help="with --kernels generated: write the build signatures the generation met to FILE "
+                        "(JSON), for `duotile build --signatures FILE` to build them in parallel for a GPU "
+                        "target (default: not written)")
     p.set_defaults(func=run)
 
 
@@ -85,6 +89,8 @@ def run(args: argparse.Namespace) -> int:
     if args.seed is not None and args.temperature == 0:
         print("note: --seed has no effect with --temperature 0 (greedy decoding picks the most likely token)",
               file=sys.stderr)
+    if args.save_builds and args.kernels != "generated":
+        return fail(args, ValueError("--save-builds needs --kernels generated (the reference ops build nothing)"))
     try:
         device = resolve_device(args.device)
         params = SamplingParams(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
@@ -104,6 +110,12 @@ def run(args: argparse.Namespace) -> int:
     print("tokens:", " ".join(map(str, out.token_ids)))
     for line in format_report(stats.ops, getattr(llm.model.ctx.ops, "builds", dict)()):
         print("op", line)
+    if args.save_builds:
+        from ..codegen import prebuild
+
+        sigs = prebuild.signatures_of(llm.model.ctx.ops._kernels.values())
+        prebuild.save(sigs, args.save_builds)
+        print(f"builds: {len(sigs)} signatures written to {args.save_builds}")
     print(f"speed: {stats.generated_tokens} tokens in {stats.seconds:.2f} s = {stats.tokens_per_second:.1f} tokens/s")
     print(f"cache bytes: {cb.total} (window {cb.window}, compressed {cb.compressed}, index keys {cb.index_keys}, "
           f"compressor state {cb.compressor_state}, engram history {cb.engram_history}); "

@@ -115,8 +115,13 @@ def _agree(op, got, want, args) -> bool:
         return got == want
     if op == "compress":  # the pooled rows: FP32 softmax pooling in another order; the window index exact
         return got[1] == want[1] and got[0].shape == want[0].shape and _close(got[0], want[0], 1e-5)
-    if op in ("embed", "topk", "engram_hash", "candidate_pool", "rope"):
-        return torch.equal(got, want)
+    if op in ("embed", "topk", "engram_hash", "candidate_pool"):
+        return torch.equal(got, want.to(got.device))  # (the reference's Engram rows are on the CPU)
+    if op == "rope":  # x c -+ y s of a pair: the reference rounds both products; a GPU build fuses
+        # one into an FMA (one rounding fewer): 2 ulps of |x| + |y| at most (bit for bit on the CPU)
+        x = args[2].float()
+        pair = x.abs().reshape(*x.shape[:-1], -1, 2).sum(-1).repeat_interleave(2, -1)
+        return got.dtype == want.dtype and bool(((got - want).abs() <= 2.0 ** -22 * pair).all())
     if op == "kv_round":  # the cache format's round trip is defined bit for bit (-0 apart from +0)
         return got.dtype == want.dtype == torch.float32 and torch.equal(got.view(torch.int32), want.view(torch.int32))
     if op == "route":
@@ -144,8 +149,16 @@ def _agree(op, got, want, args) -> bool:
 
         terms = quant.act_quant(x, linear.act_block).abs() @ linear.weight.abs().T
         return got.dtype == want.dtype and _close(got, want, 0.0, ACCUMULATION * terms + 1e-7)
-    if op in ("hc_collapse", "hc_post", "hc_head", "engram", "moe_experts"):
+    if op in ("hc_collapse", "hc_post", "hc_head", "engram"):
         return got.dtype == want.dtype and _close(got, want, 2.0 ** -7)
+    if op == "moe_experts":  # BF16 out; inside, the SwiGLU output is rounded to BF16 and FP8 on
+        # both sides, and sums in another order (sm90's FP8 tensor cores add in fewer bits) can put
+        # an element on the other side of a rounding step: the step moves every output of that
+        # token by a fraction of the row's scale, not of its own (possibly cancelled) value. Bound
+        # (chosen, not derived): a BF16 ulp of the element and two of the row's largest output.
+        # Measured on the H200, 2026-12-02: 1-3 ulps at magnitudes 1-2; bitwise on the CPU.
+        scale = want.float().abs().amax(-1, keepdim=True)
+        return got.dtype == want.dtype and _close(got, want, 2.0 ** -7, 2.0 ** -6 * scale)
     if op == "sparse_attention":
         return bool(((got - want).abs() <= 2.0 ** -7 * want.abs().amax(-1, keepdim=True) + 1e-6).all())
     qi, wts, keys = args[1], args[2], args[3]

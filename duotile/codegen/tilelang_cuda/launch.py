@@ -20,13 +20,7 @@ def make_launcher(artifact: Artifact, module: Module, arch: Arch):
     cc = torch.cuda.get_device_capability()
     if cc != arch.runnable_cc:
         raise UnsupportedError(f"{arch.name} code needs compute capability {arch.runnable_cc}, this GPU has {cc}")
-    import tilelang
-    from tilelang import tvm
-
-    path = _verified_copy(artifact)
-    prim, configs = toolchain.load_generated(str(path), artifact.meta["entry"])
-    target = tvm.target.Target({"kind": "cuda", "arch": arch.sm})
-    jit = tilelang.compile(prim, target=target, pass_configs=configs)
+    jit = jit_compile(artifact, arch)
     present = present_params(module)
     used = [p.name for p in module.params if p.name in present]  # the prim_func's argument order
 
@@ -37,6 +31,20 @@ def make_launcher(artifact: Artifact, module: Module, arch: Arch):
 
     run.jit = jit
     return run
+
+
+def jit_compile(artifact: Artifact, arch: Arch):
+    """TileLang's JIT kernel of the cached source: compiled by nvcc with its host wrapper, or read
+    from TileLang's kernel cache (``$TILELANG_CACHE_DIR``; keyed by the source, target, pass
+    configs, TileLang version and machine, not by the GPU). Needs no GPU: a CPU machine with nvcc
+    can fill the cache for a GPU machine to read."""
+    import tilelang
+    from tilelang import tvm
+
+    path = _verified_copy(artifact)
+    prim, configs = toolchain.load_generated(str(path), artifact.meta["entry"])
+    target = tvm.target.Target({"kind": "cuda", "arch": arch.sm})
+    return tilelang.compile(prim, target=target, pass_configs=configs)
 
 
 def _direct(jit):

@@ -2,7 +2,16 @@
 
 Rules (each a target lowering rule any kernel can hit, never a kernel special case):
 - a tile that feeds a gemm as ``b`` (or as ``a`` on TMEM arches) lives in shared memory;
-  other loads with role ``operand`` too; ``vector`` tiles and map results are fragments.
+  other loads with role ``operand`` too; ``vector`` tiles and map results are fragments. A
+  gather is such a load: its rows are written straight into shared memory. (Gathered into
+  registers and copied to shared memory before each gemm that read it, sparse decode's
+  64 x 512 BF16 rows took 64 KB of registers beside a 64 x 512 FP32 accumulator: ptxas spilled
+  21 KB a thread, and a decode call of 640 rows took 165 us on an H200.) The index tile of such
+  a gather, where a load makes it, lives in shared memory too: as a register tile, TileLang laid
+  the gather's loop out as the index tile's fragment, whose rows sit on threads replicated over
+  the warp groups, and left the copy to the two threads that own the replicas (the ThreadSync
+  warning about a hoisted barrier; sparse decode: 64 KB by 2 threads, about 20 us a 64-row
+  block on an H200).
 - an ``accumulator`` buffer is a fragment on sm90. On sm100 it lives in TMEM, drained through
   a fragment before vector work reads it, unless vector ops also write it (``map ... into``):
   then it stays a fragment and each gemm into it goes through a fresh TMEM tile that is added in.
@@ -101,6 +110,7 @@ def make_plan(module: Module, arch: Arch, threads: int | None = None) -> Plan:
         if op.name != "load" and plan.scope[v.id] == "fragment":
             if v.id in gemm_b or (v.id in gemm_a and (arch.has_tmem or plan.col_split)):
                 plan.staged.add(v.id)
+    _share_gather_indices(ops, plan)
     _find_gemm_clears(module, plan)
     if threads:
         for op in ops:
@@ -110,6 +120,17 @@ def make_plan(module: Module, arch: Arch, threads: int | None = None) -> Plan:
                     plan.reduce_pad[id(op)] = padded
     plan.relayout = _relayout(ops, plan)
     return plan
+
+
+def _share_gather_indices(ops: list[Op], plan: Plan) -> None:
+    """A loaded index tile of a gather into shared memory lives in shared memory too (the module
+    docstring): every thread of the gather's loop reads the rows it copies."""
+    loaded = {op.result.id for op in ops if op.name == "load" and op.result is not None}
+    for op in ops:
+        if op.name == "gather" and plan.scope.get(op.result.id) == "shared":
+            rows = op.args[0]
+            if rows.id in loaded and plan.scope.get(rows.id) == "fragment":
+                plan.scope[rows.id] = "shared"
 
 
 def spreads_evenly(n: int, threads: int) -> bool:
@@ -229,7 +250,7 @@ def _scope(op: Op, v: Value, arch: Arch, plan: Plan, feeds_b: bool, feeds_a: boo
     role = v.type.role
     if op.name == "alloc" and role is Role.ACCUMULATOR:
         return "tmem" if arch.has_tmem and v.id not in plan.mutated else "fragment"
-    if op.name == "load" and (role is Role.OPERAND or feeds_b or (feeds_a and arch.has_tmem)):
+    if op.name in ("load", "gather") and (role is Role.OPERAND or feeds_b or (feeds_a and arch.has_tmem)):
         return "shared"
     return "fragment"
 

@@ -206,6 +206,14 @@ class TileLangCuda(Target):
 
         return make_launcher(artifact, module, self.arch)
 
+    def prepare_load(self, artifact: Artifact) -> bool:
+        """TileLang's JIT compile of the build into its kernel cache, which ``load`` then reads
+        (no GPU needed: nvcc and the host wrapper's compiler)."""
+        from .launch import jit_compile
+
+        jit_compile(artifact, self.arch)
+        return True
+
 
 register_target(TileLangCuda(SM90))
 register_target(TileLangCuda(SM100))

@@ -1,0 +1,74 @@
+"""Lists the build signatures a GPU test run will meet, for ``duotile build --signatures`` to build
+ahead, on any machine with nvcc, into caches the GPU machine then reads (a GPU test otherwise
+spends most of its time compiling, one build at a time):
+
+    python3 scripts/gpu_signatures.py sweep gemm_f32 quantize --out sigs.json   # the shape sweep's cases
+    python3 scripts/gpu_signatures.py runtime v41-tiny v4-tiny --out sigs.json  # the runtime's GPU tests
+
+``sweep`` lists what ``tests/gpu/test_shape_sweep.py`` builds for the named specs (every model
+shape and random draw at ``DUOTILE_SWEEP_SEED``); ``runtime`` runs the per-op agreement test's
+generation of each tiny model on the interpreter (minutes on a CPU) and lists its kernels' calls.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import tempfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from duotile.codegen import prebuild  # noqa: E402
+
+
+def sweep(names: list[str]) -> list[prebuild.Signature]:
+    from tests.gpu.test_shape_sweep import CASES, SPECS
+
+    unknown = set(names) - set(SPECS)
+    if unknown:
+        raise SystemExit(f"unknown spec(s): {', '.join(sorted(unknown))}")
+    out = []
+    for name, _label, case, _seed in CASES:
+        if names and name not in names:
+            continue
+        spec = SPECS[name]
+        tensors = tuple((n, tuple(t.shape), str(t.dtype).removeprefix("torch."))
+                        for n, t in spec.meta_inputs(case).items() if t is not None)
+        out.append(prebuild.Signature(name, tensors, tuple(sorted(spec.constants_of(case).items()))))
+    return list(dict.fromkeys(out))
+
+
+def runtime(models: list[str]) -> list[prebuild.Signature]:
+    import torch
+
+    from duotile.runtime.engine import LLM
+    from duotile.runtime.presets import get_preset
+    from duotile.runtime.weights import write_random_checkpoint
+    from tests.runtime.test_generated import each_op_agrees
+
+    torch.set_num_threads(1)
+    out = []
+    for name in models:  # the checkpoint the tests write (conftest.py: seed 1234)
+        ckpt = write_random_checkpoint(get_preset(name), Path(tempfile.mkdtemp()) / name, seed=1234)
+        llm = LLM(str(ckpt), kernels="generated")
+        each_op_agrees(llm, name)
+        out += prebuild.signatures_of(llm.model.ctx.ops._kernels.values())
+    return list(dict.fromkeys(out))
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("what", choices=("sweep", "runtime"))
+    p.add_argument("names", nargs="*", help="specs (sweep; default: all) or tiny presets (runtime)")
+    p.add_argument("--out", required=True, help="the JSON file to write")
+    args = p.parse_args()
+    sigs = sweep(args.names) if args.what == "sweep" else runtime(args.names or ["v41-tiny", "v4-tiny"])
+    prebuild.save(sigs, args.out)
+    print(f"{len(sigs)} signatures written to {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
