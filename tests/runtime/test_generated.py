@@ -120,7 +120,7 @@ def _agree(op, got, want, args) -> bool:
     if op == "rope":  # x c -+ y s of a pair: the reference rounds both products; a GPU build fuses
         # one into an FMA (one rounding fewer): 2 ulps of |x| + |y| at most (bit for bit on the CPU)
         x = args[2].float()
-        pair = x.abs().reshape(*x.shape[:-1], -1, 2).sum(-1).repeat_interleave(2, -1)
+        pair = x.abs().reshape(*x.shape[:-1], x.shape[-1] // 2, 2).sum(-1).repeat_interleave(2, -1)
         return got.dtype == want.dtype and bool(((got - want).abs() <= 2.0 ** -22 * pair).all())
     if op == "kv_round":  # the cache format's round trip is defined bit for bit (-0 apart from +0)
         return got.dtype == want.dtype == torch.float32 and torch.equal(got.view(torch.int32), want.view(torch.int32))

@@ -1,0 +1,68 @@
+"""Sparse decode's split against the batch on the H200: ``sparse_mqa_decode`` at its CSA / CSA2
+model shapes (640 rows a query, decode batches 1, 16, 64) and V4's HCA rows (8,320) at batches 1 and
+16, for a few pinned configs (``SPLIT`` ranges of ``BN``-row blocks) and the config a user gets.
+Each config is one build (B, L and N are dynamic); each cell is checked against the reference
+(``!WRONG`` marks a mismatch) and timed (median of 20 flushed calls, microseconds).
+
+The kernel is batch invariant, so one config serves every batch: more ranges fill the GPU at
+batch 1, fewer write less partial output at batch 64. This table is what the shipped starting
+config (``duotile/tuned/starting.json``) is chosen from.
+
+    python3 benchmarks/sparse_decode_configs.py [--splits 1,4,8,16,32] [--jobs 8]
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from benchmarks.common import bench, write_results  # noqa: E402
+from duotile import codegen  # noqa: E402
+from duotile.kernels_spec.compare import mismatch  # noqa: E402
+from duotile.kernels_spec.registry import load_all  # noqa: E402
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--splits", default="1,4,8,16,32", help="SPLIT values to pin (default: %(default)s)")
+    p.add_argument("--jobs", type=int, default=8, help="build threads (default: %(default)s)")
+    args = p.parse_args(argv)
+    spec = load_all()["sparse_mqa_decode"]
+    shapes = [s for s in spec.model_shapes if "csa" in s or s.endswith(("hca8320/decode1", "hca8320/decode16"))]
+    configs: list[dict | None] = [dict(BN=64, STAGES=2, SPLIT=int(s), BD=128) for s in args.splits.split(",")]
+    configs.append(None)  # the config a user gets
+    kernels = [codegen.compile(spec.kernel, "sm90", config=c) for c in configs]
+    dev = torch.device("cuda")
+    inputs = {s: spec.make_inputs(spec.model_shapes[s], dev, 1) for s in shapes}
+    refs = {s: spec.run_reference(inputs[s], spec.model_shapes[s]) for s in shapes}
+
+    def build(k):
+        for s in shapes:
+            k.artifacts(**inputs[s])
+
+    with ThreadPoolExecutor(args.jobs) as pool:
+        list(pool.map(build, kernels))
+    rows = []
+    for config, k in zip(configs, kernels):
+        row = {"config": "user: " + str(k.artifacts(**inputs[shapes[0]])[0].meta.get("config")) if config is None
+               else str(config)}
+        for s in shapes:
+            k(**inputs[s])
+            torch.cuda.synchronize()
+            bad = mismatch(spec, spec.model_shapes[s], inputs[s], refs[s])
+            us = bench(lambda k=k, s=s: k(**inputs[s]), reps=20) * 1000
+            row[s] = f"{us:.1f}{'' if bad is None else ' !WRONG'}"
+        rows.append(row)
+        print(row, flush=True)
+    write_results("sparse_decode_configs", rows, ["config", *shapes])
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
