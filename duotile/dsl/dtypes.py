@@ -6,6 +6,9 @@ from dataclasses import dataclass
 
 import torch
 
+_TORCH: dict[str, torch.dtype] = {n: getattr(torch, n) for n in dir(torch)
+                                  if isinstance(getattr(torch, n), torch.dtype)}
+
 
 @dataclass(frozen=True)
 class DType:
@@ -19,7 +22,7 @@ class DType:
 
     @property
     def torch(self) -> torch.dtype:
-        return getattr(torch, self.torch_name)
+        return _TORCH[self.torch_name]
 
     @property
     def nbytes(self) -> float:

@@ -34,9 +34,17 @@ handles = HANDLERS.on
 
 
 @lru_cache(maxsize=4096)
-def _compiled(expr: sympy.Basic, names: tuple[str, ...]):
+def _compiled(expr: sympy.Basic) -> tuple:
+    """(a Python function of the expression's free symbols, their names in its argument order), or
+    (None, its value) for a constant:
+    found once per expression (naming and sorting the symbols at every evaluation was a tenth of
+    the interpreter's time on the tiny models' generations)."""
+    if not expr.free_symbols:
+        return None, (int(expr) if expr.is_Integer else float(expr))
+    names = tuple(sorted(str(s) for s in expr.free_symbols))
     syms = [sympy.Symbol(n, integer=True, nonnegative=True) for n in names]
-    return sympy.lambdify(syms, expr, modules=[{"ceiling": math.ceil, "floor": math.floor}, "math"])
+    fn = sympy.lambdify(syms, expr, modules=[{"ceiling": math.ceil, "floor": math.floor}, "math"])
+    return fn, names
 
 
 class Interpreter:
@@ -52,10 +60,8 @@ class Interpreter:
     def scalar(self, e):
         if not isinstance(e, sympy.Basic):
             return e
-        if not e.free_symbols:
-            return int(e) if e.is_Integer else float(e)
-        names = tuple(sorted(str(s) for s in e.free_symbols))
-        return _compiled(e, names)(*(self.env[n] for n in names))
+        fn, names = _compiled(e)
+        return names if fn is None else fn(*(self.env[n] for n in names))
 
     def get(self, v) -> torch.Tensor:
         return self.vals[v.id] if isinstance(v, Value) else self.scalar(v)
@@ -278,14 +284,33 @@ _EW = {
 }
 
 
+_CONSTS: dict[tuple, torch.Tensor] = {}
+
+
+def constant(x, dtype, device) -> torch.Tensor:
+    """A 0-d tensor of ``x``, made once per value (by its repr: -0.0 is not 0.0), dtype and device.
+    Never written: every op reading it makes a new tensor."""
+    key = (repr(x), dtype, device)
+    t = _CONSTS.get(key)
+    if t is None:
+        if len(_CONSTS) > 65536:
+            _CONSTS.clear()
+        t = _CONSTS[key] = torch.tensor(x, dtype=dtype, device=device)
+    return t
+
+
 def _as_tensor(x, dtype, device):
-    return x if isinstance(x, torch.Tensor) else torch.tensor(x, dtype=dtype, device=device)
+    return x if isinstance(x, torch.Tensor) else constant(x, dtype, device)
+
+
+def _to(t: torch.Tensor, dtype) -> torch.Tensor:
+    return t if t.dtype == dtype else t.to(dtype)
 
 
 def apply_ew(fn: str, args: list, dtype: torch.dtype, device) -> torch.Tensor:
     if fn == "where":
         c, a, b = args
-        return torch.where(c, _as_tensor(a, dtype, device), _as_tensor(b, dtype, device)).to(dtype)
+        return _to(torch.where(c, _as_tensor(a, dtype, device), _as_tensor(b, dtype, device)), dtype)
     if fn == "splat":
         return torch.tensor(args[0], dtype=dtype, device=device)
     if fn == "bitcast":  # the same bits, another type of the width
@@ -293,7 +318,7 @@ def apply_ew(fn: str, args: list, dtype: torch.dtype, device) -> torch.Tensor:
     tensors = [_as_tensor(a, dtype if not isinstance(a, bool) else torch.bool, device) for a in args]
     if fn in ("lt", "le", "gt", "ge", "eq", "ne", "and", "or", "not"):
         return _EW[fn](*tensors)
-    return _EW[fn](*[t.to(dtype) for t in tensors]).to(dtype)
+    return _to(_EW[fn](*[_to(t, dtype) for t in tensors]), dtype)
 
 
 @handles("ew")
@@ -306,7 +331,7 @@ def _ew(it: Interpreter, op: Op):
 
 @handles("cast")
 def _cast(it: Interpreter, op: Op):
-    it.put(op.result, it.get(op.args[0]).to(op.attrs["dtype"].torch))
+    it.put(op.result, _to(it.get(op.args[0]), op.attrs["dtype"].torch))
 
 
 @handles("iota")
@@ -330,22 +355,47 @@ def _map(it: Interpreter, op: Op):
         dst.copy_(torch.broadcast_to(out, dst.shape))
     else:
         t = op.result.type
-        it.put(op.result, torch.broadcast_to(out, [int(d) for d in t.shape]).to(t.dtype.torch).clone())
+        it.put(op.result, _to(torch.broadcast_to(out, [int(d) for d in t.shape]), t.dtype.torch).clone())
 
 
 def _eval(it: Interpreter, node: Node, inputs: list) -> torch.Tensor:
-    dtype = node.dtype.torch
-    if node.kind == "arg":
-        return inputs[node.attr]
-    if node.kind == "const":
-        return torch.tensor(node.attr, dtype=dtype, device=it.device)
-    if node.kind == "scalar":
-        return torch.tensor(it.scalar(node.attr), dtype=dtype, device=it.device)
-    if node.kind == "iota":
-        return torch.arange(int(node.shape[0]), dtype=torch.int32, device=it.device)
-    kids = [_eval(it, c, inputs) for c in node.children]
-    if node.kind == "expand":
-        return kids[0].unsqueeze(node.attr)
-    if node.kind == "cast":
-        return kids[0].to(node.attr.torch)
-    return apply_ew(node.kind, kids, dtype, it.device)
+    return _compiled_node(node)(it, inputs)
+
+
+def _compiled_node(node: Node):
+    """A closure computing ``node`` from a map's inputs, made once and kept on the node: walking
+    the tree at every evaluation (its kinds, dtypes and child lists) was a third of the
+    interpreter's own time on the tiny models' generations."""
+    fn = node.__dict__.get("_interpret")
+    if fn is not None:
+        return fn
+    dtype, kind, attr = node.dtype.torch, node.kind, node.attr
+    if kind == "arg":
+        def fn(it, inputs):
+            return inputs[attr]
+    elif kind == "const":
+        def fn(it, inputs):
+            return constant(attr, dtype, it.device)
+    elif kind == "scalar":
+        def fn(it, inputs):
+            return constant(it.scalar(attr), dtype, it.device)
+    elif kind == "iota":
+        n = int(node.shape[0])
+
+        def fn(it, inputs):
+            return torch.arange(n, dtype=torch.int32, device=it.device)
+    else:
+        kids = [_compiled_node(c) for c in node.children]
+        if kind == "expand":
+            def fn(it, inputs):
+                return kids[0](it, inputs).unsqueeze(attr)
+        elif kind == "cast":
+            to = attr.torch
+
+            def fn(it, inputs):
+                return _to(kids[0](it, inputs), to)
+        else:
+            def fn(it, inputs):
+                return apply_ew(kind, [k(it, inputs) for k in kids], dtype, it.device)
+    object.__setattr__(node, "_interpret", fn)  # a frozen dataclass: the cache is not a field
+    return fn
