@@ -59,3 +59,22 @@ def test_a_prebuilt_signature_is_a_cache_hit_at_its_call(tmp_path, monkeypatch):
     with torch.device("meta"):  # another token count: the same dynamic build
         art = kernel.artifact(x=torch.empty(300, 64), weight=torch.empty(64), y=torch.empty(300, 64))
     assert art.meta["cache"] == "hit" and sorted(tmp_path.rglob("meta.json")) == built
+
+
+def test_duotile_build_takes_a_signature_file(tmp_path, capsys):
+    from duotile.cli import main
+
+    path = tmp_path / "sigs.json"
+    prebuild.save(prebuild.signatures_of([_rmsnorm_calls([4])]), path)
+    assert main(["build", "--signatures", str(path), "--target", "interpret", "--jobs", "1"]) == 0
+    out = capsys.readouterr().out
+    assert "rmsnorm" in out and "1 built, 0 failed (1 signatures from" in out
+    assert main(["build", "--signatures", str(tmp_path / "missing.json"), "--target", "interpret"]) == 2
+    assert "not a list of build signatures" in capsys.readouterr().err
+
+
+def test_save_builds_needs_generated_kernels(capsys):
+    from duotile.cli import main
+
+    assert main(["generate", "--prompt-ids", "1", "--max-tokens", "1", "--save-builds", "x.json"]) == 2
+    assert "--save-builds needs --kernels generated" in capsys.readouterr().err

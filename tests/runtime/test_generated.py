@@ -284,14 +284,21 @@ def test_generated_kernels_take_the_tuned_config(monkeypatch):
     assert module.config == {"ROWS": 2}
 
 
-def test_a_generation_with_a_changing_batch_builds_once_per_width(capsys):
+def test_a_generation_with_a_changing_batch_builds_once_per_width(capsys, tmp_path):
     """Token counts change every step (prefill chunks, a batch that shrinks as requests finish):
-    the rmsnorm build is dynamic in them, so builds are bounded by the distinct widths."""
+    the rmsnorm build is dynamic in them, so builds are bounded by the distinct widths. The
+    generation's build signatures are saved for ``duotile build --signatures``: one a build."""
     from duotile.cli import main
+    from duotile.codegen import prebuild
 
+    sigs = tmp_path / "sigs.json"
     assert main(["generate", "--prompt-ids", "1", "2", "3", "--max-tokens", "4", "--requests", "3",
-                 "--kernels", "generated", "--no-progress"]) == 0
+                 "--kernels", "generated", "--no-progress", "--save-builds", str(sigs)]) == 0
     out = capsys.readouterr().out.splitlines()
+    saved = prebuild.load(sigs)
+    assert sum(s.spec == "rmsnorm" for s in saved) == int(re.search(
+        r"on (\d+) build", next(ln for ln in out if ln.startswith("op rms_norm:"))).group(1))
+    assert f"builds: {len(saved)} signatures written to {sigs}" in out
     line = next(ln for ln in out if ln.startswith("op rms_norm:"))
     calls, builds = (int(n) for n in re.match(r"op rms_norm: (\d+) generated \(on (\d+) build", line).groups())
     assert calls > 20 and 1 <= builds <= 3, line
