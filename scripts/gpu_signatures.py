@@ -34,9 +34,7 @@ def sweep(names: list[str]) -> list[prebuild.Signature]:
         if names and name not in names:
             continue
         spec = SPECS[name]
-        tensors = tuple((n, tuple(t.shape), str(t.dtype).removeprefix("torch."))
-                        for n, t in spec.meta_inputs(case).items() if t is not None)
-        out.append(prebuild.Signature(name, tensors, tuple(sorted(spec.constants_of(case).items()))))
+        out.append(prebuild.Signature.of(name, spec.meta_inputs(case), spec.constants_of(case)))
     return list(dict.fromkeys(out))
 
 
@@ -54,7 +52,7 @@ def runtime(models: list[str]) -> list[prebuild.Signature]:
         ckpt = write_random_checkpoint(get_preset(name), Path(tempfile.mkdtemp()) / name, seed=1234)
         llm = LLM(str(ckpt), kernels="generated")
         each_op_agrees(llm, name)
-        out += prebuild.signatures_of(llm.model.ctx.ops._kernels.values())
+        out += llm.model.ctx.ops.signatures()
     return list(dict.fromkeys(out))
 
 

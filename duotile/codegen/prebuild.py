@@ -39,6 +39,14 @@ class Signature:
         return cls(obj["spec"], tuple((n, tuple(s), d) for n, s, d in obj["tensors"]),
                    tuple(sorted(obj.get("constants", {}).items())))
 
+    @classmethod
+    def of(cls, spec: str, tensors: dict, constants: dict | None = None) -> Signature:
+        """The signature of a call of ``spec`` with ``tensors`` (any device, meta too; ``None``
+        for an optional tensor left out)."""
+        return cls(spec, tuple((n, tuple(int(d) for d in t.shape), str(t.dtype).removeprefix("torch."))
+                               for n, t in tensors.items() if t is not None),
+                   tuple(sorted((constants or {}).items())))
+
     def meta_tensors(self) -> dict:
         """Tensors on the meta device with these shapes and dtypes (what binding reads)."""
         import torch
@@ -54,7 +62,7 @@ def signatures_of(kernels) -> list[Signature]:
     for kernel in kernels:
         for seen in kernel._calls:
             tensors = tuple((n, tuple(int(d) for d in shape), str(dtype).removeprefix("torch."))
-                            for n, shape, dtype, _ in seen)
+                            for n, shape, dtype, _ in seen)  # the call's (name, shape, dtype, device)
             sig = Signature(kernel.kernel.name, tensors, tuple(sorted((kernel.constants or {}).items())))
             key = (sig.spec, kernel.kernel.bind(sig.meta_tensors()).key(), sig.constants)
             if key not in keys:

@@ -113,7 +113,7 @@ def run(args: argparse.Namespace) -> int:
     if args.save_builds:
         from ..codegen import prebuild
 
-        sigs = prebuild.signatures_of(llm.model.ctx.ops._kernels.values())
+        sigs = llm.model.ctx.ops.signatures()
         prebuild.save(sigs, args.save_builds)
         print(f"builds: {len(sigs)} signatures written to {args.save_builds}")
     print(f"speed: {stats.generated_tokens} tokens in {stats.seconds:.2f} s = {stats.tokens_per_second:.1f} tokens/s")

@@ -311,17 +311,10 @@ def test_a_generation_with_a_changing_batch_builds_once_per_width(capsys, tmp_pa
 def _signatures(llm: LLM) -> list[tuple[str, object, dict, dict]]:
     """(spec, kernel, meta tensors, constants) for every build the engine's kernels made: one call
     of each signature with its dynamic sizes left out (a GPU target builds those once too)."""
-    out, keys = [], set()
-    for kernel in llm.model.ctx.ops._kernels.values():
-        for seen in kernel._calls:
-            with torch.device("meta"):
-                tensors = {name: torch.empty(shape, dtype=dtype) for name, shape, dtype, _ in seen}
-            consts = tuple(sorted((kernel.constants or {}).items()))
-            key = (kernel.kernel.name, kernel.kernel.bind(tensors).key(), consts)
-            if key not in keys:
-                keys.add(key)
-                out.append((kernel.kernel.name, kernel.kernel, tensors, kernel.constants or {}))
-    return out
+    from duotile.kernels_spec import get
+
+    return [(sig.spec, get(sig.spec).kernel, sig.meta_tensors(), dict(sig.constants))
+            for sig in llm.model.ctx.ops.signatures()]
 
 
 def every_build_lowers_for_the_gpu_targets(llm: LLM) -> None:

@@ -78,6 +78,13 @@ class GeneratedOps(DenseKernels, AttentionKernels, StreamKernels, MoEKernels):
             out[op] = out.get(op, 0) + len(kernel._cache)
         return out
 
+    def signatures(self) -> list:
+        """The distinct build signatures of the calls made so far (``codegen.prebuild``): what
+        ``duotile build --signatures`` builds ahead for another run."""
+        from ...codegen.prebuild import signatures_of
+
+        return signatures_of(self._kernels.values())
+
     def _kernel(self, spec_name: str, device: torch.device, constants: dict) -> Any:
         from ... import codegen
         from ...kernels_spec import get
