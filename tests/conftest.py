@@ -1,14 +1,23 @@
-"""Shared test setup: a private artifact cache per session, so builds in tests really compile."""
+"""Shared test setup: a fresh artifact cache per test session, so builds in tests really compile."""
 
 from __future__ import annotations
+
+import os
 
 import pytest
 
 
 @pytest.fixture(scope="session", autouse=True)
 def _private_cache(tmp_path_factory):
+    """One artifact cache for the test session, shared by its xdist workers (the store publishes
+    an entry atomically, so workers building one artifact at once end on one verified entry): a
+    kernel two workers' tests build compiles once. Tests of the cache itself use their own."""
+    base = tmp_path_factory.getbasetemp()
+    root = base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base
+    path = root / "duotile-cache"
+    path.mkdir(exist_ok=True)
     mp = pytest.MonkeyPatch()
-    mp.setenv("DUOTILE_CACHE", str(tmp_path_factory.mktemp("duotile-cache")))
+    mp.setenv("DUOTILE_CACHE", str(path))
     yield
     mp.undo()
 

@@ -85,9 +85,11 @@ def bucket_distance(a: dict[str, int], b: dict[str, int]) -> float:
 
 
 def nearest_shipped(kernel: KernelDef, target: str, sig: Signature, constants: dict | None = None,
-                    path=None, skipped: list[str] | None = None) -> dict[str, Any] | None:
-    """The shipped entry nearest to this call's bucket (ties: the larger bucket), or None; an
-    entry today's code refuses is noted in ``skipped`` and the next nearest is tried."""
+                    path=None, skipped: list[str] | None = None,
+                    max_octaves: float = MAX_OCTAVES) -> dict[str, Any] | None:
+    """The shipped entry nearest to this call's bucket within ``max_octaves`` (ties: the larger
+    bucket), or None; an entry today's code refuses is noted in ``skipped`` and the next nearest
+    is tried."""
     from ..passes.autotune import cache as tcache
 
     table = tcache.TuningCache(path or tcache.SHIPPED, read_only=True)
@@ -102,7 +104,7 @@ def nearest_shipped(kernel: KernelDef, target: str, sig: Signature, constants: d
                                                     "toolchain"))
         device_ok = key.get("device") == local or local.startswith("model:")
         d = bucket_distance(key.get("bucket", {}), want["bucket"]) if same and device_ok else math.inf
-        if d <= MAX_OCTAVES:
+        if d <= max_octaves:
             ranked.append((d, -sum(key["bucket"].values()), len(ranked), entry))
     for *_, entry in sorted(ranked, key=lambda r: r[:3]):
         why = tcache.entry_problem(kernel, target, sig.shapes, entry.get("config"), sig.dtypes, sig.present, constants)
@@ -165,10 +167,53 @@ def load_starting(path=None) -> list[dict]:
         return []
 
 
+_CHOICES: dict[tuple, tuple[KernelDef, dict[str, Any] | None]] = {}  # target_choice's answers, by call
+_CHOICES_MAX = 4096
+
+
 def target_choice(kernel: KernelDef, target: str, sig: Signature,
                   constants: dict | None = None) -> dict[str, Any] | None:
-    """The cost model's best config that the target accepts, found by a coordinate search, or
-    None for the defaults.
+    """The cost model's best config that the target accepts, or None for the defaults. A pure
+    function of the kernel, the target, the call's sizes and dtypes and the constants, so each
+    answer is kept for the process: a model's shapes repeat across the targets, the batch sizes of
+    a dynamic batch and the phases of a generation (``_choose``)."""
+    key = (id(kernel), target, sig.key(), tuple(sorted(sig.shapes.items())),
+           tuple(sorted((k, repr(v)) for k, v in (constants or {}).items())))
+    hit = _CHOICES.get(key)
+    if hit is None or hit[0] is not kernel:  # the kernel is kept beside its answer: an id is not reused
+        if len(_CHOICES) >= _CHOICES_MAX:
+            _CHOICES.clear()
+        hit = _CHOICES[key] = (kernel, _choose(kernel, target, sig, constants))
+    return dict(hit[1]) if hit[1] is not None else None
+
+
+def _choose(kernel: KernelDef, target: str, sig: Signature, constants: dict | None) -> dict[str, Any] | None:
+    """``target_choice``'s search: the first of ``ranked_configs``, or None where that is the default."""
+    ranked = ranked_configs(kernel, target, sig, constants)
+    if not ranked:
+        return None
+    from ..passes.autotune.space import config_key
+
+    return None if config_key(ranked[0]) == config_key(_space(kernel, target, sig, constants)[1].default()) \
+        else ranked[0]
+
+
+def _space(kernel: KernelDef, target: str, sig: Signature, constants: dict | None):
+    """(the traced module if it is one launch else None, the kernel's config space on the target)."""
+    from ..passes.autotune.space import ConfigSpace
+    from .target import get_target
+
+    traced = kernel.trace(sig.dtypes, sig.present, None, constants)
+    one = traced if len(traced.body.ops) == 1 else None  # the knob filter reads a single launch
+    return one, ConfigSpace.from_kernel(kernel, get_target(target), module=one)
+
+
+def ranked_configs(kernel: KernelDef, target: str, sig: Signature, constants: dict | None = None,
+                   knobs: dict[str, Any] | None = None, count: int = 1) -> list[dict[str, Any]]:
+    """Up to ``count`` configs the target accepts, best first by the cost model, found by a
+    coordinate search; empty for a target the model does not know (the interpreter). With
+    ``knobs``, every config has those target knobs (a schedule chosen by measurement) and the
+    search moves the kernel's tunables alone.
 
     Start: the best of the defaults, the target's start points and their neighbours. Then, in
     turn for each tunable of the kernel, every value of its space with the others held, keeping
@@ -177,7 +222,7 @@ def target_choice(kernel: KernelDef, target: str, sig: Signature,
     1, a few steps away through configs that are each slower than the last."""
     from ..passes.autotune.constraints import Constraints
     from ..passes.autotune.cost_model import estimate_phases
-    from ..passes.autotune.space import ConfigSpace, config_key
+    from ..passes.autotune.space import config_key
     from .target import get_target
 
     tgt = get_target(target)
@@ -186,22 +231,23 @@ def target_choice(kernel: KernelDef, target: str, sig: Signature,
     except (AttributeError, KeyError, NotImplementedError):
         machine = None
     if machine is None:  # a target the cost model does not know (the interpreter): its defaults
-        return None
-    traced = kernel.trace(sig.dtypes, sig.present, None, constants)
-    one = traced if len(traced.body.ops) == 1 else None  # the knob filter reads a single launch
-    space = ConfigSpace.from_kernel(kernel, tgt, module=one)
+        return []
+    one, space = _space(kernel, target, sig, constants)
     default = space.default()
     pool = [default]
-    for partial in (tgt.start_points(one) if one is not None else []):
-        pool.append({**default, **partial})
-    if tgt.modelled:  # knobs move too there, one step from each start (the search below walks tunables)
-        for base in list(pool):
-            pool.extend(space.neighbours(base))
+    if knobs is None:
+        for partial in (tgt.start_points(one) if one is not None else []):
+            pool.append({**default, **partial})
+        if tgt.modelled:  # knobs move too there, one step from each start (the search below walks tunables)
+            for base in list(pool):
+                pool.extend(space.neighbours(base))
     # every tunable at its least value (the smallest tiles): a start that fits where the defaults
     # overflow more than one size at once, which a search moving one tunable at a time cannot leave
     pool.append({**default, **{k: min(space.params[k].values()) for k in kernel.tunables
                                if k not in space.pinned and _numeric(space.params[k].values())}})
-    if not tgt.modelled:  # a target we measure on: the model moves tile sizes only, never the
+    if knobs is not None:  # the given schedule on every config (knobs this kernel lacks are not set)
+        pool = [{**c, **{k: v for k, v in knobs.items() if k in c}} for c in pool]
+    elif not tgt.modelled:  # a target we measure on: the model moves tile sizes only, never the
         # schedule knobs, whose combinations only measurements (the shipped table) may choose
         pool = [c for c in pool if all(c[k] == default[k] for k in c if k not in kernel.tunables)]
     cons = Constraints(kernel, sig, target, constants)
@@ -238,14 +284,17 @@ def target_choice(kernel: KernelDef, target: str, sig: Signature,
             best = pick((best, *({**best, name: v} for v in space.params[name].values())))
         if config_key(best) == before:
             break
-    # the chosen config if the target's own lowering and capacity checks accept it, else the
-    # next by the same order
+    # the chosen config first if the target's own lowering and capacity checks accept it, then the
+    # others by the same order
     ranked = sorted((k for k in scores if scores[k] < math.inf),
                     key=lambda k: (k != config_key(best), scores[k], away(seen[k])))
+    out = []
     for k in ranked:
         if cons.check(seen[k]).ok:
-            return None if k == config_key(default) else seen[k]
-    return None
+            out.append(seen[k])
+            if len(out) == count:
+                break
+    return out
 
 
 def _numeric(values: list) -> bool:

@@ -190,11 +190,11 @@ class TileLangCuda(Target):
         cu.write_text(cuda)
         t0 = time.perf_counter()
         flags = toolchain.device_flags(configs)  # what tilelang.compile passes nvcc on the GPU
-        report = toolchain.nvcc(str(cu), self.arch.sm, str(work / "kernel.cubin"), "cubin", flags)
+        report = toolchain.nvcc(str(cu), self.arch.sm, str(work / "kernel.cubin"), "cubin", flags,
+                                ptx_path=str(work / "kernel.ptx"))
         artifact.timings["nvcc"] = time.perf_counter() - t0
         artifact.meta["ptxas"] = toolchain.ptxas_stats(report)  # spills: a config slower than it looks
         artifact.files["cubin"] = str(work / "kernel.cubin")
-        toolchain.nvcc(str(cu), self.arch.sm, str(work / "kernel.ptx"), "ptx", flags)
         artifact.stages["ptx"] = (work / "kernel.ptx").read_text()
         sass = toolchain.sass(str(work / "kernel.cubin"))
         if sass is not None:

@@ -86,18 +86,30 @@ def device_flags(configs: dict) -> list[str]:
     return flags + (["--use_fast_math"] if configs.get("tl.enable_fast_math") else [])
 
 
-def nvcc(cu_path: str, sm: str, out_path: str, kind: str, flags: list[str] = ()) -> str:
-    """``kind``: 'cubin' or 'ptx'; ``flags``: more nvcc options (``device_flags``). Returns nvcc's
-    messages (for a cubin, ptxas's resource report); raises RuntimeError with nvcc's message on failure."""
+def nvcc(cu_path: str, sm: str, out_path: str, kind: str, flags: list[str] = (), ptx_path: str | None = None) -> str:
+    """``kind``: 'cubin' or 'ptx'; ``flags``: more nvcc options (``device_flags``). A cubin build
+    given ``ptx_path`` also leaves the PTX it assembled there (nvcc's kept intermediate: one front
+    end run for both). Returns nvcc's messages (for a cubin, ptxas's resource report); raises
+    RuntimeError with nvcc's message on failure."""
     exe = shutil.which("nvcc")
     if exe is None:
         raise RuntimeError("nvcc is not on PATH: cannot compile generated CUDA")
     verbose = ["-Xptxas", "-v"] if kind == "cubin" else []
+    keep = Path(out_path).parent / f".{Path(out_path).stem}-keep" if kind == "cubin" and ptx_path else None
+    if keep is not None:
+        keep.mkdir(exist_ok=True)
     cmd = [exe, "-std=c++17", f"-arch={sm}", f"-{kind}", "-O3", "-w", *verbose, *flags,
+           *(["-keep", f"--keep-dir={keep}"] if keep is not None else []),
            *(f"-I{d}" for d in include_dirs()), cu_path, "-o", out_path]
-    proc = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ})
-    if proc.returncode != 0:
-        raise RuntimeError(f"nvcc -arch={sm} -{kind} failed:\n{proc.stderr[-4000:]}")
+    try:
+        proc = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ})
+        if proc.returncode != 0:
+            raise RuntimeError(f"nvcc -arch={sm} -{kind} failed:\n{proc.stderr[-4000:]}")
+        if keep is not None:
+            shutil.move(str(keep / f"{Path(cu_path).stem}.ptx"), ptx_path)
+    finally:
+        if keep is not None:
+            shutil.rmtree(keep, ignore_errors=True)
     return proc.stderr + proc.stdout
 
 

@@ -205,9 +205,7 @@ class Constraints:
         search tries many such neighbours. A trace error is not kept (it is raised again)."""
         kern = tuple(sorted((k, repr(v)) for k, v in config.items() if k in self.kernel.tunables))
         if kern not in self._traced:
-            bound = self.bound(config)
-            phases = [fuse_elementwise(Rewriter().module(p)) for p in split_phases(bound)]
-            self._traced[kern] = bound, phases, [estimate_usage(p) for p in phases]
+            self._traced[kern] = _shared_trace(self, kern, config)
         knobs = {k: v for k, v in config.items() if k not in self.kernel.tunables}
         return *self._traced[kern], knobs, get_target(self.target)
 
@@ -227,3 +225,26 @@ class Constraints:
         except UnsupportedError as err:
             return [f"unsupported on {self.target}: {err}"]
         return []
+
+
+# traces by call and tile config, for every Constraints of the process: the trace does not depend on
+# the target, so a shape's config searches on sm90, sm100 and ascend950 (and a dynamic batch's
+# sizes, and a tuning sweep after the choice of a default) share them. Nothing mutates a kept
+# trace: the checks lower copies.
+_TRACES: dict[tuple, tuple] = {}
+_TRACES_MAX = 1024
+
+
+def _shared_trace(cons: Constraints, kern: tuple, config: dict[str, Any]):
+    sig = cons.sig
+    key = (id(cons.kernel), tuple(sorted((k, v.name) for k, v in sig.dtypes.items())),
+           tuple(sorted(sig.present.items())), tuple(sorted(sig.shapes.items())),
+           tuple(sorted((k, repr(v)) for k, v in (cons.constants or {}).items())), kern)
+    hit = _TRACES.get(key)
+    if hit is None or hit[0] is not cons.kernel:  # the kernel is kept beside its trace: an id is not reused
+        bound = cons.bound(config)
+        phases = [fuse_elementwise(Rewriter().module(p)) for p in split_phases(bound)]
+        if len(_TRACES) >= _TRACES_MAX:
+            _TRACES.clear()
+        hit = _TRACES[key] = (cons.kernel, bound, phases, [estimate_usage(p) for p in phases])
+    return hit[1:]

@@ -88,7 +88,9 @@ def test_the_targets_own_capacity_model_has_the_last_word(monkeypatch):
 
 def test_one_trace_per_config_serves_the_estimator_and_the_targets_check(monkeypatch):
     from duotile.codegen.target import get_target
+    from duotile.passes.autotune import constraints
 
+    monkeypatch.setattr(constraints, "_TRACES", {})  # the process's traces: none yet
     c = gemm_constraints("sm90")
     calls = {"trace": 0, "lower": 0}
 
@@ -108,6 +110,22 @@ def test_one_trace_per_config_serves_the_estimator_and_the_targets_check(monkeyp
     # a neighbour that moves a target knob alone reuses the trace; the target still lowers it
     assert c.check({"BM": 128, "BN": 128, "BK": 64, "STAGES": 3, "threads": 128}).ok
     assert calls == {"trace": 2, "lower": 2}
+
+
+def test_targets_checking_one_call_share_its_traces(monkeypatch):
+    """The trace of a tile config does not depend on the target: a shape's searches on sm90, sm100
+    and ascend950 trace each tile config once between them."""
+    from duotile.passes.autotune import constraints
+
+    monkeypatch.setattr(constraints, "_TRACES", {})
+    first, second = gemm_constraints("sm90"), gemm_constraints("sm100")
+    calls = []
+    real = first.kernel.trace
+    monkeypatch.setattr(first.kernel, "trace", lambda *a, **kw: calls.append(1) or real(*a, **kw))
+    tiles = {"BM": 128, "BN": 128, "BK": 64, "STAGES": 3}
+    assert first.check(tiles, full=False).ok and second.check(tiles, full=False).ok
+    assert len(calls) == 1
+    assert second.check({**tiles, "BN": 64}, full=False).ok and len(calls) == 2  # other tiles: a trace of their own
 
 
 def test_a_shared_trace_is_not_changed_by_the_targets_lowering():
