@@ -6,6 +6,10 @@
 #   bash benchmarks/gpu_run.sh tune NAMES      # tune_sweep.py --budget quick --only NAMES
 #   bash benchmarks/gpu_run.sh profile [ARGS]  # ncu: a kernel and its peer, one launch each
 #                                              # (profile_kernel.py --kernel attention|gemm_fp8)
+#   bash benchmarks/gpu_run.sh tune-model KERNEL MODEL [PATTERN ...]
+#                                              # duotile tune KERNEL --model MODEL --shapes PATTERN
+#                                              # --budget shortlist --jobs 15 --ship: the shipped table
+#                                              # for those shapes (copied to $OUT/tuning.json)
 #   bash benchmarks/gpu_run.sh prebuild FILE   # duotile build --signatures FILE, 15 processes: the
 #                                              # builds a later phase meets (scripts/gpu_signatures.py
 #                                              # lists them), into $DUOTILE_CACHE and TileLang's cache
@@ -21,6 +25,7 @@ mkdir -p "$OUT" "$WORK"
 limit=${PHASE_LIMIT:-540}
 phase=${1:-tests}; shift || true
 tag=$phase; [ "$phase" = tune ] && tag="tune_${1:-gemm_fp8}"  # chained sweeps keep their own log and tables
+[ "$phase" = tune-model ] && tag="tune_${1:-gemm}_${2:-v41-flash}"
 log="$WORK/$tag.log"
 { nvidia-smi --query-gpu=name,clocks.sm,clocks.mem --format=csv
   python3 -c "import torch, tilelang; print('torch', torch.__version__, 'tilelang', tilelang.__version__)"; } >"$log"
@@ -37,9 +42,14 @@ case "$phase" in
              -f -o "$WORK/profile" python3 benchmarks/profile_kernel.py "$@" 2>&1 | grep -v "TileLang:" >>"$log"
            ncu --import "$WORK/profile.ncu-rep" --page details >"$WORK/profile_details.txt" 2>&1
            cp "$WORK/profile_details.txt" "$OUT/" ;;
+  tune-model) kernel=$1 model=$2; shift 2; pats=(); for p in "${@:-*}"; do pats+=(--shapes "$p"); done
+         timeout "$limit" python3 -m duotile tune "$kernel" --model "$model" "${pats[@]}" --budget shortlist \
+           --jobs "${PREBUILD_JOBS:-15}" --ship --no-progress 2>&1 | grep -v "TileLang:\|ThreadSync" >>"$log"
+         cp duotile/tuned/tuning.json "$OUT/" ;;
   prebuild) timeout "$limit" python3 -m duotile build --signatures "$1" --target sm90 --jobs "${PREBUILD_JOBS:-15}" \
              2>&1 | grep -v "TileLang:\|Warning: \[ThreadSync\]" >>"$log" ;;
-  *) echo "unknown phase $phase (tests | bench | tune NAMES | profile [ARGS] | prebuild FILE)"; exit 2 ;;
+  *) echo "unknown phase $phase (tests | bench | tune NAMES | tune-model KERNEL MODEL [PATTERN ...] | profile [ARGS]" \
+          "| prebuild FILE)"; exit 2 ;;
 esac
 status=$?
 tail -n 45 "$log"

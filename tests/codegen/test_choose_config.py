@@ -166,3 +166,21 @@ def test_a_pipelined_program_waits_its_own_latency():
     assert two.resident == five.resident == 1
     assert two.bound == "latency" and two.time_s > 1.5 * five.time_s
     assert est({"warp_specialize": "off"}, STAGES=2).resident > 1  # no producer warp group: several fit
+
+
+def test_the_target_choice_is_searched_once_a_call_and_handed_out_as_a_copy(monkeypatch):
+    """The cost model's pick is a pure function of the kernel, target, call and constants: the
+    process keeps it (a model's shapes repeat across targets and batch sizes). The caller gets a
+    copy, so changing it does not change the next caller's."""
+    monkeypatch.setattr(cc, "_CHOICES", {})
+    searched = []
+    real = cc._choose
+    monkeypatch.setattr(cc, "_choose", lambda *a: searched.append(a[1]) or real(*a))
+    spec = get("gemm")
+    sig = spec.kernel.bind(spec.meta_inputs({"M": 64, "N": 1024, "K": 4096}))
+    first = cc.target_choice(spec.kernel, "sm100", sig)
+    assert first is not None and searched == ["sm100"]
+    first["BM"] = -1
+    assert cc.target_choice(spec.kernel, "sm100", sig)["BM"] != -1 and searched == ["sm100"]
+    cc.target_choice(spec.kernel, "sm90", sig)  # another target: a search of its own
+    assert searched == ["sm100", "sm90"]

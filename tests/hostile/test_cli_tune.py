@@ -139,3 +139,19 @@ def test_a_report_that_cannot_be_written_goes_to_the_cache_and_says_so(capsys, t
     assert f"report: {kept} (could not write {out_dir / 'rmsnorm_interpret.json'}: No space left on device)" in out
     assert json.loads(kept.read_text())["kernel"] == "rmsnorm"
     assert (out_dir / "rmsnorm_interpret.png").exists()  # the plot could go where it was asked
+
+
+def test_shortlist_and_shape_flags_say_what_they_need(capsys):
+    from duotile.cli import main
+
+    for argv, want in ((["tune", "gemm", "--shapes", "x"], "--shapes picks and builds a model's shapes: give --model"),
+                       (["tune", "gemm", "--budget", "shortlist", "--case", "bf16_128"], "give --model too"),
+                       (["tune", "gemm", "--model", "v41-flash", "--target", "sm100", "--budget", "shortlist"],
+                        "sm100 ranks by a cost model: use --budget quick"),
+                       (["tune", "gemm", "--model", "v41-flash", "--target", "sm100", "--shapes", "nope*"],
+                        "no v41-flash shape of gemm matches"),
+                       (["tune", "gemm", "--model", "v41-flash", "--target", "sm100", "--jobs", "0"],
+                        "--jobs 0: give 1 or more")):
+        assert main(argv) == 2, argv
+        err = capsys.readouterr().err
+        assert want in err and err.count("\n") == 1, err

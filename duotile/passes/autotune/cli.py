@@ -65,11 +65,18 @@ def register(subparsers) -> None:
     p.add_argument("--model", default=None, choices=("v41-flash", "v4-flash"),
                    help="tune every shape this model needs (the spec's model shapes, one sweep per shape "
                         "bucket) instead of one case; --budget defaults to quick then")
+    p.add_argument("--shapes", action="append", default=[], metavar="PATTERN",
+                   help="with --model: only the model shapes whose name matches (fnmatch, e.g. '*/prefill*' or "
+                        "'v41/wq_b/*'; repeatable; shape names are <model>/<what>/<phase>) (default: every shape)")
+    p.add_argument("--jobs", type=int, default=1, metavar="N",
+                   help="with --model and --budget shortlist: build every bucket's candidates first, in N "
+                        "processes (default: 1, each candidate built when its bucket is measured)")
     p.add_argument("--ship", action="store_true",
                    help="with --model: write the results into the table shipped with duotile "
                         "(duotile/tuned/tuning.json) instead of the user's tuning cache")
     p.add_argument("--budget", default=None, choices=tuple(BUDGETS),
-                   help=f"how much to try ({budgets}); default: default, or quick with --model")
+                   help=f"how much to try ({budgets}: shortlist measures the default and a list fixed before any "
+                        f"measurement, for --model sweeps on a GPU); default: default, or quick with --model")
     p.add_argument("--strategy", default="auto", choices=("auto", "exhaustive", "random", "pattern"),
                    help="search over the space; auto: exhaustive where the space fits the budget, else "
                         "pattern search (sm100 / ascend950 always rank by the cost model)")
@@ -215,6 +222,11 @@ def run(args) -> int:
         return run_model(spec, args)
     if args.ship:
         raise ValueError("--ship writes a whole model's sweep into the shipped table: give --model too")
+    if args.shapes or args.jobs != 1:
+        flag = "--shapes" if args.shapes else "--jobs"
+        raise ValueError(f"{flag} picks and builds a model's shapes: give --model too")
+    if args.budget == "shortlist":
+        raise ValueError("--budget shortlist measures a list made for each of a model's shapes: give --model too")
     case = resolve_case(spec, args.case, args.shape)
     tgt = check_target(args.target, args.device)
     check_pins(spec, tgt, args.pin)
@@ -242,12 +254,21 @@ def run_model(spec, args) -> int:
 
     if args.case or args.shape or args.pin or args.also_try:
         raise ValueError("--model tunes the spec's own model shapes: drop --case, --shape, --pin and --also-try")
-    check_target(args.target, args.device)
+    tgt = check_target(args.target, args.device)
     if not spec.model_cases(args.model):
         raise ValueError(f"{spec.name} declares no shapes for {args.model}")
+    if args.jobs < 1:
+        raise ValueError(f"--jobs {args.jobs}: give 1 or more processes")
+    if args.budget == "shortlist" and tgt.modelled:
+        raise ValueError(f"--budget shortlist is a list for a measurement to choose from; {tgt.name} ranks by a "
+                         "cost model: use --budget quick")
+    if not model_sweep.plan(spec, args.model, args.shapes):
+        names = list(spec.model_cases(args.model))
+        raise ValueError(f"--shapes {' '.join(args.shapes)}: no {args.model} shape of {spec.name} matches; it has "
+                         f"{len(names)}, e.g. {', '.join(names[:4])}")
     runs = model_sweep.sweep(spec, args.model, args.target, budget=args.budget or "quick", ship=args.ship,
                              cache_dir=None if args.no_cache else args.cache_dir, progress=not args.no_progress,
-                             seed=args.seed)
+                             seed=args.seed, shapes=args.shapes or None, jobs=args.jobs)
     print(model_sweep.table(runs))
     where = model_sweep.SHIPPED if args.ship else "the tuning cache"
     print(f"  {sum(r.result is not None and r.result.best is not None for r in runs)} of {len(runs)} shape buckets "

@@ -76,11 +76,12 @@ def tune(spec: Spec, case: dict, target: str, *, budget: str = "default", strate
          relations: list[str] = (), cache_dir: str | None = None, write_cache: bool = True,
          progress: bool = True, runner_options: dict | None = None,
          on_trial: Callable[[Trial], None] | None = None, finalists: int = 3, rounds: int = 3,
-         also_try: list[dict[str, Any]] = ()) -> TuneResult:
+         also_try: list[dict[str, Any]] = (), start_points: bool = True) -> TuneResult:
     """``finalists`` of the fastest measured candidates (and the default) are re-timed side by
     side, ``rounds`` times, before the best is chosen (``confirm``); 0 skips that. ``also_try``:
     partial configs (over the default) measured right after it, after the target's own
-    ``start_points``; the search starts from the best."""
+    ``start_points`` (unless ``start_points`` is false: a shortlist holds its own); the search
+    starts from the best."""
     t_start = time.monotonic()
     kernel = spec.kernel
     bud = get_budget(budget)
@@ -98,7 +99,8 @@ def tune(spec: Spec, case: dict, target: str, *, budget: str = "default", strate
     if kernel.batch_dim:
         notes.append(f"batch-invariant in {kernel.batch_dim}: reductions checked; the cached config "
                      f"serves every {kernel.batch_dim}")
-    starts = [start_point(space, partial) for partial in [*tgt.start_points(traced), *also_try]]
+    own = tgt.start_points(traced) if start_points else []
+    starts = [start_point(space, partial) for partial in [*own, *also_try]]
     cons = Constraints(kernel, sig, target, runner.constants, relations, space.owners)
     trials: list[Trial] = []
     bar = _progress(bud.max_candidates, f"tune {kernel.name} {target}") if progress else None

@@ -43,3 +43,58 @@ def test_cli_sweeps_a_model_and_prints_one_table(tmp_path, capsys, monkeypatch):
     assert code == 0 and "shape buckets tuned" in out and "ROWS=1" in out and "2.000x" in out
     assert len(asked) == len(model_sweep.plan(get("rmsnorm"), "v4-flash"))
     assert all(budget == "quick" and where == str(tmp_path) for _, budget, where in asked)
+
+
+def test_shape_patterns_pick_some_of_a_models_shapes():
+    spec = get("gemm")
+    runs = model_sweep.plan(spec, "v41-flash", ["*/prefill*"])
+    assert runs and all(r.bucket["M"] == 4096 for r in runs)
+    assert {r.shape for r in model_sweep.plan(spec, "v41-flash", ["v41/wq_b/*"])} == {
+        f"v41/wq_b/{p}" for p in ("decode1", "decode16", "decode64", "prefill4096")}
+    assert model_sweep.plan(spec, "v41-flash", ["no/such/*"]) == []
+
+
+def test_a_shortlist_sweep_builds_every_bucket_first_then_measures_each_list(monkeypatch, capsys):
+    """--budget shortlist: each bucket's list (fixed before measuring) is built for all buckets at
+    once, then each bucket measures exactly its list, without the target's own start points."""
+    from types import SimpleNamespace
+
+    from duotile.passes.autotune import shortlist, tuner
+
+    spec, built, measured = get("gemm"), [], []
+    monkeypatch.setattr(shortlist, "shortlist", lambda spec, case, target: [{"BN": case["N"] % 7}, {"BN": 1}])
+    monkeypatch.setattr(model_sweep, "prebuild_configs", lambda spec, jobs, target, n: built.extend(jobs) or [])
+
+    def fake_tune(spec, case, target, **kw):
+        assert built, "measured before the builds"
+        measured.append((case["N"], kw["also_try"], kw["start_points"], kw["budget"]))
+        return SimpleNamespace(best=None, default=None, speedup=None)
+
+    monkeypatch.setattr(tuner, "tune", fake_tune)
+    runs = model_sweep.sweep(spec, "v41-flash", "sm90", budget="shortlist", shapes=["*/prefill*"], jobs=4,
+                             progress=False)
+    assert len(built) == 2 * len(runs) == 2 * len(measured)
+    assert all(also == [{"BN": n % 7}, {"BN": 1}] and not own and b == "shortlist" for n, also, own, b in measured)
+    assert capsys.readouterr().out.count("[") >= len(runs)
+
+
+def test_shortlist_holds_the_users_config_the_default_and_the_measured_schedule():
+    """gemm at a V4.1 prefill shape: the config a user gets, the defaults, the shipped 8192^3 entry
+    (a measured schedule) and the cost model's tiles under that entry's knobs; every one accepted."""
+    from duotile.codegen.choose_config import explain_choice, nearest_shipped
+    from duotile.passes.autotune.constraints import Constraints
+    from duotile.passes.autotune.shortlist import shortlist
+    from duotile.passes.autotune.space import config_key
+
+    spec = get("gemm")
+    case = spec.model_cases()["v41/wq_b/prefill4096"]
+    got = shortlist(spec, case, "sm90")
+    sig = spec.kernel.bind(spec.meta_inputs(case))
+    chosen = explain_choice(spec.kernel, "sm90", sig, spec.constants_of(case))[0]
+    entry = nearest_shipped(spec.kernel, "sm90", sig, max_octaves=float("inf"))
+    assert entry is not None and 4 <= len(got) <= 8 and len({config_key(c) for c in got}) == len(got)
+    assert all(chosen.items() <= c.items() for c in got[:1]) and any(entry.items() <= c.items() for c in got)
+    knobs = {k: v for k, v in entry.items() if k not in spec.kernel.tunables}
+    assert sum(knobs.items() <= c.items() for c in got) >= 3  # the entry and the model's tiles under its schedule
+    cons = Constraints(spec.kernel, sig, "sm90")
+    assert all(cons.check(c).ok for c in got)

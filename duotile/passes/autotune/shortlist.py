@@ -1,0 +1,110 @@
+"""A short list of configs worth measuring at one shape, known before anything is measured.
+
+A search (``strategies.py``) decides its next candidates from the last measurements, so its
+builds cannot be made ahead. A model's sweep over dozens of shapes is dominated by those builds
+(seconds each on sm90), so ``duotile tune --model ... --budget shortlist`` measures a list fixed up
+front instead, which ``model_sweep`` builds for every shape at once in worker processes:
+
+1. the config a user gets today with none given (``choose_config``): what a shipped entry must beat;
+2. the kernel's defaults (a sweep's speed-up is against them);
+3. the nearest measured entry of the shipped table for this kernel, target and dtypes at any
+   distance and with any constants (a schedule that won on this GPU, e.g. at 8192^3, or causal
+   attention's from the non-causal sweep), the cost model's best tiles at this shape under that entry's target knobs
+   (``ranked_configs``), and from those the model's best other value of each tunable in turn,
+   the best few of them: one config moves the tile's width, another its depth, another the K
+   split, so the list spans what the model can rank least well (wave quantisation, pipelining)
+   rather than one axis;
+4. the same tiles under the schedule of the user's config, where room is left (all of it where
+   the target refuses the measured schedule at this shape).
+
+Every config on the list is one the target's checks accept.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from ...codegen.choose_config import bucket_distance, explain_choice, ranked_configs
+from .constraints import Constraints
+from .space import ConfigSpace, config_key
+
+MODEL_PICKS = 3  # runners-up along the tunables' axes, under the measured schedule
+
+
+def shortlist(spec, case: dict, target: str, size: int = 8) -> list[dict[str, Any]]:
+    """At most ``size`` full configs (tunables and target knobs) for ``case`` on ``target``."""
+    from ...codegen.target import get_target
+
+    kernel = spec.kernel
+    sig = kernel.bind(spec.meta_inputs(case))
+    constants = spec.constants_of(case)
+    traced = kernel.trace(sig.dtypes, sig.present, None, constants)
+    one = traced if len(traced.body.ops) == 1 else None
+    space = ConfigSpace.from_kernel(kernel, get_target(target), module=one).starting_at(spec.config_of(case, target))
+    default = space.default()
+    chosen, _, _ = explain_choice(kernel, target, sig, constants)
+    out = [{**default, **(chosen or {})}, default]
+    entry = nearest_measured(kernel, target, sig)
+    schedules = []  # target knobs the model's tiles are ranked under: a measured one first
+    if entry is not None:
+        out.append({**default, **entry})
+        schedules.append({k: v for k, v in entry.items() if k not in kernel.tunables})
+    schedules.append({k: v for k, v in out[0].items() if k not in kernel.tunables})  # the user's today
+    for knobs in schedules:
+        best = ranked_configs(kernel, target, sig, constants, knobs=knobs)
+        if best:  # none where the target refuses these knobs at this shape (a pair of blocks, say)
+            out += [best[0], *axis_runners_up(kernel, target, sig, constants, space, best[0], MODEL_PICKS)]
+    cons = Constraints(kernel, sig, target, constants)
+    kept, seen = [], set()
+    for c in out:
+        key = config_key(c)
+        if key not in seen and cons.check(c).ok:
+            seen.add(key)
+            kept.append(c)
+    return kept[:size]
+
+
+def nearest_measured(kernel, target: str, sig, path=None) -> dict[str, Any] | None:
+    """The config of the shipped table's measured entry nearest to this call's bucket among those of
+    the same kernel, target, dtypes and toolchain, whatever their constants (None if there is none).
+    It is a candidate to measure, not a config to use: ``shortlist`` keeps it only where the
+    target's checks accept it here."""
+    from . import cache as tcache
+
+    table = tcache.TuningCache(path or tcache.SHIPPED, read_only=True)
+    want = tcache.make_key(kernel, target, sig.shapes, dtypes=sig.dtypes, present=sig.present)
+    near = []
+    for i, entry in enumerate(table.entries.values()):
+        key = entry.get("key", {})
+        if entry.get("metric") != "measured" or not isinstance(entry.get("config"), dict):
+            continue
+        if all(key.get(f) == want[f] for f in ("kernel", "target", "dtypes", "toolchain")):
+            near.append((bucket_distance(key.get("bucket", {}), want["bucket"]), i, entry["config"]))
+    return dict(min(near)[2]) if near else None
+
+
+def axis_runners_up(kernel, target: str, sig, constants, space: ConfigSpace, best: dict[str, Any],
+                    n: int) -> list[dict[str, Any]]:
+    """For each tunable, ``best`` with that tunable at the value the cost model ranks next; the
+    ``n`` of them the model ranks fastest (configs it would not accept are left out)."""
+    from ...codegen.target import get_target
+    from .cost_model import estimate_phases
+
+    machine = get_target(target).machine
+    cons = Constraints(kernel, sig, target, constants)
+
+    def modelled(c):
+        v = cons.check(c, full=False)
+        knobs = {k: x for k, x in c.items() if k not in kernel.tunables}
+        return estimate_phases(v.phases, machine, knobs).time_s if v.ok else math.inf
+
+    runners = []
+    for name in kernel.tunables:
+        if name in space.pinned:
+            continue
+        others = [{**best, name: v} for v in space.params[name].values() if v != best[name]]
+        scored = sorted(((modelled(c), i, c) for i, c in enumerate(others)), key=lambda x: x[:2])
+        if scored and scored[0][0] < math.inf:
+            runners.append(scored[0])
+    return [c for _, _, c in sorted(runners, key=lambda x: x[:2])[:n]]
