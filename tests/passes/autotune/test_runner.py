@@ -324,3 +324,16 @@ def test_under_a_cost_model_a_spilling_candidate_loses_to_one_that_does_not():
     assert _pick([spills, clean], True, notes) is clean and "spills registers" in notes[0]
     assert _pick([spills, clean], False, []) is spills  # measured: the time already counts the spill
     assert _pick([spills], True, []) is spills and _pick([], True, []) is None
+
+
+def test_a_spec_whose_reference_runs_in_parts_is_tuned(tmp_path):
+    """Regression: the runner handed the reference the inputs without the outputs, and attention's
+    reference, run one (batch, head) at a time, takes its parts' shapes from the output: every
+    flash_attention candidate of a model sweep failed with KeyError 'o'."""
+    from duotile.kernels_spec import registry
+
+    spec = registry.get("flash_attention")
+    assert spec.reference_parts
+    result = tune(spec, {"B": 1, "H": 2, "S": 64, "D": 32}, "interpret", budget="shortlist", cache_dir=tmp_path,
+                  progress=False, also_try=[{"BN": 32}], start_points=False)
+    assert [t.status for t in result.trials] == ["ok", "ok"] and result.best is not None
