@@ -69,26 +69,43 @@ def grid(*extents):
         yield vars_[0] if len(vars_) == 1 else tuple(vars_)
 
 
-def range(extent, start=0):  # noqa: A001 - mirrors the builtin on purpose
-    """A sequential loop over ``start .. extent-1`` inside the grid body."""
-    yield from _loop(extent, start, None)
+def range(extent, start=0, stop=None):  # noqa: A001 - mirrors the builtin on purpose
+    """A sequential loop over ``start .. extent-1`` inside the grid body; with ``stop``, a
+    one-element integer tile read from data, it ends before ``min(extent, stop)`` instead."""
+    yield from _loop(extent, start, None, stop)
 
 
-def pipelined(extent, stages=2, start=0):
-    """A loop whose loads the target may overlap with compute, ``stages`` deep."""
+def pipelined(extent, stages=2, start=0, stop=None):
+    """A loop whose loads the target may overlap with compute, ``stages`` deep (``stop`` as in
+    ``range``)."""
     if not isinstance(stages, int) or stages < 1:
         raise builder.error(f"pipelined stages must be a positive int, got {stages!r}")
-    yield from _loop(extent, start, stages)
+    yield from _loop(extent, start, stages, stop)
 
 
-def _loop(extent, start, stages):
+def _loop(extent, start, stages, stop):
     b = builder.current()
     if b.stack[-1] is b.root:
         raise builder.error("loops must sit inside dsl.grid")
+    args = () if stop is None else (_loop_stop(stop),)
     var = _index_var(_loop_names("k", 1)[0])
     attrs = {"var": var, "extent": as_expr(extent), "start": as_expr(start), "stages": stages}
-    with b.region(Op("for", attrs=attrs)):
+    with b.region(Op("for", args=args, attrs=attrs)):
         yield var
+
+
+def _loop_stop(stop) -> Value:
+    """A loop's data-read end: a one-element integer tile (``dsl.load(counts[e], (1,))``, or math
+    of such tiles). The loop's ``extent`` stays its static bound: passes and capacity checks that
+    count trips read it, the target ends the loop at the smaller of the two."""
+    if not isinstance(stop, Tile):
+        raise builder.error(f"a loop's stop is a one-element integer tile read from data, got {stop!r} (a size, "
+                            "tunable or loop variable belongs in the extent)")
+    if stop.dtype.is_float or stop.dtype == dtypes.bool_ or any(d != 1 for d in stop.value.type.shape):
+        hint = " (a condition gates a loop as dsl.where(cond, steps, 0).to(dsl.i32))" \
+            if stop.dtype == dtypes.bool_ else ""
+        raise builder.error(f"a loop's stop is a one-element integer tile, got {stop.value.type}{hint}")
+    return stop.value
 
 
 def workspace(name: str, shape, dtype: DType = dtypes.f32):

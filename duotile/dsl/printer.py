@@ -27,7 +27,8 @@ def format_op(op: Op) -> str:
         kind = f" pipelined(stages={a['stages']})" if a.get("stages") else ""
         start = a.get("start", 0)
         low = f"{start} <= " if start != 0 else ""
-        return f"for {low}{a['var']} < {a['extent']}{kind}"
+        end = f"min({a['extent']}, {format_arg(op.args[0])})" if op.args else a["extent"]
+        return f"for {low}{a['var']} < {end}{kind}"
     args = ", ".join(format_arg(x) for x in op.args)
     if op.name in ("load", "store", "gather", "scatter"):
         offs = ", ".join(str(o) for o in a["offsets"])

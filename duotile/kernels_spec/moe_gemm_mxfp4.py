@@ -19,31 +19,25 @@ that ``moe_permute`` grouped by expert.
 K is a multiple of 32 (the weights' scale blocks; both models' widths are multiples of 128).
 ``counts`` and ``w`` name the same E, so a routing of another expert count is refused at the call.
 
-**How a block finds its rows.** The grid is (expert, row tile within the expert, column tile),
-``E x ceil(R / BM) x ceil(N / BN)``. A block reads its expert's ``offsets[e]`` and ``counts[e]``
-as one-element tiles and gathers its rows ``offsets[e] + m * BM + i`` (i < BM), -1 (a zero row,
-whose output row the scatter store drops) where ``m * BM + i >= counts[e]``; the expert is the
-grid index, so the weights sit at a plain offset. The DSL reads no load offset and no loop bound
-from a tensor (docs/dsl.md), so the row tiles of an expert are bounded statically, by R: one
-expert may take every row. A block past its expert's rows reads nothing (no row, and its weight
-gathers name no column), so the traffic is that of the rows and of the weight tiles a row tile
-uses; but every block runs its K loop, expanding zeros where it has no rows, and of the
-``E x ceil(R / BM)`` row tiles only ``sum_e ceil(counts[e] / BM)`` (at most ``R / BM + E``) hold
-rows. With BM = 64 and BN = 128, V4's w13 at the decode of one token (R = 6) has rows in 192 of
-its 8,192 blocks, at a 4,096-token prefill chunk (R = 24,576) in about 16,000 of 3.1 million: the
-kernel's time is its grid's, not its bytes'. It is correct for every routing; it is not fast.
-What the DSL would need, in two steps:
-
-1. a loop bound read from a tensor (``dsl.range(steps)`` with ``steps`` a one-element tile, 0 in
-   a tile without rows), or a block's early exit: the blocks without rows then cost a launch, and
-   decode costs about its bytes;
-2. a load offset read from a tensor, ``a[first + m * BM, k]`` with ``first`` a one-element tile,
-   and ``w[e, ...]`` with ``e`` one: then the grid runs over the grouped list's row tiles (about
-   R / BM + E of them, each tile's expert found from the offsets, as grouped GEMMs over a
-   contiguous layout do) with plain (TMA) loads, which prefill needs. A gather cannot stand in
-   for ``e``: the weights' nibble columns already take the one index tile a load may have. A
-   padded layout (each expert's rows padded to a multiple of BM) needs the same, since a tile's
-   expert, and so its weights' offset, is data.
+**How a block finds its rows.** The grid is (expert, row tile within the expert, column tile), ``E x
+ceil(R / BM) x ceil(N / BN)``. A block reads its expert's ``offsets[e]`` and ``counts[e]`` as one-
+element tiles and gathers its rows ``offsets[e] + m * BM + i`` (i < BM), -1 (a zero row, whose
+output row the scatter store drops) where ``m * BM + i >= counts[e]``; the expert is the grid index,
+so the weights sit at a plain offset. The DSL reads no load offset from a tensor (docs/dsl.md), so
+the row tiles of an expert are bounded statically, by R: one expert may take every row. A block past
+its expert's rows reads nothing (no row, and its weight gathers name no column), and its K loop ends
+at once: the loop's stop is read from the expert's count (``stop=``, 0 steps for a tile without
+rows), so such a block does a few loads and no K step where it once expanded zeros over all of K;
+V4's w13 at the decode of one token (R = 6) has rows in 192 of its 8,192 blocks (BM = 64, BN = 128).
+What that saves on a GPU has not been measured yet. At a prefill chunk the grid is still ``E x
+ceil(R / BM)`` row tiles of which only ``sum_e ceil(counts[e] / BM)`` (at most ``R / BM + E``) hold
+rows: at 4,096 tokens (R = 24,576) about 16,000 of 3.1 million blocks. What prefill needs is a load
+offset read from a tensor, ``a[first + m * BM, k]`` with ``first`` a one-element tile, and ``w[e,
+...]`` with ``e`` one: then the grid runs over the grouped list's row tiles (about R / BM + E of
+them, each tile's expert found from the offsets, as grouped GEMMs over a contiguous layout do) with
+plain (TMA) loads. A gather cannot stand in for ``e``: the weights' nibble columns already take the
+one index tile a load may have. A padded layout (each expert's rows padded to a multiple of BM)
+needs the same, since a tile's expert, and so its weights' offset, is data.
 
 **The arithmetic.** Hopper has no FP4 tensor cores (model.md 2.7), so the weights are expanded on
 CUDA cores, about fifteen operations a weight. Each K step of BK columns:
@@ -140,7 +134,8 @@ def moe_gemm_mxfp4(a: dsl.Tensor["R", "K", dsl.f8e4m3], a_scale: dsl.Tensor["R",
         cols = dsl.arange(BK)
         odd = (cols % 2).eq(1)[None, :]
         acc = dsl.zeros((BM, BN), dsl.f32, role="accumulator")
-        for k in dsl.pipelined(dsl.cdiv(a.K, BK), stages=STAGES):
+        steps = dsl.where(live, dsl.cdiv(a.K, BK), 0).to(dsl.i32)  # a row tile without rows runs no K step
+        for k in dsl.pipelined(dsl.cdiv(a.K, BK), stages=STAGES, stop=steps):
             col = k * BK
             byte = dsl.load(w[e, n * BN, dsl.where(live, (cols + col) // 2, -1)], (BN, BK))
             if BK <= WBLOCK:  # the step lies in one weight scale block: a code per row

@@ -97,7 +97,10 @@ def run_module(module: Module, tensors: dict[str, torch.Tensor]) -> None:
 @handles("for")
 def _for(it: Interpreter, op: Op):
     var = str(op.attrs["var"])
-    for i in range(int(it.scalar(op.attrs["start"])), int(it.scalar(op.attrs["extent"]))):
+    end = int(it.scalar(op.attrs["extent"]))
+    if op.args:  # a stop read from data: the loop ends at the smaller of the two
+        end = min(end, int(it.get(op.args[0]).reshape(-1)[0]))
+    for i in range(int(it.scalar(op.attrs["start"])), end):
         it.env[var] = i
         it.block(op.regions[0])
     it.env.pop(var, None)

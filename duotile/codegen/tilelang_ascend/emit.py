@@ -125,6 +125,8 @@ class Emitter:
     # -- control -----------------------------------------------------------------------------
     def op_for(self, op: Op, depth: int) -> None:
         a = op.attrs
+        if op.args:
+            raise unsupported("a loop whose stop is read from a tensor is not lowered for Ascend yet", op)
         v = self.var(a["var"])
         start = sympy.sympify(a["start"])
         extent = index(sympy.simplify(sympy.sympify(a["extent"]) - start), self.idx)  # the trip count

@@ -156,8 +156,10 @@ def present_params(module: Module) -> set[str]:
 def _for(e: Emitter, op: Op):
     a = op.attrs
     start, stop = index(a["start"]), index(a["extent"])
+    if op.args:
+        stop = f"T.min({stop}, {_data_stop(e, op)})"
     if a.get("at_most_once"):
-        return _run_at_most_once(e, op, start)
+        return _run_at_most_once(e, op, start, stop)
     head = len(e.src.body)
     if a.get("stages"):
         e.src.line(f"for {a['var']} in T.Pipelined({start}, {stop}, num_stages={a['stages']}):", op.loc)
@@ -174,11 +176,31 @@ def _for(e: Emitter, op: Op):
             f"num_stages={a['stages']})", f"num_stages={a['stages']}, {overlap.annotation(plan, statements)})")
 
 
-def _run_at_most_once(e: Emitter, op: Op, start: str):
+def _data_stop(e: Emitter, op: Op) -> str:
+    """A scalar holding a loop's stop read from data (its one-element tile, which every thread holds:
+    ``plan.py``), assigned right before the loop. A ``T.alloc_var``, not the tile itself: TileLang's
+    warp specialisation copies a local buffer into its producer and then finds the loop's bound
+    changed under it."""
+    v = op.args[0]
+    if e.plan.scope.get(v.id) != "local":
+        raise UnsupportedError(f"{e.arch.name}: a loop's stop must be a one-element value every thread can "
+                               "hold (loaded, or maps of such values)", op.loc)
+    var = f"{op.attrs['var']}_stop"
+    e.src.decl(f'{var} = T.alloc_var("int32")')
+    value = f"{e.name(v)}[0]"
+    if v.type.dtype.name != "i32":
+        value = f'T.cast({value}, "int32")'
+    e.src.line(f"{var} = {value}", op.loc)
+    return var
+
+
+def _run_at_most_once(e: Emitter, op: Op, start: str, stop: str):
     """A loop that never runs twice (passes/mark_short_loops.py): a guard and one binding of its
     variable, since TileLang would run such a loop's body once even where it should not run. The
     guard tests the trip count: TileLang 0.1.15 fails ("Divide by zero") on some ``lo < hi`` forms."""
     trips = index(sympy.sympify(op.attrs["extent"]) - sympy.sympify(op.attrs["start"]))
+    if op.args:  # with a stop read from data: its own count, the scalar less the start
+        trips = f"{stop} - ({start})"
     e.src.line(f"if {trips} > 0:  # runs at most once", op.loc)
     e.loop_stack.append(op)
     with e.src.indent():

@@ -102,6 +102,9 @@ class ManualWarpSpecialization:
             raise UnsupportedError(f"{e.arch.name}: warp_specialize=manual needs exactly one pipelined loop, "
                                    "not nested, in the kernel body", where)
         self.loop = ops[loops[0]]
+        if self.loop.args:  # its producer and consumers count the ring's steps from static bounds
+            raise UnsupportedError(f"{e.arch.name}: warp_specialize=manual needs a pipelined loop whose end is a "
+                                   "size, not a stop read from data (use auto)", self.loop.loc)
         if self.loop.attrs.get("at_most_once"):  # a ring over one step pipelines nothing
             raise UnsupportedError(f"{e.arch.name}: warp_specialize=manual needs a pipelined loop that can run "
                                    "more than once; this one runs at most once at every grid point (use auto)",

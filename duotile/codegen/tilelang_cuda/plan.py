@@ -25,15 +25,15 @@ Rules (each a target lowering rule any kernel can hit, never a kernel special ca
   a store reads is written straight to global memory instead of into a fragment: the column
   split is for accumulators too big for one warp group's registers (head dim 512).
 - a zero-filled accumulator consumed first by a gemm is cleared by the gemm (``clear_accum``).
-- a one-element tile loaded from global memory, or computed by maps from such tiles and from
-  one-element reduction results alone, that only maps read, or gathers and scatters as their
-  index (a per-sequence position broadcast into a mask, the row a gather or a scatter names, a
-  row's RMS or a block's scale), is a thread-local value, which every thread loads or computes
-  itself: TileLang 0.1.15 finds no fragment layout for a one-element fragment read inside
-  parallel loops of other shapes. A reduction's result stays a fragment (TileLang reduces into
-  one); every thread holds it after the all-reduce, so a thread-local map reads it at [0].
-  kv_insert's row (the ring slot a scatter names, the position a cos / sin gather reads, the
-  row's rsqrt read by every channel block) failed so ("no available layout found").
+- a one-element tile loaded from global memory, or computed by maps from such tiles and from one-
+  element reduction results alone, that only maps read, or gathers and scatters as their index, or a
+  loop as its stop (a per-sequence position broadcast into a mask, the row a gather or a scatter
+  names, a row's RMS or a block's scale, an expert's K steps), is a thread-local value, which every
+  thread loads or computes itself: TileLang 0.1.15 finds no fragment layout for a one-element
+  fragment read inside parallel loops of other shapes. A reduction's result stays a fragment
+  (TileLang reduces into one); every thread holds it after the all-reduce, so a thread-local map
+  reads it at [0]. kv_insert's row (the ring slot a scatter names, the position a cos / sin gather
+  reads, the row's rsqrt read by every channel block) failed so ("no available layout found").
 - a reduction of a register tile of fewer elements than threads that do not divide the threads
   (a 1 x 7 row at 256 threads) is read from a shared-memory copy padded along the reduced axis
   with the reduction's identity (0, -inf, +inf) to a size that spreads evenly (``reduce_padding``):
@@ -164,7 +164,7 @@ def _thread_local(ops: list[Op]) -> set[int]:
     readers: dict[int, set[str]] = {}
     for op in ops:
         for k, a in enumerate(op.values()):
-            index = (op.name == "gather" and k == 0) or (op.name == "scatter" and k == 1)
+            index = (op.name == "gather" and k == 0) or (op.name == "scatter" and k == 1) or op.name == "for"
             readers.setdefault(a.id, set()).add("index" if index else op.name)
         if op.attrs.get("into") is not None:
             readers.setdefault(op.attrs["into"].id, set()).add("into")
