@@ -108,6 +108,39 @@ def _loop_stop(stop) -> Value:
     return stop.value
 
 
+def scalar(tile: Tile) -> sympy.Symbol:
+    """A one-element integer tile read from data as an index value, for the offsets of loads and
+    stores: ``e = dsl.scalar(dsl.load(tile_expert[t], (1,)))`` then ``w[e, n * BN, 0]``. It is an
+    integer symbol defined from here to the end of the enclosing block (a loop variable's kind),
+    which targets hold in a scalar every thread reads. Loop and grid bounds stay sizes, tunables and
+    loop variables (a loop's end read from data is ``stop=``). Nothing checks its range: a load at
+    an offset outside the tensor reads zeros (or ``other``), a store there is dropped, as always."""
+    b = builder.current()
+    if b.stack[-1] is b.root:
+        raise builder.error("dsl.scalar must sit inside dsl.grid")
+    if not isinstance(tile, Tile):
+        raise builder.error(f"dsl.scalar takes a one-element integer tile, got {tile!r}")
+    if tile.dtype.is_float or tile.dtype == dtypes.bool_ or any(d != 1 for d in tile.value.type.shape):
+        raise builder.error(f"dsl.scalar takes a one-element integer tile, got {tile.value.type}")
+    loc = b.loc()
+    m = re.match(r"\s*(\w+)\s*=", loc.text) if loc is not None else None
+    var = sympy.Symbol(_scalar_name(m.group(1) if m else "s"), integer=True)  # of any sign: data
+    b.emit(Op("scalar", args=(tile.value,), attrs={"var": var}))
+    return var
+
+
+def _scalar_name(name: str) -> str:
+    """A data scalar's symbol: the Python name it is bound to, made unique among the kernel's
+    symbols (``e``, ``e_1``, ...)."""
+    b = builder.current()
+    taken = {str(s) for s in getattr(b, "symbols", ())}
+    unique, k = name, 1
+    while unique in taken:
+        unique, k = f"{name}_{k}", k + 1
+    b.symbols = taken | {unique}
+    return unique
+
+
 def workspace(name: str, shape, dtype: DType = dtypes.f32):
     """Scratch in global memory for one call, ``shape`` in sizes and tunables, e.g. the partial
     sums of a split reduction: ``dsl.workspace("partial", (SPLIT, a.M, b.N), dsl.f32)``. The

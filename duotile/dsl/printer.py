@@ -38,6 +38,8 @@ def format_op(op: Op) -> str:
             idx = f" by {format_arg(op.args[1])} <- {format_arg(op.args[0])}"
         extra = _format_attrs(op)
         return f"{lhs}{op.name} {a['tensor']}[{offs}]{idx}{tail}{extra}"
+    if op.name == "scalar":  # an index symbol read from data
+        return f"{a['var']} = scalar({format_arg(op.args[0])})"
     if op.name == "map":
         tail = f"into {a['into']!r}" if a.get("into") is not None else f"-> {op.result.type}"
         return f"{lhs}map({args}) {{ {a['expr']} }} {tail}"

@@ -19,25 +19,21 @@ that ``moe_permute`` grouped by expert.
 K is a multiple of 32 (the weights' scale blocks; both models' widths are multiples of 128).
 ``counts`` and ``w`` name the same E, so a routing of another expert count is refused at the call.
 
-**How a block finds its rows.** The grid is (expert, row tile within the expert, column tile), ``E x
-ceil(R / BM) x ceil(N / BN)``. A block reads its expert's ``offsets[e]`` and ``counts[e]`` as one-
-element tiles and gathers its rows ``offsets[e] + m * BM + i`` (i < BM), -1 (a zero row, whose
-output row the scatter store drops) where ``m * BM + i >= counts[e]``; the expert is the grid index,
-so the weights sit at a plain offset. The DSL reads no load offset from a tensor (docs/dsl.md), so
-the row tiles of an expert are bounded statically, by R: one expert may take every row. A block past
-its expert's rows reads nothing (no row, and its weight gathers name no column), and its K loop ends
-at once: the loop's stop is read from the expert's count (``stop=``, 0 steps for a tile without
-rows), so such a block does a few loads and no K step where it once expanded zeros over all of K;
-V4's w13 at the decode of one token (R = 6) has rows in 192 of its 8,192 blocks (BM = 64, BN = 128).
-What that saves on a GPU has not been measured yet. At a prefill chunk the grid is still ``E x
-ceil(R / BM)`` row tiles of which only ``sum_e ceil(counts[e] / BM)`` (at most ``R / BM + E``) hold
-rows: at 4,096 tokens (R = 24,576) about 16,000 of 3.1 million blocks. What prefill needs is a load
-offset read from a tensor, ``a[first + m * BM, k]`` with ``first`` a one-element tile, and ``w[e,
-...]`` with ``e`` one: then the grid runs over the grouped list's row tiles (about R / BM + E of
-them, each tile's expert found from the offsets, as grouped GEMMs over a contiguous layout do) with
-plain (TMA) loads. A gather cannot stand in for ``e``: the weights' nibble columns already take the
-one index tile a load may have. A padded layout (each expert's rows padded to a multiple of BM)
-needs the same, since a tile's expert, and so its weights' offset, is data.
+**How a block finds its rows.** Two phases. Phase 0 writes the tile table: ``starts[e]``, the row
+tiles (of ``BM`` rows) of the experts before e, ``starts[E]`` all of them, a lane's sum of the tile
+counts ``ceil(counts[e'] / BM)`` before it, ``BE`` lanes a block (as ``moe_permute`` sums its
+offsets). Phase 1's grid is (row tile of the grouped list, column tile), ``(ceil(R / BM) + E) x
+ceil(N / BN)``: at most ``R / BM + E`` row tiles hold rows (each expert's last one may be short).
+Block t finds its expert as the last e with ``starts[e] <= t`` (a compare and a sum over the E
+entries; experts without rows share their successor's start and are passed over), reads it as an
+index (``dsl.scalar``), so the expert's weights and scales sit at a data offset, and gathers its
+rows ``offsets[e] + (t - starts[e]) * BM + i``, -1 (a zero row, whose output row the scatter store
+drops) past ``counts[e]``. A block past the last tile reads no row and its K loop ends at once (its
+``stop=`` is 0). V4's w13 at a 4,096-token prefill chunk (R = 24,576, 256 experts, BM = 64) runs 640
+row tiles where a grid of (expert, row tile within the expert) ran 256 x 384 = 98,304; at the decode
+of one token (R = 6) 257, of which the 6 experts' hold rows. The rows are still gathered (plain,
+TMA-able loads at ``offsets[e] + ...`` would read the next expert's rows into a short tile, which
+the store drops: a possible next step).
 
 **The arithmetic.** Hopper has no FP4 tensor cores (model.md 2.7), so the weights are expanded on
 CUDA cores, about fifteen operations a weight. Each K step of BK columns:
@@ -112,6 +108,9 @@ def _row_scales(a_scale, rows, col, cols, BM, BK, ABLOCK):
     return scale
 
 
+FAR = 1 << 30  # a tile table entry past the experts: never at or before a row tile
+
+
 @dsl.kernel(batch_dim="R", dynamic=("R",))
 def moe_gemm_mxfp4(a: dsl.Tensor["R", "K", dsl.f8e4m3], a_scale: dsl.Tensor["R", "KA", dsl.u8],
                    w: dsl.Tensor["E", "N", "KH", dsl.u8], w_scale: dsl.Tensor["E", "N", "KW", dsl.u8],
@@ -121,27 +120,44 @@ def moe_gemm_mxfp4(a: dsl.Tensor["R", "K", dsl.f8e4m3], a_scale: dsl.Tensor["R",
                    BM: dsl.Tunable = dsl.choice(64, 16, 32, 128),
                    BN: dsl.Tunable = dsl.choice(128, 64, 32),
                    BK: dsl.Tunable = dsl.choice(128, 64, 32),
-                   STAGES: dsl.Tunable = dsl.int_range(1, 3, default=2)):
+                   STAGES: dsl.Tunable = dsl.int_range(1, 3, default=2),
+                   BE: dsl.Tunable = dsl.choice(128, 64, 256)):
     if BK % ABLOCK and ABLOCK % BK:
         raise error(f"BK = {BK} and ABLOCK = {ABLOCK}: a K step must hold whole activation scale blocks "
                     f"or lie within one (BK a multiple or a divisor of ABLOCK)")
-    for e, m, n in dsl.grid(w.E, dsl.cdiv(a.R, BM), dsl.cdiv(w.N, BN)):
-        first = dsl.load(offsets[e], (1,))
-        count = dsl.load(counts[e], (1,))
-        local = m * BM + dsl.arange(BM)
-        rows = dsl.where(local < count, first + local, -1)  # -1: no row (a zero row, not written)
-        live = count > m * BM  # this row tile holds rows: else the weight gathers read nothing
+    n_e = w.E
+    # phase 0, the tile table: starts[e] = the row tiles of the experts before e (starts[E]: all)
+    starts = dsl.workspace("starts", (offsets.E1,), dsl.i32)
+    for c in dsl.grid(dsl.cdiv(offsets.E1, BE)):
+        lanes = dsl.arange(BE)
+        before = dsl.zeros((BE,), dsl.i32)
+        for j in dsl.range(c + 1):  # the chunks of counts up to this one
+            tiles = (dsl.load(counts[j * BE], (BE,), other=0) + (BM - 1)) // BM
+            before[:] = before + dsl.where(j * BE + lanes[None, :] < c * BE + lanes[:, None], tiles[None, :], 0
+                                           ).sum(axis=1)
+        dsl.store(starts[c * BE], before)
+    # phase 1: a block per row tile of the grouped list (at most R / BM + E of them) and column tile
+    for t, n in dsl.grid(dsl.cdiv(a.R, BM) + n_e, dsl.cdiv(w.N, BN)):
+        lanes = dsl.arange(dsl.next_pow2(n_e))
+        table = dsl.load(starts[0], (dsl.next_pow2(n_e),), other=FAR)
+        first_tiles = dsl.where(lanes < n_e, table, FAR)
+        live = dsl.load(starts[n_e], (1,)) > t  # a row tile of some expert
+        # its expert: the last whose first tile is at or before t (experts without tiles share it)
+        mine = (first_tiles[None, :] <= t).to(dsl.i32).sum(axis=1) - 1
+        e = dsl.scalar(dsl.where(live, mine, 0))
+        local = (t - dsl.load(starts[e], (1,))) * BM + dsl.arange(BM)  # the rows' places in expert e
+        rows = dsl.where(live & (local < dsl.load(counts[e], (1,))), dsl.load(offsets[e], (1,)) + local, -1)
         cols = dsl.arange(BK)
         odd = (cols % 2).eq(1)[None, :]
         acc = dsl.zeros((BM, BN), dsl.f32, role="accumulator")
-        steps = dsl.where(live, dsl.cdiv(a.K, BK), 0).to(dsl.i32)  # a row tile without rows runs no K step
+        steps = dsl.where(live, dsl.cdiv(a.K, BK), 0).to(dsl.i32)  # a block past the tiles runs no K step
         for k in dsl.pipelined(dsl.cdiv(a.K, BK), stages=STAGES, stop=steps):
             col = k * BK
-            byte = dsl.load(w[e, n * BN, dsl.where(live, (cols + col) // 2, -1)], (BN, BK))
+            byte = dsl.load(w[e, n * BN, (cols + col) // 2], (BN, BK))
             if BK <= WBLOCK:  # the step lies in one weight scale block: a code per row
                 code = dsl.load(w_scale[e, n * BN, col // WBLOCK], (BN, 1))
             else:
-                code = dsl.load(w_scale[e, n * BN, dsl.where(live, (cols + col) // WBLOCK, -1)], (BN, BK))
+                code = dsl.load(w_scale[e, n * BN, (cols + col) // WBLOCK], (BN, BK))
             w_tile = _weights(byte, odd, code)
             sa = _row_scales(a_scale, rows, col, cols, BM, BK, ABLOCK)
             a_tile = (dsl.load(a[rows, col], (BM, BK)).to(dsl.f32) * sa).to(dsl.bf16)
@@ -379,7 +395,7 @@ SPEC = register(Spec(
     bytes_moved=lambda c: (c["R"] * c["K"] * (1 + 1 / _ablock(c)) + 2 * c["R"] * c["N"]
                            + min(c["E"], c["R"]) * c["N"] * c["K"] * (0.5 + 1 / WBLOCK)),
     model_shapes=shapes.for_models(moe_shapes),
-    # small enough for the interpreter, which runs E x ceil(R / BM) x ceil(N / BN) programs; the large
+    # small enough for the interpreter, which runs (ceil(R / BM) + E) x ceil(N / BN) programs; the large
     # draws keep a float64 reference's expert weights near 100 MB
     sweep={"R": Dim(1, 40, large=4100), "E": Dim(1, 4, large=64), "N": Dim(8, 80, multiple=8, large=2048),
            "K": Dim(32, 160, multiple=32, large=5120), "ABLOCK": OneOf(32, 128),

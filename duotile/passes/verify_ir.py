@@ -6,7 +6,8 @@ It changes nothing. It raises DslError, naming the op's source line, when:
 - a top-level op is not a ``grid`` (a module holds one grid per phase), or a loop sits outside one;
 - a phase reads a workspace that no earlier phase writes;
 - a tile dimension is not a positive integer (only checked once ``shapes`` are bound);
-- an index expression uses a symbol that is neither a loop variable nor a size;
+- an index expression uses a symbol that is neither a loop variable, a size nor a scalar read from
+  data (``dsl.scalar``) before it; or a grid's or loop's bounds use such a scalar;
 - a bit operation (``& | ^ << >>`` on integers, ``bitcast``) breaks its type rule: bitwise
   operands are integer (not boolean) tiles, a shift count is a constant in ``[0, bits)``, a
   bitcast joins two types of one width (``f32 <-> i32``); checked on ``ew`` ops and inside the
@@ -50,7 +51,7 @@ def _check_workspaces(module: Module):
 
 
 def _check_block(block: Block, module: Module, visible: set[int], symbols: set, bound: bool):
-    visible = set(visible)
+    visible, symbols = set(visible), set(symbols)
     for op in block.ops:
         for v in op.values():
             if v.id not in visible:
@@ -61,13 +62,28 @@ def _check_block(block: Block, module: Module, visible: set[int], symbols: set, 
         if op.result is not None:
             _check_dims(op, bound)
             visible.add(op.result.id)
+        if op.name == "scalar":  # an index symbol read from data, from here to the block's end
+            symbols.add(op.attrs["var"])
         if op.name in ("grid", "for"):
+            _check_bounds_are_sizes(op, module)
             if op.name == "grid" and block is not module.body:
                 raise DslError("grid must be the outermost op", op.loc)
             inner = set(op.attrs["vars"]) if op.name == "grid" else {op.attrs["var"]}
             _check_block(op.regions[0], module, visible, symbols | inner, bound)
         elif op.regions:
             raise DslError(f"{op.name} cannot have a body", op.loc)
+
+
+def _check_bounds_are_sizes(op: Op, module: Module):
+    """A grid's or loop's bounds are sizes, tunables and loop variables: passes and capacity checks
+    count their trips, which a symbol read from data (``dsl.scalar``) would leave unknown."""
+    data = {o.attrs["var"] for o in module.walk() if o.name == "scalar"}
+    bounds = [*op.attrs.get("extents", []), op.attrs.get("extent"), op.attrs.get("start")]
+    used = set().union(*(b.free_symbols for b in bounds if hasattr(b, "free_symbols"))) & data
+    if used:
+        raise DslError(f"{op.name} bounds use {', '.join(sorted(map(str, used)))}, read from data by dsl.scalar: "
+                       "a bound is a size, a tunable or a loop variable (a loop's end read from data is stop=)",
+                       op.loc)
 
 
 def _check_writes(op: Op):

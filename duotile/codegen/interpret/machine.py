@@ -106,6 +106,11 @@ def _for(it: Interpreter, op: Op):
     it.env.pop(var, None)
 
 
+@handles("scalar")
+def _scalar(it: Interpreter, op: Op):
+    it.env[str(op.attrs["var"])] = int(it.get(op.args[0]).reshape(-1)[0])
+
+
 # -- memory ------------------------------------------------------------------------------------
 def _window(it: Interpreter, op: Op, tensor: torch.Tensor):
     """Slices of ``tensor`` covered by the tile (clipped), and where they sit in the tile."""

@@ -123,6 +123,9 @@ class Emitter:
         self.simt_open = False
 
     # -- control -----------------------------------------------------------------------------
+    def op_scalar(self, op: Op, depth: int) -> None:
+        raise unsupported("an index read from data (dsl.scalar) is not lowered for Ascend yet", op)
+
     def op_for(self, op: Op, depth: int) -> None:
         a = op.attrs
         if op.args:

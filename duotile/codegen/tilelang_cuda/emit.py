@@ -176,21 +176,31 @@ def _for(e: Emitter, op: Op):
             f"num_stages={a['stages']})", f"num_stages={a['stages']}, {overlap.annotation(plan, statements)})")
 
 
+@handles("scalar")
+def _scalar(e: Emitter, op: Op):
+    """An index symbol read from data (``dsl.scalar``): a scalar every thread holds, assigned where
+    the spec reads it; index expressions then name it like a loop variable."""
+    e.src.decl(f'{op.attrs["var"]} = T.alloc_var("int32")')
+    e.src.line(f"{op.attrs['var']} = {_held(e, op, op.args[0])}", op.loc)
+
+
+def _held(e: Emitter, op: Op, v) -> str:
+    """The value of a one-element tile every thread holds, as an int32 expression."""
+    if e.plan.scope.get(v.id) not in ("local", "fragment"):
+        raise UnsupportedError(f"{e.arch.name}: {op.name} reads a one-element value every thread must hold "
+                               "(loaded, or maps of such values and of reductions)", op.loc)
+    value = f"{e.name(v)}[0]"
+    return value if v.type.dtype.name == "i32" else f'T.cast({value}, "int32")'
+
+
 def _data_stop(e: Emitter, op: Op) -> str:
     """A scalar holding a loop's stop read from data (its one-element tile, which every thread holds:
     ``plan.py``), assigned right before the loop. A ``T.alloc_var``, not the tile itself: TileLang's
     warp specialisation copies a local buffer into its producer and then finds the loop's bound
     changed under it."""
-    v = op.args[0]
-    if e.plan.scope.get(v.id) != "local":
-        raise UnsupportedError(f"{e.arch.name}: a loop's stop must be a one-element value every thread can "
-                               "hold (loaded, or maps of such values)", op.loc)
     var = f"{op.attrs['var']}_stop"
     e.src.decl(f'{var} = T.alloc_var("int32")')
-    value = f"{e.name(v)}[0]"
-    if v.type.dtype.name != "i32":
-        value = f'T.cast({value}, "int32")'
-    e.src.line(f"{var} = {value}", op.loc)
+    e.src.line(f"{var} = {_held(e, op, op.args[0])}", op.loc)
     return var
 
 
@@ -250,6 +260,18 @@ def region(tensor: str, offsets, shape, ndim: int) -> str:
     return f"{tensor}[{', '.join(parts)}]"
 
 
+def _signed(off) -> bool:
+    """Whether an index may be negative: it holds a symbol read from data (``dsl.scalar``), whose
+    sign nothing proves (sizes, tunables and loop variables are never negative)."""
+    return sympy.sympify(off).is_nonnegative is not True
+
+
+def _point_conds(off, size) -> list[str]:
+    """The conditions of a leading (point) index that may fall outside its axis: one read from data
+    (a grid or loop variable stays inside by construction)."""
+    return [f"{index(off)} >= 0", f"{index(off)} < {index(size)}"] if _signed(off) else []
+
+
 def _in_bounds(e: Emitter, op: Op, loop_vars: list[str], static: bool = False) -> tuple[str, list[str]]:
     """A bounds condition and the element's global indices for a tile at ``op``'s corner;
     ``static``: without the conditions the grid's extents already decide (``fold_bounds``)."""
@@ -262,11 +284,15 @@ def _in_bounds(e: Emitter, op: Op, loop_vars: list[str], static: bool = False) -
         o = index(off)
         g = o if d < lead else (loop_vars[d - lead] if o == "0" and static else f"{o} + {loop_vars[d - lead]}")
         idx.append(g)
-        if d >= lead:
-            span = interval(sympy.sympify(off), env) if static else None
-            size = p.shape[d]  # a dynamic size is never proven
-            if span is None or not size.is_Integer or span[1] + int(shape[d - lead]) > int(size):
-                conds.append(f"{g} < {index(size)}")
+        if d < lead:
+            conds += _point_conds(off, p.shape[d])
+            continue
+        span = interval(sympy.sympify(off), env) if static else None
+        size = p.shape[d]  # a dynamic size is never proven
+        if span is None or not size.is_Integer or span[1] + int(shape[d - lead]) > int(size):
+            conds.append(f"{g} < {index(size)}")
+        if _signed(off):
+            conds.append(f"{g} >= 0")
     return " and ".join(conds) or "True", idx
 
 
@@ -282,6 +308,8 @@ def _load(e: Emitter, op: Op):
         idx = [index(o) for o in op.attrs["offsets"]]
         lead = len(p.shape) - len(shape)
         conds = [f"{i} < {index(n)}" for i, n in list(zip(idx, p.shape))[lead:] if n != 1]
+        for d, (o, n) in enumerate(zip(op.attrs["offsets"], p.shape)):  # indices read from data
+            conds += _point_conds(o, n) if d < lead else ([f"{index(o)} >= 0"] if _signed(o) else [])
         read = f"{p.name}[{', '.join(idx)}]"
         if conds:
             read = f"T.if_then_else({_tl_and(' and '.join(conds))}, {read}, {literal(op.attrs['other'], v.type.dtype)})"
@@ -326,9 +354,12 @@ def _gather(e: Emitter, op: Op):
             gidx.append(row)
         elif d < lead:
             gidx.append(index(off))
+            conds += _point_conds(off, p.shape[d])
         else:
             gidx.append(f"{index(off)} + {lv[d - lead]}")
             conds.append(f"{gidx[-1]} < {index(p.shape[d])}")
+            if _signed(off):
+                conds.append(f"{gidx[-1]} >= 0")
     other = literal(op.attrs["other"], v.type.dtype)
     # into shared memory: cp.async, a dead row zero-filled, every copy issued before one wait
     # (plain loads of rows named by an index are serialised by the compiler: 16 a thread took
@@ -372,9 +403,12 @@ def _scatter(e: Emitter, op: Op):
             gidx.append(row)
         elif d < lead:
             gidx.append(index(off))
+            conds += _point_conds(off, p.shape[d])
         else:
             gidx.append(f"{index(off)} + {lv[d - lead]}")
             conds.append(f"{gidx[-1]} < {index(p.shape[d])}")
+            if _signed(off):
+                conds.append(f"{gidx[-1]} >= 0")
     e.src.line(f"for {', '.join(lv)} in T.Parallel({', '.join(str(int(d)) for d in shape)}):", op.loc)
     e.src.line(f"    if {_tl_and(' and '.join(conds))}:", op.loc)
     e.src.line(f"        {p.name}[{', '.join(gidx)}] = {src}[{', '.join(lv)}]", op.loc)

@@ -102,6 +102,10 @@ class ManualWarpSpecialization:
             raise UnsupportedError(f"{e.arch.name}: warp_specialize=manual needs exactly one pipelined loop, "
                                    "not nested, in the kernel body", where)
         self.loop = ops[loops[0]]
+        scalar = next((o for o in e.m.walk() if o.name == "scalar"), None)
+        if scalar is not None:  # the producer's TMA offsets would read a scalar it never assigned
+            raise UnsupportedError(f"{e.arch.name}: warp_specialize=manual takes offsets of sizes and loop "
+                                   "variables, not a scalar read from data (use auto)", scalar.loc)
         if self.loop.args:  # its producer and consumers count the ring's steps from static bounds
             raise UnsupportedError(f"{e.arch.name}: warp_specialize=manual needs a pipelined loop whose end is a "
                                    "size, not a stop read from data (use auto)", self.loop.loc)

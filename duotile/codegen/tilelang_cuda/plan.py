@@ -27,7 +27,7 @@ Rules (each a target lowering rule any kernel can hit, never a kernel special ca
 - a zero-filled accumulator consumed first by a gemm is cleared by the gemm (``clear_accum``).
 - a one-element tile loaded from global memory, or computed by maps from such tiles and from one-
   element reduction results alone, that only maps read, or gathers and scatters as their index, or a
-  loop as its stop (a per-sequence position broadcast into a mask, the row a gather or a scatter
+  loop as its stop, or dsl.scalar (a per-sequence position broadcast into a mask, the row a gather or a scatter
   names, a row's RMS or a block's scale, an expert's K steps), is a thread-local value, which every
   thread loads or computes itself: TileLang 0.1.15 finds no fragment layout for a one-element
   fragment read inside parallel loops of other shapes. A reduction's result stays a fragment
@@ -164,7 +164,8 @@ def _thread_local(ops: list[Op]) -> set[int]:
     readers: dict[int, set[str]] = {}
     for op in ops:
         for k, a in enumerate(op.values()):
-            index = (op.name == "gather" and k == 0) or (op.name == "scatter" and k == 1) or op.name == "for"
+            index = (op.name == "gather" and k == 0) or (op.name == "scatter" and k == 1) \
+                or op.name in ("for", "scalar")
             readers.setdefault(a.id, set()).add("index" if index else op.name)
         if op.attrs.get("into") is not None:
             readers.setdefault(op.attrs["into"].id, set()).add("into")
