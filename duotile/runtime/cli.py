@@ -120,6 +120,10 @@ def run(args: argparse.Namespace) -> int:
     print(f"cache bytes: {cb.total} (window {cb.window}, compressed {cb.compressed}, index keys {cb.index_keys}, "
           f"compressor state {cb.compressor_state}, engram history {cb.engram_history}); "
           f"reference tensors {out.allocated_cache_bytes}")
+    model = llm.model
+    print(f"weight bytes: {model.weight_bytes} on {model.device} ({model.weights_kept}: "
+          + ("the FP8 / FP4 codes and their scales as released)" if model.weights_kept == "packed"
+             else "FP8 / FP4 weights expanded to FP32)"))
     return 0
 
 

@@ -165,3 +165,15 @@ def quantize_fp8_rows(w: torch.Tensor, block: int = 32) -> tuple[torch.Tensor, t
 
 def dequantize_fp8_rows(q: torch.Tensor, scale: torch.Tensor, block: int = 32) -> torch.Tensor:
     return (q.float().unflatten(-1, (-1, block)) * scale.float()[..., None]).flatten(-2)
+
+
+def dequantize_packed(packed: tuple[str, torch.Tensor, torch.Tensor], block: int) -> torch.Tensor:
+    """The FP32 value of a weight as a kernel reads it (``Checkpoint.packed``): FP8 codes with a
+    UE8M0 byte per ``block`` x ``block``, or MXFP4 pairs with a UE8M0 byte per 32 of a row."""
+    kind, codes, scales = packed
+    scale = scales.view(torch.float8_e8m0fnu)
+    if kind == "fp8":
+        return dequantize_fp8_blocks(codes, scale, block)
+    if kind == "fp4":
+        return dequantize_fp4_rows(codes, scale)
+    raise ValueError(f"packed weight of kind {kind!r}: fp8 or fp4 only")

@@ -29,15 +29,47 @@ from .weights import Checkpoint
 
 def _moe(cfg: ModelConfig, ws: WeightSource, layer: int) -> MoE:
     p, limit = f"layers.{layer}.ffn.", cfg.swiglu_limit
-    experts = [Expert(ws.linear(f"{p}experts.{e}.w1"), ws.linear(f"{p}experts.{e}.w3"),
-                      ws.linear(f"{p}experts.{e}.w2"), limit) for e in range(cfg.n_routed_experts)]
+    stack = _expert_stack(cfg, ws, p)
+    experts = []
+    for e in range(cfg.n_routed_experts):
+        views = [None] * 3 if stack is None else [
+            ("fp4", stack["w13"][e, rows], stack["s13"][e, rows]) for rows in (stack["w1"], stack["w3"])] + [
+            ("fp4", stack["w2"][e], stack["s2"][e])]
+        experts.append(Expert(*(ws.linear(f"{p}experts.{e}.{w}", packed=v) for w, v in zip(("w1", "w3", "w2"), views)),
+                              limit))
     shared = None
     if cfg.n_shared_experts:
         shared = Expert(ws.linear(p + "shared_experts.w1"), ws.linear(p + "shared_experts.w3"),
                         ws.linear(p + "shared_experts.w2"), limit)
     hashed = cfg.is_hash_layer(layer)
-    return MoE(cfg, ws.t(p + "gate.weight"), None if hashed else ws.t(p + "gate.bias"),
-               ws.t(p + "gate.tid2eid") if hashed else None, experts, shared, ws.act_block)
+    moe = MoE(cfg, ws.t(p + "gate.weight"), None if hashed else ws.t(p + "gate.bias"),
+              ws.t(p + "gate.tid2eid") if hashed else None, experts, shared, ws.act_block)
+    moe.stack = stack
+    return moe
+
+
+def _expert_stack(cfg: ModelConfig, ws: WeightSource, p: str) -> dict | None:
+    """The routed experts' MXFP4 codes as the grouped GEMM reads them, placed once: ``w13`` [E, 2I,
+    D / 2] (w1 then w3 of each expert) with ``s13`` [E, 2I, D / 32], ``w2`` [E, D, I / 2] with
+    ``s2``; each expert's ``Linear`` holds views of them. None where the experts' codes are not kept
+    (``ws.packed`` false) or are not MXFP4."""
+    n = cfg.n_routed_experts
+    if not ws.packed or not n or ws.ckpt.specs[ws.weight_name(f"{p}experts.0.w1")].kind != "fp4":
+        return None
+    parts = {w: [ws.ckpt.packed(ws.weight_name(f"{p}experts.{e}.{w}")) for e in range(n)] for w in ("w1", "w3", "w2")}
+    inter = parts["w1"][0][1].shape[0]
+    stack = {"w13": torch.empty((n, 2 * inter, *parts["w1"][0][1].shape[1:]), dtype=torch.uint8, device=ws.device),
+             "s13": torch.empty((n, 2 * inter, *parts["w1"][0][2].shape[1:]), dtype=torch.uint8, device=ws.device),
+             "w2": torch.empty((n, *parts["w2"][0][1].shape), dtype=torch.uint8, device=ws.device),
+             "s2": torch.empty((n, *parts["w2"][0][2].shape), dtype=torch.uint8, device=ws.device)}
+    for e in range(n):
+        for w, rows in (("w1", slice(0, inter)), ("w3", slice(inter, 2 * inter))):
+            stack["w13"][e, rows].copy_(parts[w][e][1])
+            stack["s13"][e, rows].copy_(parts[w][e][2])
+        stack["w2"][e].copy_(parts["w2"][e][1])
+        stack["s2"][e].copy_(parts["w2"][e][2])
+    ws.device_bytes += sum(t.numel() for t in stack.values())
+    return {**stack, "w1": slice(0, inter), "w3": slice(inter, 2 * inter)}
 
 
 class Block:
@@ -123,11 +155,14 @@ class Model:
         check_dtype(dtype)
         device = resolve_device(device)
         cfg = self.config = checkpoint.config
-        ws = WeightSource(checkpoint, device, packed=kernels == "generated")
+        generated = kernels == "generated"  # the kernels read the released codes: nothing else is kept
+        ws = WeightSource(checkpoint, device, packed=generated, dequantised=not generated)
         self.device, self.dtype = device, dtype
         self.ctx = Ctx(make_ops(batch_invariant, kernels), dtype, quant)
         self.embed, self.norm, self.head = ws.t("embed.weight"), ws.t("norm.weight"), ws.t("head.weight")
         self.blocks = [Block(cfg, ws, layer) for layer in range(cfg.num_hidden_layers)]
+        self.weight_bytes = ws.device_bytes  # on the device, as kept: packed codes, or dequantised values
+        self.weights_kept = "packed" if not ws.dequantised else "dequantised"
         self.checkpoint = checkpoint
         self.hc_head = None
         if not cfg.is_v41:

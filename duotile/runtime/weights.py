@@ -90,14 +90,7 @@ class Checkpoint:
 
         The stored codes are checked first (scan.py): a NaN / Inf code, an out-of-range expert id or an
         all-zero embedding / final norm / head raises CheckpointError naming the tensor and the file."""
-        spec = self.specs.get(name)
-        if spec is None:
-            raise KeyError(f"{name}: not a tensor of this checkpoint")
-        parts = self._stored(spec)
-        for finding in self._scan(parts):
-            if finding.level == "error":
-                entry = self.entries[finding.tensor]
-                raise CheckpointError(f"tensor {finding.tensor} in {entry.file}: {finding.message}")
+        spec, parts = self._checked(name)
         if spec.kind == "fp8":
             return quant.dequantize_fp8_blocks(parts[f"{name}.weight"], parts[f"{name}.scale"],
                                                self.config.weight_block_size[0])
@@ -107,6 +100,30 @@ class Checkpoint:
             return quant.dequantize_fp8_rows(parts[f"{name}.weight"], parts[f"{name}.scale"])
         value = parts[name]
         return value.long() if spec.kind == "int32" else value.float()
+
+    def packed(self, name: str) -> tuple[str, torch.Tensor, torch.Tensor]:
+        """A quantised weight as stored, checked as ``get`` checks it but not dequantised: ``(kind,
+        codes, scales)``, ``("fp8", e4m3 [N, K], UE8M0 codes [N / b, K / b] as uint8)`` for FP8
+        blocks of b x b, ``("fp4", e2m1 pairs [N, K / 2] as uint8, UE8M0 codes [N, K / 32] as
+        uint8)`` for MXFP4 rows: what the block-scaled kernels read, half a byte or a byte a weight
+        where the dequantised value takes four."""
+        spec, parts = self._checked(name)
+        if spec.kind not in ("fp8", "fp4"):
+            raise KeyError(f"{name}: a {spec.kind} tensor, not a packed weight")
+        codes, scales = parts[f"{name}.weight"], parts[f"{name}.scale"]
+        return spec.kind, codes if spec.kind == "fp8" else codes.view(torch.uint8), scales.view(torch.uint8)
+
+    def _checked(self, name: str) -> tuple[TensorSpec, dict[str, torch.Tensor]]:
+        """The spec and stored parts of a logical tensor, after the value checks (scan.py)."""
+        spec = self.specs.get(name)
+        if spec is None:
+            raise KeyError(f"{name}: not a tensor of this checkpoint")
+        parts = self._stored(spec)
+        for finding in self._scan(parts):
+            if finding.level == "error":
+                entry = self.entries[finding.tensor]
+                raise CheckpointError(f"tensor {finding.tensor} in {entry.file}: {finding.message}")
+        return spec, parts
 
     def _stored(self, spec: TensorSpec) -> dict[str, torch.Tensor]:
         names = [spec.name] if spec.kind in ("bf16", "fp32", "int32") else [f"{spec.name}.weight", f"{spec.name}.scale"]

@@ -21,6 +21,7 @@ generate --kernels generated` selects this flavour.
 
 from __future__ import annotations
 
+import collections
 from typing import Any
 
 import torch
@@ -60,7 +61,9 @@ class GeneratedOps(DenseKernels, AttentionKernels, StreamKernels, MoEKernels):
                         "moe_experts": self._moe_experts, "candidate_pool": self._candidate_pool,
                         "compress": self._compress, "rope": self._rope, "kv_round": self._kv_round}
         self._moe_packs: dict[int, tuple] = {}  # id(MoE) -> (the MoE, its weights stacked for the kernels)
-        self._bf16: dict[tuple, tuple] = {}  # weight's place -> (weight, version, BF16 copy or None)
+        # weight's place -> (weight, version, BF16 copy or None), the most recent BF16_KEPT of them: a
+        # weight dequantised for one use (a packed-only layer on the reference path) is not kept long
+        self._bf16: collections.OrderedDict[tuple, tuple] = collections.OrderedDict()
 
     def __getattr__(self, name: str):
         return getattr(self.base, name)

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import torch
 
+BF16_KEPT = 4096  # BF16 copies kept: every weight of a model a few layers deep, not every temporary
+
 
 class DenseKernels:
     """Mixed into ``GeneratedOps``: each method serves one model op (``_serves``)."""
@@ -56,6 +58,9 @@ class DenseKernels:
         if hit is None or hit[0]._version != hit[1]:
             b = w.to(torch.bfloat16).contiguous()
             hit = self._bf16[key] = (w, w._version, b if torch.equal(b.float(), w.float()) else None)
+            while len(self._bf16) > BF16_KEPT:
+                self._bf16.popitem(last=False)
+        self._bf16.move_to_end(key)
         return hit[2]
 
     def _linear(self, ctx, x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:

@@ -41,7 +41,10 @@ class MoEKernels:
             def stack(part):
                 return [torch.stack([torch.cat([e.w1.packed[part], e.w3.packed[part]]) for e in ex]),
                         torch.stack([e.w2.packed[part] for e in ex])]
-            (w13, w2), (s13, s2) = stack(1), stack(2)
+            if moe.stack is not None:  # placed stacked at load: the experts' codes are views of these
+                (w13, w2), (s13, s2) = (moe.stack["w13"], moe.stack["w2"]), (moe.stack["s13"], moe.stack["s2"])
+            else:
+                (w13, w2), (s13, s2) = stack(1), stack(2)
             packs = {"w13": w13, "s13": s13, "w2": w2, "s2": s2,
                      "sh13": torch.cat([sh.w1.packed[1], sh.w3.packed[1]]), "shs13": torch.cat([sh.w1.packed[2],
                                                                                                sh.w3.packed[2]]),

@@ -54,10 +54,24 @@ class Linear:
 
     ``packed`` holds the checkpoint's own codes where a kernel may read them: ``(kind, codes,
     scales)``: ``("fp8", e4m3 [N, K], UE8M0 codes [N / b, K / b])`` for FP8 blocks of b x b,
-    ``("fp4", e2m1 pairs [N, K / 2] as uint8, UE8M0 codes [N, K / 32])`` for MXFP4 rows."""
+    ``("fp4", e2m1 pairs [N, K / 2] as uint8, UE8M0 codes [N, K / 32])`` for MXFP4 rows. A packed
+    weight may come without its dequantised value (``weight=None``: weights kept as released, a
+    quarter or an eighth of the FP32 bytes); ``weight`` then dequantises at each use (``block``:
+    the FP8 blocks' size), never kept, which only the PyTorch reference path of such a layer pays."""
 
-    def __init__(self, weight: torch.Tensor, act_block: int | None, packed: tuple | None = None):
-        self.weight, self.act_block, self.packed = weight, act_block, packed
+    def __init__(self, weight: torch.Tensor | None, act_block: int | None, packed: tuple | None = None,
+                 block: int | None = None):
+        if weight is None and packed is None:
+            raise ValueError("Linear: give the weight, its packed codes, or both")
+        self._weight, self.act_block, self.packed, self.block = weight, act_block, packed, block
+
+    @property
+    def weight(self) -> torch.Tensor:
+        if self._weight is not None:
+            return self._weight
+        from ..quant import dequantize_packed
+
+        return dequantize_packed(self.packed, self.block)
 
     def __call__(self, ctx: Ctx, x: torch.Tensor) -> torch.Tensor:
         if not self.act_block:
@@ -226,24 +240,51 @@ def grouped_output(ctx: Ctx, o: torch.Tensor, wo_a: Linear, wo_b: Linear, groups
 
 
 class WeightSource:
-    """Hands out a checkpoint's dequantised tensors on a device, wrapped as `Linear` where they are GEMMs."""
+    """Hands out a checkpoint's tensors on a device, wrapped as `Linear` where they are GEMMs.
 
-    def __init__(self, checkpoint, device: torch.device | str = "cpu", packed: bool = False):
-        self.ckpt, self.device, self.packed = checkpoint, device, packed
-        self.act_block = checkpoint.config.weight_block_size[0]
+    ``packed``: quantised weights also keep their stored codes (what the block-scaled kernels read);
+    ``dequantised=False`` keeps those codes alone, as released, and nothing in FP32 beside them.
+    ``device_bytes`` counts what was placed on the device."""
+
+    def __init__(self, checkpoint, device: torch.device | str = "cpu", packed: bool = False,
+                 dequantised: bool = True):
+        if not (packed or dequantised):
+            raise ValueError("WeightSource: keep the packed codes, the dequantised weights, or both")
+        self.ckpt, self.device, self.packed, self.dequantised = checkpoint, device, packed, dequantised
+        # the activations' quantisation block is the dense weights' block (model.md 2.10)
+        self.act_block = self.weight_block = checkpoint.config.weight_block_size[0]
+        self.device_bytes = 0
+
+    def _placed(self, t: torch.Tensor) -> torch.Tensor:
+        t = t.to(self.device)
+        self.device_bytes += t.numel() * t.element_size()
+        return t
 
     def t(self, name: str) -> torch.Tensor:
-        return self.ckpt.get(name).to(self.device)
+        return self._placed(self.ckpt.get(name))
 
-    def linear(self, name: str) -> Linear:
-        weight_name = name if name in self.ckpt.specs else name + ".weight"
-        spec = self.ckpt.specs[weight_name]
-        quantised = spec.kind in ("fp8", "fp4")
-        packed = None
-        if self.packed and quantised:  # what the block-scaled GEMMs read (kernels "generated")
-            codes, scales = (self.ckpt.raw(f"{weight_name}.{part}").to(self.device) for part in ("weight", "scale"))
-            packed = (spec.kind, codes if spec.kind == "fp8" else codes.view(torch.uint8), scales.view(torch.uint8))
-        return Linear(self.t(weight_name), self.act_block if quantised else None, packed)
+    def weight_name(self, name: str) -> str:
+        return name if name in self.ckpt.specs else name + ".weight"
+
+    def quantised(self, name: str) -> bool:
+        return self.ckpt.specs[self.weight_name(name)].kind in ("fp8", "fp4")
+
+    def packed_codes(self, name: str) -> tuple[str, torch.Tensor, torch.Tensor]:
+        kind, codes, scales = self.ckpt.packed(self.weight_name(name))
+        return kind, self._placed(codes), self._placed(scales)
+
+    def linear(self, name: str, packed: tuple | None = None, dequantised: bool | None = None) -> Linear:
+        """``packed``: the weight's codes placed already (views of a stack of them, say);
+        ``dequantised=True``: keep the dequantised value whatever the source keeps (a weight read
+        as a matrix, not by a block-scaled kernel: the grouped ``wo_a``)."""
+        weight_name = self.weight_name(name)
+        if not self.quantised(name):
+            return Linear(self.t(weight_name), None)
+        if self.packed and packed is None:  # what the block-scaled GEMMs read (kernels "generated")
+            packed = self.packed_codes(name)
+        keep = self.dequantised if dequantised is None else dequantised
+        weight = self.t(weight_name) if keep or not self.packed else None
+        return Linear(weight, self.act_block, packed if self.packed else None, self.weight_block)
 
     def has(self, name: str) -> bool:
         return name in self.ckpt.specs

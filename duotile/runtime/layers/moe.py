@@ -32,6 +32,7 @@ class MoE:
         self.gate, self.bias, self.tid2eid = gate, bias, tid2eid
         self.experts, self.shared, self.act_block = experts, shared, act_block
         self.topk, self.scale = cfg.num_experts_per_tok, cfg.routed_scaling_factor
+        self.stack: dict | None = None  # the routed experts' codes stacked once (reference._expert_stack)
 
     def route(self, ctx: Ctx, x: torch.Tensor, tokens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Expert ids [T, k] and weights [T, k] (FP32): the gate GEMM, then the choice."""
