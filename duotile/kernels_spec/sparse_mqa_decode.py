@@ -70,11 +70,12 @@ def _head_rows(q):
     return dsl.maximum(q.H, MIN_HEAD_ROWS)
 
 
-def _attend(q, kv, idx, b, lo, hi, BN, STAGES):
-    """Online softmax of the heads of sequence b over the slot blocks lo .. hi-1: (acc, row_max,
-    row_sum), the output not yet divided by row_sum, in base-2 units; row_max is -inf and
-    row_sum 0 for a head that met no live slot. Rows past the heads (``_head_rows``) are zero
-    queries."""
+def _attend(q, kv, idx, b, lo, hi, BN, STAGES, kv_rows=None):
+    """Online softmax of the heads of query b (a sequence's token) over the slot blocks lo .. hi-1:
+    (acc, row_max, row_sum), the output not yet divided by row_sum, in base-2 units; row_max is
+    -inf and row_sum 0 for a head that met no live slot. Rows past the heads (``_head_rows``) are
+    zero queries. ``kv_rows(rows)`` gathers the named rows (BN, D) from the cache, by default
+    sequence b's own (``kv[b, rows, 0]``); ``kv`` gives the cache's row count N."""
     H, D, N = _head_rows(q), q.D, kv.N
     q_tile = dsl.load(q[b, 0, 0], (H, D), role="operand")
     acc = dsl.zeros((H, D), dsl.f32, role="accumulator")
@@ -83,7 +84,8 @@ def _attend(q, kv, idx, b, lo, hi, BN, STAGES):
     scale = LOG2E * D ** -0.5
     for n in dsl.pipelined(hi, stages=STAGES, start=lo):
         rows = dsl.load(idx[b, n * BN], (BN,), other=-1)  # slots past L are dead like -1
-        kv_tile = dsl.load(kv[b, rows, 0], (BN, D), role="operand")  # a dead slot reads a zero row
+        # a dead slot reads a zero row
+        kv_tile = kv_rows(rows) if kv_rows else dsl.load(kv[b, rows, 0], (BN, D), role="operand")
         scores = dsl.zeros((H, BN), dsl.f32, role="accumulator")
         dsl.gemm(q_tile, kv_tile, scores, transpose_b=True)
         live = (rows >= 0) & (rows < N)
@@ -103,6 +105,19 @@ def _attend(q, kv, idx, b, lo, hi, BN, STAGES):
     return acc, row_max, row_sum
 
 
+def finish(q, sink, o, lse, b, acc, row_max, row_sum):
+    """Query b's output and LSE from its online softmax, with the sink's ``2^(sink log2 e - top)``
+    in the denominator (padded head rows get a sink of 0 and are never stored)."""
+    sink2 = dsl.load(sink[0], (_head_rows(q),)) * LOG2E
+    top = dsl.maximum(row_max, sink2)
+    base = dsl.where(top > NEG_INF, top, 0.0)
+    w = dsl.exp2(row_max - base)
+    total = row_sum * w + dsl.exp2(sink2 - base)
+    dsl.store(o[b, 0, 0], (acc * (w / total)[:, None]).to(dsl.bf16))
+    if lse is not None:
+        dsl.store(lse[b, 0], (base + dsl.log2(total)) * LN2)
+
+
 # SPLIT defaults to 16, the two-phase form, for the tuning cache key (see gemm_splitk.py)
 @dsl.kernel(batch_dim="B", dynamic=("B", "L", "N"))
 def sparse_mqa_decode(q: dsl.Tensor["B", "H", "D", dsl.bf16], kv: dsl.Tensor["B", "N", "D", dsl.bf16],
@@ -117,15 +132,7 @@ def sparse_mqa_decode(q: dsl.Tensor["B", "H", "D", dsl.bf16], kv: dsl.Tensor["B"
     blocks = dsl.cdiv(idx.L, BN)
     if SPLIT == 1:
         for b in dsl.grid(q.B):
-            acc, row_max, row_sum = _attend(q, kv, idx, b, 0, blocks, BN, STAGES)
-            sink2 = dsl.load(sink[0], (_head_rows(q),)) * LOG2E  # padded rows: a sink of 0, never stored
-            top = dsl.maximum(row_max, sink2)
-            base = dsl.where(top > NEG_INF, top, 0.0)
-            w = dsl.exp2(row_max - base)
-            total = row_sum * w + dsl.exp2(sink2 - base)
-            dsl.store(o[b, 0, 0], (acc * (w / total)[:, None]).to(dsl.bf16))
-            if lse is not None:
-                dsl.store(lse[b, 0], (base + dsl.log2(total)) * LN2)
+            finish(q, sink, o, lse, b, *_attend(q, kv, idx, b, 0, blocks, BN, STAGES))
         return
     part_o = dsl.workspace("part_o", (SPLIT, q.B, H, D), dsl.f32)
     part_lse = dsl.workspace("part_lse", (SPLIT, q.B, H), dsl.f32)

@@ -1,0 +1,128 @@
+"""Sparse attention with an attention sink over a prefill chunk (model.md 2.5.6, 2.13, 5.4): ``T``
+query tokens of one sequence, ``H`` heads each (64 x 512 in both models), every token with its own
+index list ``idx`` (T, L) into the sequence's rows ``kv`` (N, D): its causal window and its
+selected (CSA, V4.1's CSA2) or all visible (HCA) compressed rows, merged into one list padded with
+-1. For head h of token t the math is the decode kernel's (``sparse_mqa_decode.py``):
+
+    l_j   = (q_th . kv[idx_tj]) * D^-0.5                 over the live slots j (0 <= idx_tj < N)
+    o_th  = sum_j exp(l_j) kv[idx_tj] / (exp(sink_h) + sum_j exp(l_j))
+    lse_th = log(exp(sink_h) + sum_j exp(l_j))
+
+with the same rules for dead slots (-1 or outside the rows: no part in the softmax), repeats
+(counted as often as listed) and a list without live slots (``o`` 0, ``lse`` the sink).
+
+A block per token runs the decode kernel's online softmax (``_attend``) over its list in
+``BN``-slot blocks and finishes with the sink (``finish``): one phase, the chunk's tokens giving
+the parallelism a decode step takes from its split. Each token's result depends on its own list
+alone, in a fixed order, so a token's bits do not depend on how its prompt is chunked (batch
+dimension ``T``). Tokens of a chunk share most of their rows (a window slides by one, their
+top-k lists overlap), and this form gathers each token's rows afresh: blocks of query tokens
+sharing one gather is the step after.
+
+Model shapes: a 4,096-token chunk, the rows per token of each compressed layer kind (window +
+top-512 = 640 for CSA / CSA2; V4's HCA at 1M context every visible compressed row, 128 + 8,192),
+and ``N`` the chunk's rows with the compressed rows of a 64K context (CSA) or the list (HCA).
+``T``, ``L`` and ``N`` are dynamic: one build serves every chunk and list.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .. import dsl
+from . import model_shapes as shapes
+from .registry import Dim, OneOf, Spec, register
+from .sparse_mqa_decode import _attend, _index_list, finish, sparse_mqa_decode_reference
+
+
+@dsl.kernel(batch_dim="T", dynamic=("T", "L", "N"))
+def sparse_mqa_prefill(q: dsl.Tensor["T", "H", "D", dsl.bf16], kv: dsl.Tensor["N", "D", dsl.bf16],
+                       idx: dsl.Tensor["T", "L", dsl.i32], sink: dsl.Tensor["H", dsl.f32],
+                       o: dsl.Tensor["T", "H", "D", dsl.bf16],
+                       lse: dsl.OptionalTensor["T", "H", dsl.f32] = None, *,
+                       BN: dsl.Tunable = dsl.choice(64, 32, 128),
+                       STAGES: dsl.Tunable = dsl.int_range(1, 3, default=1)):
+    def rows_of(rows):  # the sequence's rows the slots name (a dead slot reads a zero row)
+        return dsl.load(kv[rows, 0], (BN, q.D), role="operand")
+
+    for t in dsl.grid(q.T):
+        finish(q, sink, o, lse, t, *_attend(q, kv, idx, t, 0, dsl.cdiv(idx.L, BN), BN, STAGES, kv_rows=rows_of))
+
+
+def sparse_mqa_prefill_reference(q, kv, idx, sink) -> dict:
+    """The decode reference with every token reading the sequence's one set of rows (a view, no copy)."""
+    return sparse_mqa_decode_reference(q, kv[None].expand(q.shape[0], -1, -1), idx, sink)
+
+
+def _error_bound(case, output, inputs):
+    from .sparse_mqa_decode import _error_bound as decode_bound
+
+    kv = inputs["kv"]
+    return decode_bound(case, output, {**inputs, "kv": kv[None].expand(inputs["q"].shape[0], -1, -1)})
+
+
+def _inputs(case, device, seed):
+    t, h, d, n, length = case["T"], case["H"], case["D"], case["N"], case["L"]
+    if device.type == "meta":  # shapes and dtypes only
+        return {"q": torch.empty(t, h, d, dtype=torch.bfloat16), "kv": torch.empty(n, d, dtype=torch.bfloat16),
+                "idx": torch.empty(t, length, dtype=torch.int32), "sink": torch.empty(h),
+                "o": torch.empty(t, h, d, dtype=torch.bfloat16), "lse": torch.empty(t, h)}
+    on_device = device.type != "cpu"
+    g = torch.Generator(device=device if on_device else "cpu").manual_seed(seed)
+    where = device if on_device else "cpu"
+    q = (torch.randn(t, h, d, generator=g, device=where) * case.get("spread", 1.0)).to(torch.bfloat16)
+    kv = torch.randn(n, d, generator=g, device=where).to(torch.bfloat16)
+    sink = torch.randn(h, generator=g, device=where) * case.get("sink", 1.0)
+    idx = _index_list({**case, "B": t}, torch.Generator().manual_seed(seed + 1))
+    return {"q": q.to(device), "kv": kv.to(device), "idx": idx.to(device), "sink": sink.to(device),
+            "o": torch.full((t, h, d), float("nan"), dtype=torch.bfloat16, device=device),
+            "lse": torch.full((t, h), float("nan"), dtype=torch.float32, device=device)}
+
+
+def _model_shapes(m) -> dict:
+    """A prefill chunk per compressed layer kind (as ``sparse_mqa_decode``'s, its list length L and
+    the rows N: the chunk's own plus the compressed rows)."""
+    t, out = shapes.PREFILL_CHUNK, {}
+    for ratio in m.compress_ratios:
+        if ratio == 128:
+            length = m.window + shapes.CONTEXT // ratio
+            kind, n = f"hca{length}", length + t
+        elif m.compress_ratios == (2, 1) and ratio == 1:
+            continue  # ratio-1 layers read layer 20's rows: the same list length as ratio 2
+        else:
+            length = m.window + m.index_topk
+            kind, n = f"csa_r{ratio}_topk{length}", t + m.window + (1 << 16) // ratio
+        out[f"{m.short}/{kind}/prefill{t}"] = {"T": t, "H": m.heads, "D": m.head_dim, "L": length, "N": n,
+                                             "model": m.name}
+    return out
+
+
+SMALL = {"BN": 32, "STAGES": 1}
+SPEC = register(Spec(
+    kernel=sparse_mqa_prefill,
+    reference=sparse_mqa_prefill_reference,
+    make_inputs=_inputs,
+    outputs=("o", "lse"),
+    cases={
+        "holes": {"T": 5, "H": 64, "D": 64, "N": 300, "L": 200, "holes": 0.3, "config": SMALL},
+        "ragged": {"T": 6, "H": 64, "D": 64, "N": 90, "L": 96, "config": SMALL},
+        # a small model's 4 heads, padded to 64 zero queries never stored
+        "few_heads": {"T": 4, "H": 4, "D": 64, "N": 60, "L": 70, "holes": 0.3, "config": SMALL},
+        "all_but_one": {"T": 3, "H": 64, "D": 64, "N": 50, "L": 100, "valid": "one", "config": SMALL},
+        "all_dead": {"T": 2, "H": 64, "D": 64, "N": 50, "L": 70, "valid": "none", "config": SMALL},
+        "repeats": {"T": 2, "H": 64, "D": 64, "N": 20, "L": 128, "valid": "all", "repeat": True,
+                    "out_of_range": True, "config": SMALL},
+        "spread": {"T": 3, "H": 64, "D": 64, "N": 200, "L": 160, "spread": 30.0, "sink": 20.0, "holes": 0.5,
+                   "config": {"BN": 64, "STAGES": 2}},
+    },
+    build_cases={"v41_csa2": {"T": 4096, "H": 64, "D": 512, "L": 640, "N": 36992}},
+    tolerance=lambda case, output: (1e-6, 2.0 ** -8) if output == "o" else (1e-5, 2.0 ** -20),
+    extra_error=_error_bound,
+    flops=lambda c: 4.0 * c["T"] * c["H"] * c["L"] * c["D"],
+    bytes_moved=lambda c: 2.0 * (c["T"] * c["L"] * c["D"] + 2 * c["T"] * c["H"] * c["D"]) + 4.0 * c["T"] * c["L"],
+    model_shapes=shapes.for_models(_model_shapes),
+    sweep={"T": Dim(1, 6, large=64), "H": OneOf(64, 64, 4), "D": OneOf(64, 128), "L": Dim(1, 260, large=9000),
+           "N": Dim(1, 300, large=300000), "holes": OneOf(0.0, 0.3, 0.9), "repeat": OneOf(False, True),
+           "valid": OneOf("ragged", "all", "one"), "spread": OneOf(1.0, 10.0), "sink": OneOf(1.0, 10.0),
+           "config": {"BN": OneOf(32, 64)}},
+))
