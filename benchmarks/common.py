@@ -95,6 +95,8 @@ def spec_peer(name: str, inputs: dict, config: dict, causal: bool = False) -> tu
         return "torch.topk", lambda: torch.topk(scores, min(k, scores.shape[-1]), dim=-1)
     if name == "gemm_blockscaled":
         return blockscaled_mm_peer(inputs)
+    if name == "moe_gemm_mxfp4":
+        return grouped_mm_peer(inputs)
     raise KeyError(f"no torch peer for {name!r}")
 
 
@@ -187,3 +189,20 @@ def case_build(kernel_name: str, case_name: str, overrides: list[str]):
     cfg = {**spec.config_of(case, "sm90"), **dict(map(_assignment, overrides))}
     kernel = codegen.compile(spec.kernel, "sm90", config=cfg, constants=spec.constants_of(case))
     return kernel, spec.make_inputs(case, torch.device("cuda"), 0), cfg
+
+
+def grouped_mm_peer(inputs: dict) -> tuple[str, object]:
+    """torch._grouped_mm in bf16 over the same grouped rows (``offsets``) with bf16 expert weights
+    of the same shape (random: a peer's values need not match; 4x the bytes of the MXFP4 weights),
+    the bf16 MoE a user of torch runs; KeyError where torch refuses the shape."""
+    a, w, offsets = inputs["a"], inputs["w"], inputs["offsets"]
+    e, n, k = w.shape[0], w.shape[1], a.shape[1]
+    x = a.to(torch.bfloat16)
+    wb = torch.randn(e, n, k, device=a.device, dtype=torch.bfloat16)
+    ends = offsets[1:].to(torch.int32).contiguous()
+    call = lambda: torch._grouped_mm(x, wb.transpose(1, 2), offs=ends, out_dtype=torch.bfloat16)  # noqa: E731
+    try:
+        call()
+    except (RuntimeError, AttributeError) as err:
+        raise KeyError(f"torch._grouped_mm refused: {err}") from err
+    return "torch._grouped_mm bf16", call

@@ -19,37 +19,40 @@ that ``moe_permute`` grouped by expert.
 K is a multiple of 32 (the weights' scale blocks; both models' widths are multiples of 128).
 ``counts`` and ``w`` name the same E, so a routing of another expert count is refused at the call.
 
-**How a block finds its rows.** Two phases. Phase 0 writes the tile table: ``starts[e]``, the row
-tiles (of ``BM`` rows) of the experts before e, ``starts[E]`` all of them, a lane's sum of the tile
-counts ``ceil(counts[e'] / BM)`` before it, ``BE`` lanes a block (as ``moe_permute`` sums its
-offsets). Phase 1's grid is (row tile of the grouped list, column tile), ``(ceil(R / BM) + E) x
-ceil(N / BN)``: at most ``R / BM + E`` row tiles hold rows (each expert's last one may be short).
-Block t finds its expert as the last e with ``starts[e] <= t`` (a compare and a sum over the E
-entries; experts without rows share their successor's start and are passed over), reads it as an
-index (``dsl.scalar``), so the expert's weights and scales sit at a data offset, and gathers its
-rows ``offsets[e] + (t - starts[e]) * BM + i``, -1 (a zero row, whose output row the scatter store
-drops) past ``counts[e]``. A block past the last tile reads no row and its K loop ends at once (its
-``stop=`` is 0). V4's w13 at a 4,096-token prefill chunk (R = 24,576, 256 experts, BM = 64) runs 640
-row tiles where a grid of (expert, row tile within the expert) ran 256 x 384 = 98,304; at the decode
-of one token (R = 6) 257, of which the 6 experts' hold rows. The rows are still gathered (plain,
-TMA-able loads at ``offsets[e] + ...`` would read the next expert's rows into a short tile, which
-the store drops: a possible next step).
+**How a block finds its rows.** Three phases. Phase 0 writes the tile table: ``starts[e]``, the
+row tiles (of ``BM`` rows) of the experts before e, ``starts[E]`` all of them, a lane's sum of the
+tile counts ``ceil(counts[e'] / BM)`` before it, ``BE`` lanes a block (as ``moe_permute`` sums its
+offsets). Phase 1 writes each row tile's expert, ``owner[t]``: the last e with ``starts[e] <= t``
+(a compare and a sum over the E entries; experts without rows share their successor's start and
+are passed over). Phase 2's grid is (row tile of the grouped list, column tile),
+``(ceil(R / BM) + min(R, E)) x ceil(N / BN)``: the tiles sum ``ceil(counts[e] / BM)`` < R / BM +
+(experts with rows), and at most min(R, E) experts have rows. Block t reads its expert as an index
+(``dsl.scalar``), so the expert's weights and scales sit at a data offset, and its first row
+``offsets[e] + (t - starts[e]) * BM`` likewise: its rows are read in place (a short tile's tail
+reads the next expert's rows, or zeros past R, and the store by row index drops those outputs:
+-1 past ``counts[e]``). A block past the last tile runs no K step (its ``stop=`` is 0). V4's w13
+at a 4,096-token prefill chunk (R = 24,576, 256 experts, BM = 64) runs 640 row tiles; the decode
+of one token (R = 6) 7, of which 6 hold a row.
 
 **The arithmetic.** Hopper has no FP4 tensor cores (model.md 2.7), so the weights are expanded on
-CUDA cores, about fifteen operations a weight. Each K step of BK columns:
+CUDA cores. Each K step of BK columns:
 
-* reads the weight bytes by a column gather that names each byte twice (column j reads byte
-  (col + j) // 2); an even column takes its byte's low nibble, an odd one the high nibble;
+* reads the step's weight bytes as one plain (BN, BK / 2) tile (an operand: TMA into shared
+  memory, ``STAGES`` steps ahead). Byte j holds columns col + 2j (low nibble) and col + 2j + 1
+  (high nibble), so the step is two gemms over BK / 2 columns each: the low nibbles against the
+  activations' even columns, the high nibbles against the odd ones (a column gather of stride 2);
+  the order of a sum's terms is fixed, whatever R is;
 * makes each e2m1 code its value (from bits) times its block's scale 2^(code - 127) (from bits, as
   ``gemm_blockscaled`` decodes UE8M0), in bf16: exact, as e2m1 values have two significant bits,
   for weight codes 2..252, where every product is a normal, finite number; at codes 0 and 1 a
   value below 2^-126 is flushed to zero by CUDA builds (ftz), at 253 and 254 one beyond the range
-  is +-Inf, and code 255 (NaN) gives NaN;
+  is +-Inf, and code 255 (NaN) gives NaN. A byte column's code is that of its 32-column block
+  (both of its columns lie in one), the step's blocks read as (BN, 1) tiles;
 * makes the activations ``a x sa`` in bf16, exact (e4m3 has four significant bits) for codes
   10..246, where every e4m3 value times the scale is normal and finite (the quantiser writes codes
   from 105, its amax floor of 1e-4, up);
-* runs one bf16 tensor-core gemm into the fp32 accumulator. The products are exact in fp32; the
-  sums are the only roundings.
+* runs the two bf16 tensor-core gemms into the fp32 accumulator. The products are exact in fp32;
+  the sums are the only roundings.
 
 Both scales are folded into the operands, so no promotion (an fp32 partial scaled and added, as in
 ``gemm_blockscaled``) follows a gemm. For the weight scale that is forced: it varies along the
@@ -81,15 +84,13 @@ FP4_GRID = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0)  # e2m1 magnitudes by code &
 UNWRITTEN = 2.0 ** 100  # what ``out`` holds before a call in the cases: rows no expert covers keep it
 
 
-def _weights(byte, odd, code):
-    """The weight values of a (BN, BK) tile of bytes (each byte at its two columns; ``odd`` (1, BK)
-    marks the columns of high nibbles) and their UE8M0 codes, (BN, 1) or (BN, BK): e2m1 value x
-    2^(code - 127) in bf16. The value comes from bits: magnitude index 2e + m >= 2 is
-    2^(e - 1) x (1 + m / 2), the f32 with exponent field 126 + e and mantissa m x 2^22, i.e. the
-    bits ``index << 22`` plus those of 0.5; index 1 is 0.5 itself, index 0 is zero; bit 3 of the
-    code is the sign bit. The nibble and the code are traced afresh at each use, so that the whole
-    expansion fuses into one map (no register tile for each intermediate)."""
-    nib = lambda: dsl.where(odd, byte >> 4, byte & 15).to(dsl.i32)
+def _weights(nib, code):
+    """The weight values of a tile of e2m1 codes (``nib()``: the 4-bit codes as an i32 tile, traced
+    afresh at each use so that the whole expansion fuses into one map, no register tile for each
+    intermediate) and their UE8M0 codes (broadcasting): e2m1 value x 2^(code - 127) in bf16. The
+    value comes from bits: magnitude index 2e + m >= 2 is 2^(e - 1) x (1 + m / 2), the f32 with
+    exponent field 126 + e and mantissa m x 2^22, i.e. the bits ``index << 22`` plus those of 0.5;
+    index 1 is 0.5 itself, index 0 is zero; bit 3 of the code is the sign bit."""
     mag = lambda: nib() & 7
     bits = dsl.where(mag() >= 2, (mag() << 22) + HALF_BITS, mag() * HALF_BITS) | ((nib() >> 3) << 31)
     c = lambda: code.to(dsl.i32)
@@ -97,15 +98,24 @@ def _weights(byte, odd, code):
     return (bits.bitcast(dsl.f32) * scale.bitcast(dsl.f32)).to(dsl.bf16)
 
 
-def _row_scales(a_scale, rows, col, cols, BM, BK, ABLOCK):
-    """The activation scales (f32) of the gathered ``rows`` at columns col .. col + BK - 1: (BM, 1)
-    where the step lies in one scale block, else (BM, BK), each column taking its block's scale (a
-    row gather names rows only, so the step's BK / ABLOCK codes are read one block at a time)."""
-    scale = _pow2(dsl.load(a_scale[rows, col // ABLOCK], (BM, 1)))
-    for j in range(1, BK // ABLOCK):  # unrolled: the further scale blocks of a step
-        more = _pow2(dsl.load(a_scale[rows, col // ABLOCK + j], (BM, 1)))
-        scale = dsl.where((cols // ABLOCK).eq(j)[None, :], more, scale)
-    return scale
+def _low(byte):
+    return lambda: (byte & 15).to(dsl.i32)
+
+
+def _high(byte):
+    return lambda: (byte >> 4).to(dsl.i32)
+
+
+def _step_codes(scales, lead, first, rows, half, BK, BLOCK):
+    """The scale codes of a K step's packed columns ``half`` (a (1, BK / 2) tile: byte j holds
+    columns col + 2j and col + 2j + 1, which lie in one block, as blocks are even), read from
+    ``scales[*lead, first + j]`` for the step's blocks j as (rows, 1) tiles: (rows, 1) where the
+    step lies in one block, else (rows, BK / 2), each byte column taking its block's code (the
+    step's blocks unrolled)."""
+    codes = dsl.load(scales[(*lead, first)], (rows, 1))
+    for j in range(1, BK // BLOCK):
+        codes = dsl.where((half // (BLOCK // 2)).eq(j), dsl.load(scales[(*lead, first + j)], (rows, 1)), codes)
+    return codes
 
 
 FAR = 1 << 30  # a tile table entry past the experts: never at or before a row tile
@@ -136,32 +146,46 @@ def moe_gemm_mxfp4(a: dsl.Tensor["R", "K", dsl.f8e4m3], a_scale: dsl.Tensor["R",
             before[:] = before + dsl.where(j * BE + lanes[None, :] < c * BE + lanes[:, None], tiles[None, :], 0
                                            ).sum(axis=1)
         dsl.store(starts[c * BE], before)
-    # phase 1: a block per row tile of the grouped list (at most R / BM + E of them) and column tile
-    for t, n in dsl.grid(dsl.cdiv(a.R, BM) + n_e, dsl.cdiv(w.N, BN)):
-        lanes = dsl.arange(dsl.next_pow2(n_e))
-        table = dsl.load(starts[0], (dsl.next_pow2(n_e),), other=FAR)
-        first_tiles = dsl.where(lanes < n_e, table, FAR)
+    # phase 1, each row tile's expert: the last whose first tile is at or before it (experts without
+    # tiles share their successor's start and are passed over); a tile past them all gets E - 1.
+    # A phase of its own: searched inside the GEMM's block, beside the weights' shared-memory tile,
+    # TileLang 0.1.15's layout inference found no layout for the block ("no available layout found")
+    # row tiles that can hold rows: sum_e ceil(counts[e] / BM) < R / BM + (experts with rows), and
+    # at most min(R, E) experts have rows
+    n_tiles = dsl.cdiv(a.R, BM) + dsl.minimum(a.R, n_e)
+    owner = dsl.workspace("owner", (n_tiles,), dsl.i32)
+    for c in dsl.grid(dsl.cdiv(n_tiles, BE)):
+        lanes = dsl.arange(BE)
+        tile = c * BE + dsl.arange(BE)
+        seen = dsl.zeros((BE,), dsl.i32)
+        for j in dsl.range(dsl.cdiv(n_e, BE)):
+            first = dsl.where(j * BE + lanes < n_e, dsl.load(starts[j * BE], (BE,), other=FAR), FAR)
+            seen[:] = seen + (first[None, :] <= tile[:, None]).to(dsl.i32).sum(axis=1)
+        dsl.store(owner[c * BE], seen - 1)
+    # phase 2: a block per row tile of the grouped list and column tile
+    for t, n in dsl.grid(n_tiles, dsl.cdiv(w.N, BN)):
         live = dsl.load(starts[n_e], (1,)) > t  # a row tile of some expert
-        # its expert: the last whose first tile is at or before t (experts without tiles share it)
-        mine = (first_tiles[None, :] <= t).to(dsl.i32).sum(axis=1) - 1
-        e = dsl.scalar(dsl.where(live, mine, 0))
+        e = dsl.scalar(dsl.where(live, dsl.load(owner[t], (1,)), 0))
         local = (t - dsl.load(starts[e], (1,))) * BM + dsl.arange(BM)  # the rows' places in expert e
         rows = dsl.where(live & (local < dsl.load(counts[e], (1,))), dsl.load(offsets[e], (1,)) + local, -1)
-        cols = dsl.arange(BK)
-        odd = (cols % 2).eq(1)[None, :]
+        # the tile's first row: its rows are read in place (a short tile's tail reads the next
+        # expert's rows, or zeros past R, whose outputs the store by ``rows`` drops)
+        r0 = dsl.scalar(dsl.where(live, dsl.load(offsets[e], (1,)) + (t - dsl.load(starts[e], (1,))) * BM, 0))
+        half = dsl.arange(BK // 2)[None, :]  # a step's packed columns
         acc = dsl.zeros((BM, BN), dsl.f32, role="accumulator")
         steps = dsl.where(live, dsl.cdiv(a.K, BK), 0).to(dsl.i32)  # a block past the tiles runs no K step
         for k in dsl.pipelined(dsl.cdiv(a.K, BK), stages=STAGES, stop=steps):
             col = k * BK
-            byte = dsl.load(w[e, n * BN, (cols + col) // 2], (BN, BK))
-            if BK <= WBLOCK:  # the step lies in one weight scale block: a code per row
-                code = dsl.load(w_scale[e, n * BN, col // WBLOCK], (BN, 1))
+            byte = dsl.load(w[e, n * BN, k * (BK // 2)], (BN, BK // 2), role="operand")
+            code = _step_codes(w_scale, (e, n * BN), k * (BK // WBLOCK), BN, half, BK, WBLOCK)
+            if BK <= ABLOCK:  # the step lies in one activation scale block
+                sa = _pow2(dsl.load(a_scale[r0, col // ABLOCK], (BM, 1)))
             else:
-                code = dsl.load(w_scale[e, n * BN, (cols + col) // WBLOCK], (BN, BK))
-            w_tile = _weights(byte, odd, code)
-            sa = _row_scales(a_scale, rows, col, cols, BM, BK, ABLOCK)
-            a_tile = (dsl.load(a[rows, col], (BM, BK)).to(dsl.f32) * sa).to(dsl.bf16)
-            dsl.gemm(a_tile, w_tile, acc, transpose_b=True)
+                sa = _pow2(_step_codes(a_scale, (r0,), k * (BK // ABLOCK), BM, half, BK, ABLOCK))
+            # the even columns against the low nibbles, the odd ones against the high nibbles
+            for nib, parity in ((_low(byte), 0), (_high(byte), 1)):
+                x = dsl.load(a[r0, col + 2 * dsl.arange(BK // 2) + parity], (BM, BK // 2))
+                dsl.gemm((x.to(dsl.f32) * sa).to(dsl.bf16), _weights(nib, code), acc, transpose_b=True)
         dsl.store(out[rows, n * BN], acc.to(dsl.bf16))
 
 

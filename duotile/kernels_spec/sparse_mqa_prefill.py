@@ -49,16 +49,32 @@ def sparse_mqa_prefill(q: dsl.Tensor["T", "H", "D", dsl.bf16], kv: dsl.Tensor["N
         finish(q, sink, o, lse, t, *_attend(q, kv, idx, t, 0, dsl.cdiv(idx.L, BN), BN, STAGES, kv_rows=rows_of))
 
 
+GATHER_BYTES = 1 << 30  # the float64 rows a reference chunk gathers at most (a 4,096-token chunk of
+# V4's HCA layer reads 8,448 rows a token: 141 GB gathered at once)
+
+
+def _token_chunks(q, idx):
+    """Token ranges whose gathered float64 rows (tokens x L x D x 8 bytes) fit GATHER_BYTES."""
+    per_token = max(1, idx.shape[1] * q.shape[-1] * 8)
+    step = max(1, GATHER_BYTES // per_token)
+    return [(lo, min(lo + step, q.shape[0])) for lo in range(0, q.shape[0], step)] or [(0, 0)]
+
+
 def sparse_mqa_prefill_reference(q, kv, idx, sink) -> dict:
-    """The decode reference with every token reading the sequence's one set of rows (a view, no copy)."""
-    return sparse_mqa_decode_reference(q, kv[None].expand(q.shape[0], -1, -1), idx, sink)
+    """The decode reference with every token reading the sequence's one set of rows (a view, no
+    copy), a chunk of tokens at a time (each token's softmax is its own)."""
+    parts = [sparse_mqa_decode_reference(q[lo:hi], kv[None].expand(hi - lo, -1, -1), idx[lo:hi], sink)
+             for lo, hi in _token_chunks(q, idx)]
+    return {name: torch.cat([p[name] for p in parts]) for name in ("o", "lse")}
 
 
 def _error_bound(case, output, inputs):
     from .sparse_mqa_decode import _error_bound as decode_bound
 
-    kv = inputs["kv"]
-    return decode_bound(case, output, {**inputs, "kv": kv[None].expand(inputs["q"].shape[0], -1, -1)})
+    q, kv, idx = inputs["q"], inputs["kv"], inputs["idx"]
+    return torch.cat([decode_bound(case, output, {**inputs, "q": q[lo:hi], "idx": idx[lo:hi],
+                                                  "kv": kv[None].expand(hi - lo, -1, -1)})
+                      for lo, hi in _token_chunks(q, idx)])
 
 
 def _inputs(case, device, seed):

@@ -53,7 +53,9 @@ def expand(byte: dsl.Tensor["N", "B", dsl.u8], code: dsl.Tensor["N", 1, dsl.u8],
     for i in dsl.grid(dsl.cdiv(byte.N, 16)):
         cols = dsl.arange(512)
         b = dsl.load(byte[i * 16, cols // 2], (16, 512))
-        dsl.store(out[i * 16, 0], mg._weights(b, (cols % 2).eq(1)[None, :], dsl.load(code[i * 16, 0], (16, 1))))
+        odd = (cols % 2).eq(1)[None, :]
+        nib = lambda odd=odd, b=b: dsl.where(odd, b >> 4, b & 15).to(dsl.i32)
+        dsl.store(out[i * 16, 0], mg._weights(nib, dsl.load(code[i * 16, 0], (16, 1))))
 
 
 def test_every_code_at_every_scale_expands_to_its_value():
@@ -84,6 +86,25 @@ def test_experts_without_rows_read_nothing_and_uncovered_rows_are_untouched():
     total = int(x["offsets"][-1])
     assert total == 25 and bool(torch.isfinite(x["out"]).all())
     assert bool((x["out"][total:].float() == mg.UNWRITTEN).all())
+    assert off_elements(case, x, SPEC.run_reference(x, case)["out"]) == 0
+
+
+@pytest.mark.parametrize("rows,tiles_of", [(5, "one row each"), (12, "a short tile each")])
+def test_the_grid_covers_the_most_row_tiles_a_routing_can_make(rows, tiles_of):
+    """The grid runs ceil(R / BM) + min(R, E) row tiles: as many experts as rows, one row each (R
+    tiles), or rows spread so that every expert's last tile is short (the bound's other term)."""
+    case = {"R": rows, "E": 8, "N": 32, "K": 64, "ABLOCK": 32}
+    x = SPEC.make_inputs(case, CPU, 2)
+    counts = torch.zeros(8, dtype=torch.int32)
+    if tiles_of == "one row each":
+        counts[1:1 + rows] = 1
+    else:
+        counts[:] = torch.tensor([3, 1, 2, 1, 1, 2, 1, 1], dtype=torch.int32)
+    x["counts"], x["offsets"] = counts, torch.cat([torch.zeros(1, dtype=torch.int32), counts.cumsum(0).int()])
+    cfg = {"BM": 16, "BN": 32, "BK": 64}
+    tiles = int(((counts + cfg["BM"] - 1) // cfg["BM"]).sum())
+    assert tiles == -(-rows // cfg["BM"]) + min(rows, 8) - 1  # one short of the grid's bound
+    run(case, inputs=x, config=cfg)
     assert off_elements(case, x, SPEC.run_reference(x, case)["out"]) == 0
 
 
