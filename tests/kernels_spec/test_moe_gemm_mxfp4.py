@@ -199,3 +199,17 @@ def test_the_model_shapes_are_both_grouped_gemms_of_both_models():
     assert shapes["v41/e384_w13/decode64"]["N"] == 2 * ms.V41_FLASH.moe_intermediate
     assert {c["R"] for c in shapes.values()} == {6, 96, 384, 6 * ms.PREFILL_CHUNK}
     assert SPEC.kernel.dynamic == ("R",) and SPEC.kernel.batch_dim == "R"
+
+
+@pytest.mark.parametrize("shape", ["v4/e256_w13/decode1", "v41/e384_w13/decode16", "v41/e384_w2/prefill4096"])
+def test_a_user_gets_the_measured_starting_config_on_sm90(shape, monkeypatch, tmp_path):
+    """The cost model's narrow tiles measured 3x slower at V4.1's w13 (duotile/tuned/starting.json
+    says by how much): every model shape gets the starting table's 64 x 128 x 128, three stages."""
+    from duotile.codegen.choose_config import explain_choice
+
+    monkeypatch.setenv("DUOTILE_CACHE", str(tmp_path))  # no user tuning cache in the way
+    case = SPEC.model_shapes[shape]
+    sig = SPEC.kernel.bind(SPEC.meta_inputs(case))
+    config, source, _ = explain_choice(SPEC.kernel, "sm90", sig, SPEC.constants_of(case))
+    assert source == "starting"
+    assert {k: config[k] for k in ("BM", "BN", "BK", "STAGES")} == {"BM": 64, "BN": 128, "BK": 128, "STAGES": 3}
