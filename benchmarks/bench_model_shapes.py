@@ -5,8 +5,9 @@ one), on sm90, against the torch peer timed in the same run.
                                              [--model v41-flash|v4-flash] [--rounds 3] [--jobs 12]
 
 Peers: torch's own operation where one computes the same thing (F.linear, torch._scaled_mm,
-SDPA, torch.topk, a copy of RMSNorm's bytes), else the spec's PyTorch reference on the same GPU
-inputs (the composite a runtime without the kernel would run).
+SDPA, torch.topk, a copy of RMSNorm's bytes, torch._grouped_mm in bf16 for the MXFP4 grouped
+GEMM), the runtime's FP32 composite for sparse attention, else the spec's PyTorch reference on the
+same GPU inputs (the composite a runtime without the kernel would run).
 
 Each row: the shape, where its config came from (tuned / table / model / default), whether the
 output matched the reference, our and the peer's median time over interleaved rounds, the ratio

@@ -97,6 +97,8 @@ def spec_peer(name: str, inputs: dict, config: dict, causal: bool = False) -> tu
         return blockscaled_mm_peer(inputs)
     if name == "moe_gemm_mxfp4":
         return grouped_mm_peer(inputs)
+    if name in ("sparse_mqa_decode", "sparse_mqa_prefill"):
+        return sparse_attention_peer(inputs)
     raise KeyError(f"no torch peer for {name!r}")
 
 
@@ -206,3 +208,34 @@ def grouped_mm_peer(inputs: dict) -> tuple[str, object]:
     except (RuntimeError, AttributeError) as err:
         raise KeyError(f"torch._grouped_mm refused: {err}") from err
     return "torch._grouped_mm bf16", call
+
+
+PEER_GATHER_BYTES = 1 << 30  # the fp32 rows one call of the runtime's composite gathers at most
+
+
+def sparse_attention_peer(inputs: dict) -> tuple[str, object]:
+    """The runtime's sparse attention (``layers.common.sparse_attention``, FP32, its fast mode) on
+    the same rows: each query's index list gathered from its sequence's rows (decode: q [B, H, D]
+    over kv [B, N, D]; prefill: q [T, H, D] over one kv [N, D]), -1 a dead slot; queries in chunks
+    whose gathered rows fit PEER_GATHER_BYTES (a 4,096-token chunk of V4's HCA layer would gather
+    70 GB at once), the chunk size in the label."""
+    from duotile.runtime.layers.common import Ctx, sparse_attention
+    from duotile.runtime.ops import FastOps
+
+    q, kv, idx, sink = inputs["q"], inputs["kv"], inputs["idx"], inputs["sink"]
+    rows = kv if kv.dim() == 3 else kv[None].expand(q.shape[0], -1, -1)
+    step = max(1, PEER_GATHER_BYTES // max(1, idx.shape[1] * q.shape[-1] * 4))
+    ctx, scale = Ctx(FastOps()), q.shape[-1] ** -0.5
+
+    def call():
+        out = []
+        for lo in range(0, q.shape[0], step):
+            i = idx[lo:lo + step]
+            live = (i >= 0) & (i < rows.shape[1])
+            keys = rows[lo:lo + step].gather(1, i.clamp(0, rows.shape[1] - 1).long()[..., None]
+                                             .expand(-1, -1, rows.shape[2]))
+            out.append(sparse_attention(ctx, q[lo:lo + step], keys, live, sink, scale))
+        return out
+
+    chunk = "" if step >= q.shape[0] else f", {step} queries a call"
+    return f"runtime sparse_attention (fp32{chunk})", call

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from types import SimpleNamespace
 
+import pytest
 import torch
 
 from benchmarks import common, tune_sweep
@@ -83,6 +84,23 @@ def test_mqa_peer_is_the_decode_attention_it_is_timed_against():
     x = {k: v.float() for k, v in spec.make_inputs(case, torch.device("cpu"), 0).items()}
     got = common.mqa_peer(x)().squeeze(2)
     assert torch.allclose(got, spec.run_reference(x, case)["o"].float(), atol=2e-2, rtol=2e-2)
+
+
+@pytest.mark.parametrize("name,case", [("sparse_mqa_decode", {"B": 3, "H": 16, "D": 64, "N": 90, "L": 40}),
+                                       ("sparse_mqa_prefill", {"T": 7, "H": 16, "D": 64, "N": 90, "L": 40})])
+def test_sparse_attention_peer_is_the_runtimes_attention_over_the_same_rows(name, case, monkeypatch):
+    """The sparse kernels' peer, the runtime's composite, computes what the kernels' reference does
+    (live slots alone, the sink in the denominator), also when it goes a chunk of queries a call."""
+    from duotile.kernels_spec import get
+
+    spec = get(name)
+    x = spec.make_inputs({**case, "valid": "all"}, torch.device("cpu"), 3)
+    want = spec.run_reference(x, case)["o"].float()
+    monkeypatch.setattr(common, "PEER_GATHER_BYTES", 2 * case["L"] * case["D"] * 4)  # two queries a call
+    label, call = common.sparse_attention_peer(x)
+    got = torch.cat(call())
+    assert "2 queries a call" in label
+    assert (got - want).abs().max() <= 2.0 ** -7 * want.abs().max()
 
 
 def test_interleaved_rows_take_ratios_against_their_own_peer_within_each_round(monkeypatch):
