@@ -149,8 +149,8 @@ def moe_gemm_mxfp4(a: dsl.Tensor["R", "K", dsl.f8e4m3], a_scale: dsl.Tensor["R",
     # phase 1, each row tile's expert: the last whose first tile is at or before it (experts without
     # tiles share their successor's start and are passed over); a tile past them all gets E - 1.
     # A phase of its own: searched inside the GEMM's block, beside the weights' shared-memory tile,
-    # TileLang 0.1.15's layout inference found no layout for the block ("no available layout found")
-    # row tiles that can hold rows: sum_e ceil(counts[e] / BM) < R / BM + (experts with rows), and
+    # TileLang 0.1.15's layout inference found no layout for the block ("no available layout found").
+    # The row tiles that can hold rows: sum_e ceil(counts[e] / BM) < R / BM + (experts with rows), and
     # at most min(R, E) experts have rows
     n_tiles = dsl.cdiv(a.R, BM) + dsl.minimum(a.R, n_e)
     owner = dsl.workspace("owner", (n_tiles,), dsl.i32)
