@@ -264,7 +264,7 @@ def _counts(case, rows: int, g: torch.Generator) -> torch.Tensor:
 
 
 def _codes(shape, lo: int, hi: int, g: torch.Generator) -> torch.Tensor:
-    return torch.randint(lo, hi + 1, shape, generator=g, dtype=torch.uint8)
+    return torch.randint(lo, hi + 1, shape, generator=g, dtype=torch.uint8, device=g.device)
 
 
 # UE8M0 code ranges (activation, weight) by case kind; "edge" pairs the extremes (_scale_codes)
@@ -285,8 +285,8 @@ def _scale_codes(kind: str, r: int, e: int, n: int, k: int, ablock: int, g: torc
     if kind != "edge":
         (alo, ahi), (wlo, whi) = SCALE_KINDS[kind]
         return _codes((r, ka), alo, ahi, g), _codes((e, n, kw), wlo, whi, g)
-    sa = torch.empty(r, ka, dtype=torch.uint8)
-    sw = torch.empty(e, n, kw, dtype=torch.uint8)
+    sa = torch.empty(r, ka, dtype=torch.uint8, device=g.device)
+    sw = torch.empty(e, n, kw, dtype=torch.uint8, device=g.device)
     for j in range(ka):  # an activation block and the weight blocks inside it take one pairing
         (alo, ahi), (wlo, whi) = EDGE[j % len(EDGE)]
         sa[:, j] = _codes((r,), alo, ahi, g)
@@ -297,16 +297,17 @@ def _scale_codes(kind: str, r: int, e: int, n: int, k: int, ablock: int, g: torc
 
 def _fp8_values(shape, g: torch.Generator) -> torch.Tensor:
     """e4m3 values over the format's range (subnormals to 448), with signs."""
-    x = torch.randn(shape, generator=g) * torch.exp2(torch.randint(-8, 7, shape, generator=g).float())
+    x = torch.randn(shape, generator=g, device=g.device) * torch.exp2(
+        torch.randint(-8, 7, shape, generator=g, device=g.device).float())
     return x.clamp(-FP8_MAX, FP8_MAX).to(torch.float8_e4m3fn)
 
 
 def _nibbles(e: int, n: int, k: int, g: torch.Generator) -> torch.Tensor:
     """Packed weights (E x N x K/2) whose two nibbles of a byte never decode to the same value: the
     even element's code at random, the odd one's another magnitude (and a random sign)."""
-    even = torch.randint(0, 16, (e, n, k // 2), generator=g)
-    shift = torch.randint(1, 8, (e, n, k // 2), generator=g)
-    odd = ((even & 7) + shift) % 8 | (torch.randint(0, 2, (e, n, k // 2), generator=g) << 3)
+    even = torch.randint(0, 16, (e, n, k // 2), generator=g, device=g.device)
+    shift = torch.randint(1, 8, (e, n, k // 2), generator=g, device=g.device)
+    odd = ((even & 7) + shift) % 8 | (torch.randint(0, 2, (e, n, k // 2), generator=g, device=g.device) << 3)
     return (even | odd << 4).to(torch.uint8)  # model.md 1.4: the even element in the low nibble
 
 
@@ -319,23 +320,26 @@ def _inputs(case, device, seed):
                 "w_scale": torch.empty(e, n, k // WBLOCK, dtype=torch.uint8),
                 "counts": torch.empty(e, dtype=torch.int32), "offsets": torch.empty(e + 1, dtype=torch.int32),
                 "out": torch.empty(r, n, dtype=torch.bfloat16)}
-    g = torch.Generator().manual_seed(seed)
+    g = torch.Generator().manual_seed(seed)  # the routing (small), on the CPU everywhere
+    # the bulk (weights of gigabytes at the model's shapes) drawn where it is used: the CPU's draws
+    # are the same as ever, a GPU's are its own (seeded too)
+    gd = g if device.type == "cpu" else torch.Generator(device=device).manual_seed(seed)
     tail = case.get("tail", 0)  # rows past offsets[E]: pairs moe_permute left out
     c = _counts(case, max(r - tail, 0), g)
     off = torch.zeros(e + 1, dtype=torch.int64)
     off[1:] = torch.cumsum(c, 0)
     if case.get("values") == "nibbles":  # one nonzero activation a row: each output reads one weight
-        packed = _nibbles(e, n, k, g)
-        a = torch.zeros(r, k)
-        a[torch.arange(r), torch.randint(0, k, (r,), generator=g)] = 1.0
+        packed = _nibbles(e, n, k, gd)
+        a = torch.zeros(r, k, device=gd.device)
+        a[torch.arange(r, device=gd.device), torch.randint(0, k, (r,), generator=gd, device=gd.device)] = 1.0
         a = a.to(torch.float8_e4m3fn)
     else:  # every byte: two codes at random
-        packed = torch.randint(0, 256, (e, n, k // 2), generator=g, dtype=torch.uint8)
-        a = _fp8_values((r, k), g)
-    sa, sw = _scale_codes(case.get("scales", "normal"), r, e, n, k, ablock, g)
+        packed = torch.randint(0, 256, (e, n, k // 2), generator=gd, dtype=torch.uint8, device=gd.device)
+        a = _fp8_values((r, k), gd)
+    sa, sw = _scale_codes(case.get("scales", "normal"), r, e, n, k, ablock, gd)
     out = {"a": a, "a_scale": sa, "w": packed, "w_scale": sw,
            "counts": c.to(torch.int32), "offsets": off.to(torch.int32),
-           "out": torch.full((r, n), UNWRITTEN, dtype=torch.bfloat16)}
+           "out": torch.full((r, n), UNWRITTEN, dtype=torch.bfloat16, device=gd.device)}
     return {name: t.to(device) for name, t in out.items()}
 
 
