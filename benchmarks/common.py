@@ -219,23 +219,23 @@ def sparse_attention_peer(inputs: dict) -> tuple[str, object]:
     over kv [B, N, D]; prefill: q [T, H, D] over one kv [N, D]), -1 a dead slot; queries in chunks
     whose gathered rows fit PEER_GATHER_BYTES (a 4,096-token chunk of V4's HCA layer would gather
     70 GB at once), the chunk size in the label."""
+    from duotile.kernels_spec.sparse_mqa_prefill import token_ranges
     from duotile.runtime.layers.common import Ctx, sparse_attention
     from duotile.runtime.ops import FastOps
 
     q, kv, idx, sink = inputs["q"], inputs["kv"], inputs["idx"], inputs["sink"]
     rows = kv if kv.dim() == 3 else kv[None].expand(q.shape[0], -1, -1)
-    step = max(1, PEER_GATHER_BYTES // max(1, idx.shape[1] * q.shape[-1] * 4))
+    ranges = token_ranges(q.shape[0], idx.shape[1] * q.shape[-1] * 4, PEER_GATHER_BYTES)
     ctx, scale = Ctx(FastOps()), q.shape[-1] ** -0.5
 
     def call():
         out = []
-        for lo in range(0, q.shape[0], step):
-            i = idx[lo:lo + step]
+        for lo, hi in ranges:
+            i = idx[lo:hi]
             live = (i >= 0) & (i < rows.shape[1])
-            keys = rows[lo:lo + step].gather(1, i.clamp(0, rows.shape[1] - 1).long()[..., None]
-                                             .expand(-1, -1, rows.shape[2]))
-            out.append(sparse_attention(ctx, q[lo:lo + step], keys, live, sink, scale))
+            keys = rows[lo:hi].gather(1, i.clamp(0, rows.shape[1] - 1).long()[..., None].expand(-1, -1, rows.shape[2]))
+            out.append(sparse_attention(ctx, q[lo:hi], keys, live, sink, scale))
         return out
 
-    chunk = "" if step >= q.shape[0] else f", {step} queries a call"
+    chunk = "" if len(ranges) == 1 else f", {ranges[0][1]} queries a call"
     return f"runtime sparse_attention (fp32{chunk})", call

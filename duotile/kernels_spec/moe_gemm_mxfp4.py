@@ -156,7 +156,7 @@ def moe_gemm_mxfp4(a: dsl.Tensor["R", "K", dsl.f8e4m3], a_scale: dsl.Tensor["R",
     owner = dsl.workspace("owner", (n_tiles,), dsl.i32)
     for c in dsl.grid(dsl.cdiv(n_tiles, BE)):
         lanes = dsl.arange(BE)
-        tile = c * BE + dsl.arange(BE)
+        tile = c * BE + lanes
         seen = dsl.zeros((BE,), dsl.i32)
         for j in dsl.range(dsl.cdiv(n_e, BE)):
             first = dsl.where(j * BE + lanes < n_e, dsl.load(starts[j * BE], (BE,), other=FAR), FAR)
@@ -166,11 +166,13 @@ def moe_gemm_mxfp4(a: dsl.Tensor["R", "K", dsl.f8e4m3], a_scale: dsl.Tensor["R",
     for t, n in dsl.grid(n_tiles, dsl.cdiv(w.N, BN)):
         live = dsl.load(starts[n_e], (1,)) > t  # a row tile of some expert
         e = dsl.scalar(dsl.where(live, dsl.load(owner[t], (1,)), 0))
-        local = (t - dsl.load(starts[e], (1,))) * BM + dsl.arange(BM)  # the rows' places in expert e
-        rows = dsl.where(live & (local < dsl.load(counts[e], (1,))), dsl.load(offsets[e], (1,)) + local, -1)
-        # the tile's first row: its rows are read in place (a short tile's tail reads the next
-        # expert's rows, or zeros past R, whose outputs the store by ``rows`` drops)
-        r0 = dsl.scalar(dsl.where(live, dsl.load(offsets[e], (1,)) + (t - dsl.load(starts[e], (1,))) * BM, 0))
+        begin = dsl.load(offsets[e], (1,))  # expert e's rows: begin .. begin + counts[e] - 1
+        first = begin + (t - dsl.load(starts[e], (1,))) * BM  # the tile's first row
+        local = first + dsl.arange(BM)
+        rows = dsl.where(live & (local < begin + dsl.load(counts[e], (1,))), local, -1)
+        # its rows are read in place (a short tile's tail reads the next expert's rows, or zeros
+        # past R, whose outputs the store by ``rows`` drops)
+        r0 = dsl.scalar(dsl.where(live, first, 0))
         half = dsl.arange(BK // 2)[None, :]  # a step's packed columns
         acc = dsl.zeros((BM, BN), dsl.f32, role="accumulator")
         steps = dsl.where(live, dsl.cdiv(a.K, BK), 0).to(dsl.i32)  # a block past the tiles runs no K step

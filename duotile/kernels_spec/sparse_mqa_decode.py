@@ -234,46 +234,52 @@ def _index_list(case, g):
     return idx
 
 
-def _inputs(case, device, seed):
-    b, h, d, n, length = case["B"], case["H"], case["D"], case["N"], case["L"]
+def random_inputs(case, device, seed, q_shape, kv_shape):
+    """Random q (``q_shape``: queries x H x D), rows ``kv`` (``kv_shape``), sink, the index list of
+    ``case["B"]`` queries and NaN-filled outputs; model-sized rows (up to GBs) are drawn where they
+    live, the index list on the CPU."""
+    h, length = case["H"], case["L"]
     if device.type == "meta":  # shapes and dtypes only
-        return {"q": torch.empty(b, h, d, dtype=torch.bfloat16), "kv": torch.empty(b, n, d, dtype=torch.bfloat16),
-                "idx": torch.empty(b, length, dtype=torch.int32), "sink": torch.empty(h),
-                "o": torch.empty(b, h, d, dtype=torch.bfloat16), "lse": torch.empty(b, h)}
-    on_device = device.type != "cpu"
-    # model-sized caches (up to GBs) are drawn where they live; small ones on the CPU generator
-    g = torch.Generator(device=device if on_device else "cpu").manual_seed(seed)
-    where = device if on_device else "cpu"
+        return {"q": torch.empty(q_shape, dtype=torch.bfloat16), "kv": torch.empty(kv_shape, dtype=torch.bfloat16),
+                "idx": torch.empty(q_shape[0], length, dtype=torch.int32), "sink": torch.empty(h),
+                "o": torch.empty(q_shape, dtype=torch.bfloat16), "lse": torch.empty(q_shape[:2])}
+    g = torch.Generator(device=device).manual_seed(seed)
     spread = case.get("spread", 1.0)  # scales q: a spread of 30 makes scores ~30 apart
-    q = (torch.randn(b, h, d, generator=g, device=where) * spread).to(torch.bfloat16)
-    kv = torch.randn(b, n, d, generator=g, device=where).to(torch.bfloat16)
-    sink = torch.randn(h, generator=g, device=where) * case.get("sink", 1.0)
-    gi = torch.Generator().manual_seed(seed + 1)
-    idx = _index_list(case, gi)
-    return {"q": q.to(device), "kv": kv.to(device), "idx": idx.to(device), "sink": sink.to(device),
-            "o": torch.full((b, h, d), float("nan"), dtype=torch.bfloat16, device=device),
-            "lse": torch.full((b, h), float("nan"), dtype=torch.float32, device=device)}
+    q = (torch.randn(q_shape, generator=g, device=device) * spread).to(torch.bfloat16)
+    kv = torch.randn(kv_shape, generator=g, device=device).to(torch.bfloat16)
+    sink = torch.randn(h, generator=g, device=device) * case.get("sink", 1.0)
+    idx = _index_list(case, torch.Generator().manual_seed(seed + 1))
+    return {"q": q, "kv": kv, "idx": idx.to(device), "sink": sink,
+            "o": torch.full(q_shape, float("nan"), dtype=torch.bfloat16, device=device),
+            "lse": torch.full(q_shape[:2], float("nan"), dtype=torch.float32, device=device)}
 
 
-def _model_shapes(m) -> dict:
-    """Per compressed layer kind: the list length L (window + top-k; V4 HCA's window + every
-    visible row at 1M) and the cache rows N, at decode batches 1, 16 and 64."""
-    kinds = {}  # an SWA layer's list (the window alone) is the same build at a shorter L
+def _inputs(case, device, seed):
+    b, h, d = case["B"], case["H"], case["D"]
+    return random_inputs(case, device, seed, (b, h, d), (b, case["N"], d))
+
+
+def layer_kinds(m) -> dict[str, tuple[int, int]]:
+    """Per compressed layer kind of model ``m``: the list length L (window + top-k; V4 HCA's window
+    + every visible row at 1M) and a decode step's cache rows N. An SWA layer's list (the window
+    alone) is the same build at a shorter L; V4.1's ratio-1 layers read layer 20's rows, the same
+    list length as ratio 2."""
+    kinds = {}
     for ratio in m.compress_ratios:
         if ratio == 128:
             rows = m.window + shapes.CONTEXT // ratio
             kinds[f"hca{rows}"] = (rows, rows)
-        else:
+        elif not (m.compress_ratios == (2, 1) and ratio == 1):
             kinds[f"csa_r{ratio}_topk{m.window + m.index_topk}"] = (m.window + m.index_topk,
                                                                      m.window + (1 << 16) // ratio)
-    out = {}
-    for kind, (length, n) in kinds.items():
-        if m.compress_ratios == (2, 1) and kind.startswith("csa_r1"):
-            continue  # ratio-1 layers read layer 20's rows: the same list length as ratio 2
-        for b in shapes.DECODE_SAMPLE:
-            out[f"{m.short}/{kind}/decode{b}"] = {"B": b, "H": m.heads, "D": m.head_dim, "L": length, "N": n,
-                                                  "model": m.name}
-    return out
+    return kinds
+
+
+def _model_shapes(m) -> dict:
+    """Per compressed layer kind (``layer_kinds``) at decode batches 1, 16 and 64."""
+    return {f"{m.short}/{kind}/decode{b}": {"B": b, "H": m.heads, "D": m.head_dim, "L": length, "N": n,
+                                            "model": m.name}
+            for kind, (length, n) in layer_kinds(m).items() for b in shapes.DECODE_SAMPLE}
 
 
 SMALL = {"BN": 32, "STAGES": 1}  # small slot blocks: several ranges even at a few hundred slots

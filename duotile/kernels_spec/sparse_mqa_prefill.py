@@ -32,7 +32,8 @@ import torch
 from .. import dsl
 from . import model_shapes as shapes
 from .registry import Dim, OneOf, Spec, register
-from .sparse_mqa_decode import _attend, _index_list, finish, sparse_mqa_decode_reference
+from .sparse_mqa_decode import _attend, _tolerance, finish, layer_kinds, random_inputs, sparse_mqa_decode_reference
+from .sparse_mqa_decode import _error_bound as _decode_bound
 
 
 @dsl.kernel(batch_dim="T", dynamic=("T", "L", "N"))
@@ -53,64 +54,47 @@ GATHER_BYTES = 1 << 30  # the float64 rows a reference chunk gathers at most (a 
 # V4's HCA layer reads 8,448 rows a token: 141 GB gathered at once)
 
 
+def token_ranges(count: int, per_token_bytes: int, budget: int) -> list[tuple[int, int]]:
+    """Consecutive ranges of ``count`` queries, each's gathered rows (``per_token_bytes`` a query)
+    within ``budget`` bytes (at least one query a range; one empty range for no queries)."""
+    step = max(1, budget // max(1, per_token_bytes))
+    return [(lo, min(lo + step, count)) for lo in range(0, count, step)] or [(0, 0)]
+
+
 def _token_chunks(q, idx):
     """Token ranges whose gathered float64 rows (tokens x L x D x 8 bytes) fit GATHER_BYTES."""
-    per_token = max(1, idx.shape[1] * q.shape[-1] * 8)
-    step = max(1, GATHER_BYTES // per_token)
-    return [(lo, min(lo + step, q.shape[0])) for lo in range(0, q.shape[0], step)] or [(0, 0)]
+    return token_ranges(q.shape[0], idx.shape[1] * q.shape[-1] * 8, GATHER_BYTES)
+
+
+def _per_chunk(q, kv, idx):
+    """Each token chunk's slices of the inputs, its tokens all reading the one set of rows (a view)."""
+    return [(q[lo:hi], kv[None].expand(hi - lo, -1, -1), idx[lo:hi]) for lo, hi in _token_chunks(q, idx)]
 
 
 def sparse_mqa_prefill_reference(q, kv, idx, sink) -> dict:
-    """The decode reference with every token reading the sequence's one set of rows (a view, no
-    copy), a chunk of tokens at a time (each token's softmax is its own)."""
-    parts = [sparse_mqa_decode_reference(q[lo:hi], kv[None].expand(hi - lo, -1, -1), idx[lo:hi], sink)
-             for lo, hi in _token_chunks(q, idx)]
+    """The decode reference with every token reading the sequence's one set of rows, a chunk of
+    tokens at a time (each token's softmax is its own)."""
+    parts = [sparse_mqa_decode_reference(qc, rows, ic, sink) for qc, rows, ic in _per_chunk(q, kv, idx)]
     return {name: torch.cat([p[name] for p in parts]) for name in ("o", "lse")}
 
 
 def _error_bound(case, output, inputs):
-    from .sparse_mqa_decode import _error_bound as decode_bound
-
-    q, kv, idx = inputs["q"], inputs["kv"], inputs["idx"]
-    return torch.cat([decode_bound(case, output, {**inputs, "q": q[lo:hi], "idx": idx[lo:hi],
-                                                  "kv": kv[None].expand(hi - lo, -1, -1)})
-                      for lo, hi in _token_chunks(q, idx)])
+    return torch.cat([_decode_bound(case, output, {**inputs, "q": qc, "kv": rows, "idx": ic})
+                      for qc, rows, ic in _per_chunk(inputs["q"], inputs["kv"], inputs["idx"])])
 
 
 def _inputs(case, device, seed):
-    t, h, d, n, length = case["T"], case["H"], case["D"], case["N"], case["L"]
-    if device.type == "meta":  # shapes and dtypes only
-        return {"q": torch.empty(t, h, d, dtype=torch.bfloat16), "kv": torch.empty(n, d, dtype=torch.bfloat16),
-                "idx": torch.empty(t, length, dtype=torch.int32), "sink": torch.empty(h),
-                "o": torch.empty(t, h, d, dtype=torch.bfloat16), "lse": torch.empty(t, h)}
-    on_device = device.type != "cpu"
-    g = torch.Generator(device=device if on_device else "cpu").manual_seed(seed)
-    where = device if on_device else "cpu"
-    q = (torch.randn(t, h, d, generator=g, device=where) * case.get("spread", 1.0)).to(torch.bfloat16)
-    kv = torch.randn(n, d, generator=g, device=where).to(torch.bfloat16)
-    sink = torch.randn(h, generator=g, device=where) * case.get("sink", 1.0)
-    idx = _index_list({**case, "B": t}, torch.Generator().manual_seed(seed + 1))
-    return {"q": q.to(device), "kv": kv.to(device), "idx": idx.to(device), "sink": sink.to(device),
-            "o": torch.full((t, h, d), float("nan"), dtype=torch.bfloat16, device=device),
-            "lse": torch.full((t, h), float("nan"), dtype=torch.float32, device=device)}
+    t, h, d = case["T"], case["H"], case["D"]
+    return random_inputs({**case, "B": t}, device, seed, (t, h, d), (case["N"], d))
 
 
 def _model_shapes(m) -> dict:
-    """A prefill chunk per compressed layer kind (as ``sparse_mqa_decode``'s, its list length L and
-    the rows N: the chunk's own plus the compressed rows)."""
-    t, out = shapes.PREFILL_CHUNK, {}
-    for ratio in m.compress_ratios:
-        if ratio == 128:
-            length = m.window + shapes.CONTEXT // ratio
-            kind, n = f"hca{length}", length + t
-        elif m.compress_ratios == (2, 1) and ratio == 1:
-            continue  # ratio-1 layers read layer 20's rows: the same list length as ratio 2
-        else:
-            length = m.window + m.index_topk
-            kind, n = f"csa_r{ratio}_topk{length}", t + m.window + (1 << 16) // ratio
-        out[f"{m.short}/{kind}/prefill{t}"] = {"T": t, "H": m.heads, "D": m.head_dim, "L": length, "N": n,
+    """A prefill chunk per compressed layer kind (``sparse_mqa_decode.layer_kinds``: its list
+    length L), its rows N the chunk's own beside the compressed rows a decode step reads."""
+    t = shapes.PREFILL_CHUNK
+    return {f"{m.short}/{kind}/prefill{t}": {"T": t, "H": m.heads, "D": m.head_dim, "L": length, "N": t + n,
                                              "model": m.name}
-    return out
+            for kind, (length, n) in layer_kinds(m).items()}
 
 
 SMALL = {"BN": 32, "STAGES": 1}
@@ -132,7 +116,7 @@ SPEC = register(Spec(
                    "config": {"BN": 64, "STAGES": 2}},
     },
     build_cases={"v41_csa2": {"T": 4096, "H": 64, "D": 512, "L": 640, "N": 36992}},
-    tolerance=lambda case, output: (1e-6, 2.0 ** -8) if output == "o" else (1e-5, 2.0 ** -20),
+    tolerance=_tolerance,
     extra_error=_error_bound,
     flops=lambda c: 4.0 * c["T"] * c["H"] * c["L"] * c["D"],
     bytes_moved=lambda c: 2.0 * (c["T"] * c["L"] * c["D"] + 2 * c["T"] * c["H"] * c["D"]) + 4.0 * c["T"] * c["L"],

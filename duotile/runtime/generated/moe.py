@@ -26,26 +26,19 @@ class MoEKernels:
         return experts.long(), weights
 
     def _packs_of(self, moe):
-        """The MoE's weights as its kernels read them, stacked once: the routed experts' w1 | w3
-        codes [E, 2I, D / 2] and w2 [E, D, I / 2] (MXFP4, UE8M0 per 32), the shared expert's
-        w1 | w3 [2I, D] and w2 (FP8 blocks); None where a weight is not packed that way."""
+        """The MoE's weights as its kernels read them: the routed experts' w1 | w3 codes [E, 2I, D / 2]
+        and w2 [E, D, I / 2] (MXFP4, UE8M0 per 32) as placed stacked at load (``MoE.stack``), the
+        shared expert's w1 | w3 [2I, D] and w2 (FP8 blocks) joined once; None where a weight is not
+        packed that way."""
         hit = self._moe_packs.get(id(moe))
         if hit is not None:
             return hit[1]
-        ex, sh = moe.experts, moe.shared
-        kinds = {lin.packed[0] if lin.packed else None for e in ex for lin in (e.w1, e.w3, e.w2)}
-        if kinds != {"fp4"} or sh is None or {lin.packed[0] if lin.packed else None
-                                              for lin in (sh.w1, sh.w3, sh.w2)} != {"fp8"}:
+        ex, sh, st = moe.experts, moe.shared, moe.stack  # st: the experts' MXFP4 codes, stacked at load
+        shared_kinds = {lin.packed[0] if lin.packed else None for lin in (sh.w1, sh.w3, sh.w2)} if sh else set()
+        if st is None or shared_kinds != {"fp8"}:
             packs = None
         else:
-            def stack(part):
-                return [torch.stack([torch.cat([e.w1.packed[part], e.w3.packed[part]]) for e in ex]),
-                        torch.stack([e.w2.packed[part] for e in ex])]
-            if moe.stack is not None:  # placed stacked at load: the experts' codes are views of these
-                (w13, w2), (s13, s2) = (moe.stack["w13"], moe.stack["w2"]), (moe.stack["s13"], moe.stack["s2"])
-            else:
-                (w13, w2), (s13, s2) = stack(1), stack(2)
-            packs = {"w13": w13, "s13": s13, "w2": w2, "s2": s2,
+            packs = {"w13": st["w13"], "s13": st["s13"], "w2": st["w2"], "s2": st["s2"],
                      "sh13": torch.cat([sh.w1.packed[1], sh.w3.packed[1]]), "shs13": torch.cat([sh.w1.packed[2],
                                                                                                sh.w3.packed[2]]),
                      "sh2": sh.w2.packed[1], "shs2": sh.w2.packed[2], "limit": float(ex[0].limit)}

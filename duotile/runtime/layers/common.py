@@ -283,8 +283,7 @@ class WeightSource:
         if self.packed and packed is None:  # what the block-scaled GEMMs read (kernels "generated")
             packed = self.packed_codes(name)
         keep = self.dequantised if dequantised is None else dequantised
-        weight = self.t(weight_name) if keep or not self.packed else None
-        return Linear(weight, self.act_block, packed if self.packed else None, self.weight_block)
+        return Linear(self.t(weight_name) if keep else None, self.act_block, packed, self.weight_block)
 
     def has(self, name: str) -> bool:
         return name in self.ckpt.specs

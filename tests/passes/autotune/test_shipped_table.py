@@ -38,13 +38,16 @@ def _schedule(entry) -> tuple:
 
 # a full build (TileLang and nvcc, a cubin checked for spills) of one entry of each schedule: the
 # largest tiles of it, where registers run out first; every other entry is generated (below)
-BUILT = {}
-for _e in ENTRIES:
-    _s = _schedule(_e)
-    _size = sum(int(v) for k, v in _e["config"].items() if k.startswith("B") and isinstance(v, int))
-    if _s not in BUILT or _size > BUILT[_s][0]:
-        BUILT[_s] = (_size, _e)
-BUILT = [e for _, e in BUILT.values()]
+def _largest_of_each_schedule(entries) -> list:
+    tiles = lambda e: sum(int(v) for k, v in e["config"].items() if k.startswith("B") and isinstance(v, int))
+    best = {}
+    for e in entries:
+        if _schedule(e) not in best or tiles(e) > tiles(best[_schedule(e)]):
+            best[_schedule(e)] = e
+    return list(best.values())
+
+
+BUILT = _largest_of_each_schedule(ENTRIES)
 
 
 def _check_key(entry):
