@@ -2,7 +2,8 @@
 one), on sm90, against the torch peer timed in the same run.
 
     python3 benchmarks/bench_model_shapes.py [--kernels gemm,gemm_splitk,flash_attention,rmsnorm,mqa_decode | all]
-                                             [--model v41-flash|v4-flash] [--rounds 3] [--jobs 12]
+                                             [--model v41-flash|v4-flash] [--shapes PATTERN ...]
+                                             [--rounds 3] [--jobs 12]
 
 Peers: torch's own operation where one computes the same thing (F.linear, torch._scaled_mm,
 SDPA, torch.topk, a copy of RMSNorm's bytes, torch._grouped_mm in bf16 for the MXFP4 grouped
@@ -19,6 +20,7 @@ measured here (torch's own bf16 / fp8 GEMM rate, the copy bandwidth). Each spec'
 from __future__ import annotations
 
 import argparse
+import fnmatch
 import os
 import statistics
 import sys
@@ -87,9 +89,10 @@ def _prebuild(job):
 HEADER = ["kernel", "shape", "config", "check", "peer", "ours_us", "peer_us", "ratio", "rate", "of_ceiling"]
 
 
-def run(names, model, rounds, jobs, budget_s, save=None):
+def run(names, model, rounds, jobs, budget_s, save=None, patterns=None):
     specs = load_all()
-    cases = [(n, c) for n in names for c, case in specs[n].model_cases(model).items()]
+    cases = [(n, c) for n in names for c, case in specs[n].model_cases(model).items()
+             if not patterns or any(fnmatch.fnmatch(c, p) for p in patterns)]
     kernels, rows, errors, timing_s = {}, [], {}, 0.0
     for i, (name, cname) in enumerate(cases):
         if timing_s > budget_s:
@@ -190,6 +193,8 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--kernels", default=",".join(KERNELS), help="comma-separated specs, or all (default: %(default)s)")
     p.add_argument("--model", default=None, help="v41-flash or v4-flash (default: both)")
+    p.add_argument("--shapes", action="append", default=None, metavar="PATTERN",
+                   help="keep the model shapes whose name matches (fnmatch, e.g. '*/prefill*'; repeatable)")
     p.add_argument("--rounds", type=int, default=3, help="interleaved rounds a row")
     p.add_argument("--jobs", type=int, default=12, help="processes that build before timing")
     p.add_argument("--budget", type=float, default=float(os.environ.get("BENCH_BUDGET_S", 500)),
@@ -202,7 +207,7 @@ def main(argv=None) -> int:
     def save(rows, quiet=True):
         write_results(args.name, [{"config": "", **r, "date": stamp} for r in rows], HEADER, quiet=quiet)
 
-    save(run(names, args.model, args.rounds, args.jobs, args.budget, save), quiet=False)
+    save(run(names, args.model, args.rounds, args.jobs, args.budget, save, args.shapes), quiet=False)
     return 0
 
 

@@ -4,8 +4,8 @@
 #   bash benchmarks/gpu_run.sh tests [ARGS]    # pytest -m gpu [ARGS], 8 workers (about 5 min)
 #   bash benchmarks/gpu_run.sh bench [ARGS]    # bench_kernels.py --sweep [ARGS], e.g. --kernels gemm_fp8 --interleave
 #   bash benchmarks/gpu_run.sh tune NAMES      # tune_sweep.py --budget quick --only NAMES
-#   bash benchmarks/gpu_run.sh profile [ARGS]  # ncu: a kernel and its peer, one launch each
-#                                              # (profile_kernel.py --kernel attention|gemm_fp8)
+#   bash benchmarks/gpu_run.sh profile SPEC:SHAPE ...  # ncu: each kernel and its peer, one launch each
+#                                              # (profile_kernel.py: built first in 15 processes)
 #   bash benchmarks/gpu_run.sh tune-model KERNEL MODEL [PATTERN ...]
 #                                              # duotile tune KERNEL --model MODEL --shapes PATTERN
 #                                              # --budget shortlist --jobs 15 --ship: the shipped table
@@ -38,8 +38,10 @@ case "$phase" in
          cp benchmarks/results/kernels_sm90.* "$WORK/" 2>/dev/null ;;
   tune)  timeout "$limit" python3 benchmarks/tune_sweep.py --budget quick --cache-dir "$WORK" --out "$WORK/$tag" \
            --only "${1:-gemm_fp8}" 2>&1 | tr '\r' '\n' | grep -v "TileLang:" >>"$log" ;;  # progress kept: a stall shows where
-  profile) timeout "$limit" ncu --clock-control none --profile-from-start off --set full --import-source no \
-             -f -o "$WORK/profile" python3 benchmarks/profile_kernel.py "$@" 2>&1 | grep -v "TileLang:" >>"$log"
+  profile) python3 benchmarks/profile_kernel.py --build-only "${PREBUILD_JOBS:-15}" "$@" 2>&1 | grep -v "TileLang:" >>"$log"
+           timeout "$limit" ncu --clock-control none --profile-from-start off --set "${NCU_SET:-detailed}" \
+             --import-source no -f -o "$WORK/profile" python3 benchmarks/profile_kernel.py "$@" 2>&1 \
+             | grep -v "TileLang:" >>"$log"
            ncu --import "$WORK/profile.ncu-rep" --page details >"$WORK/profile_details.txt" 2>&1
            cp "$WORK/profile_details.txt" "$OUT/" ;;
   tune-model) kernel=$1 model=$2; shift 2; pats=(); for p in "${@:-*}"; do pats+=(--shapes "$p"); done

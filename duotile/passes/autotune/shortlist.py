@@ -15,7 +15,11 @@ front instead, which ``model_sweep`` builds for every shape at once in worker pr
    split, so the list spans what the model can rank least well (wave quantisation, pipelining)
    rather than one axis;
 4. the same tiles under the schedule of the user's config, where room is left (all of it where
-   the target refuses the measured schedule at this shape).
+   the target refuses the measured schedule at this shape);
+5. where the model's best tiles leave SMs idle (fewer programs than the machine has units: a
+   router's N of 256 at 128 x 128 tiles is 64 programs on 132 SMs), its best configs within two
+   tunables of them that fill the machine (``wave_filling``). The model's per-step latency term
+   makes a wide tile and a narrow one tie there, and it keeps the one nearer the defaults.
 
 Every config on the list is one the target's checks accept.
 """
@@ -30,6 +34,8 @@ from .constraints import Constraints
 from .space import ConfigSpace, config_key
 
 MODEL_PICKS = 3  # runners-up along the tunables' axes, under the measured schedule
+WAVE_PICKS = 2  # configs that fill the machine, where the model's best leaves units idle
+FILL = 0.9  # programs over units that count as filling the machine (128 tiles on 132 SMs do)
 
 
 def shortlist(spec, case: dict, target: str, size: int = 8) -> list[dict[str, Any]]:
@@ -54,7 +60,8 @@ def shortlist(spec, case: dict, target: str, size: int = 8) -> list[dict[str, An
     for knobs in schedules:
         best = ranked_configs(kernel, target, sig, constants, knobs=knobs)
         if best:  # none where the target refuses these knobs at this shape (a pair of blocks, say)
-            out += [best[0], *axis_runners_up(kernel, target, sig, constants, space, best[0], MODEL_PICKS)]
+            out += [best[0], *wave_filling(kernel, target, sig, constants, space, best[0], WAVE_PICKS),
+                    *axis_runners_up(kernel, target, sig, constants, space, best[0], MODEL_PICKS)]
     cons = Constraints(kernel, sig, target, constants)
     kept, seen = [], set()
     for c in out:
@@ -108,3 +115,43 @@ def axis_runners_up(kernel, target: str, sig, constants, space: ConfigSpace, bes
         if scored and scored[0][0] < math.inf:
             runners.append(scored[0])
     return [c for _, _, c in sorted(runners, key=lambda x: x[:2])[:n]]
+
+
+def wave_filling(kernel, target: str, sig, constants, space: ConfigSpace, best: dict[str, Any],
+                 n: int) -> list[dict[str, Any]]:
+    """Where ``best`` runs fewer programs than ``FILL`` of the machine's units, up to ``n`` configs
+    that change one or two of ``best``'s tunables and run at least that many programs:
+    the cost model's fastest of those that keep ``best``'s launches (a narrower tile), then its
+    fastest of any (a K split, whose second launch adds its partial sums); none where ``best``
+    fills the machine already. The model ranks these two ways to fill the SMs least well."""
+    import itertools
+
+    from ...codegen.target import get_target
+    from .cost_model import estimate_phases
+
+    machine = get_target(target).machine
+    cons = Constraints(kernel, sig, target, constants)
+
+    def estimated(c):
+        v = cons.check(c, full=False)
+        knobs = {k: x for k, x in c.items() if k not in kernel.tunables}
+        return (estimate_phases(v.phases, machine, knobs), len(v.phases)) if v.ok else (None, 0)
+
+    first, launches = estimated(best)
+    if first is None or first.programs >= FILL * machine.units:
+        return []
+    names = [k for k in kernel.tunables if k not in space.pinned]
+    moves = {k: [v for v in space.params[k].values() if v != best[k]] for k in names}
+    same, other = [], []
+    for pair in itertools.chain(((k,) for k in names), itertools.combinations(names, 2)):
+        for values in itertools.product(*(moves[k] for k in pair)):
+            c = {**best, **dict(zip(pair, values))}
+            est, phases = estimated(c)
+            if est is not None and est.programs >= FILL * machine.units:
+                (same if phases == launches else other).append((est.time_s, len(same) + len(other), c))
+    picks = [min(group, key=lambda x: x[:2]) for group in (same, same + other) if group]
+    out = []
+    for *_, c in picks:
+        if c not in out:
+            out.append(c)
+    return out[:n]
