@@ -480,7 +480,7 @@ class ManualWarpSpecialization:
         a, b = PINGPONG_BARRIERS  # warp group 1's first arrive is before the loop over tiles (emit)
         turn = (f"T.sync_threads({a} + tx // 128, 256)", f"T.named_barrier_arrive({b} - tx // 128, 256)") \
             if self.pingpong else None
-        before = [op for op in self.body[:i1] if op.name != "load"]
+        before = [op for op in self.body[:i1] if not self._shared_load(op)]  # the producer loads those
         # iteration start: gemm1 alone
         first_hi = sympy.Min(self.lo + 1, self.hi)
         with self._loop(self.start, index(first_hi)):

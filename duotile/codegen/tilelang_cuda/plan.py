@@ -11,7 +11,8 @@ Rules (each a target lowering rule any kernel can hit, never a kernel special ca
   the gather's loop out as the index tile's fragment, whose rows sit on threads replicated over
   the warp groups, and left the copy to the two threads that own the replicas (the ThreadSync
   warning about a hoisted barrier; sparse decode: 64 KB by 2 threads, about 20 us a 64-row
-  block on an H200).
+  block on an H200). A buffer holding copies of loaded index tiles (one read a step ahead by
+  ``passes/prefetch_loads.py``) counts as loaded.
 - an ``accumulator`` buffer is a fragment on sm90. On sm100 it lives in TMEM, drained through
   a fragment before vector work reads it, unless vector ops also write it (``map ... into``):
   then it stays a fragment and each gemm into it goes through a fresh TMEM tile that is added in.
@@ -124,8 +125,16 @@ def make_plan(module: Module, arch: Arch, threads: int | None = None) -> Plan:
 
 def _share_gather_indices(ops: list[Op], plan: Plan) -> None:
     """A loaded index tile of a gather into shared memory lives in shared memory too (the module
-    docstring): every thread of the gather's loop reads the rows it copies."""
+    docstring): every thread of the gather's loop reads the rows it copies. So does a buffer that
+    holds copies of loaded tiles only (``prefetch_loads``: the index tile read one step ahead)."""
     loaded = {op.result.id for op in ops if op.name == "load" and op.result is not None}
+    writes: dict[int, list[bool]] = {}
+    for op in ops:
+        into = op.attrs.get("into") if op.name == "map" else None
+        if into is not None:
+            e = op.attrs["expr"]
+            writes.setdefault(into.id, []).append(e.kind == "arg" and op.args[e.attr].id in loaded)
+    loaded |= {v for v, copies in writes.items() if all(copies)}
     for op in ops:
         if op.name == "gather" and plan.scope.get(op.result.id) == "shared":
             rows = op.args[0]

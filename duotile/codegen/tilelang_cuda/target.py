@@ -13,6 +13,7 @@ from ...passes.fold_bounds import fold_bounds
 from ...passes.forward_copies import forward_copies
 from ...passes.fuse_elementwise import fuse_elementwise
 from ...passes.mark_short_loops import mark_short_loops, max_trips
+from ...passes.prefetch_loads import prefetch_loads
 from ..target import Artifact, Target, lowering_error, register_target
 from . import tma_store, toolchain
 from .arch import SM90, SM100, Arch
@@ -158,7 +159,7 @@ class TileLangCuda(Target):
         return int(config.get("cluster", 1) or 1) > 1
 
     def lower(self, module: Module, knobs: dict[str, Any]) -> Module:
-        module = self._fused(module)
+        module = self._fused(prefetch_loads(module))
         check_capacity(module, self.arch, knobs)
         check_warp_rows(module, self.arch, knobs)
         check_tcgen05_atoms(module, self.arch)

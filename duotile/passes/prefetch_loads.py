@@ -1,0 +1,125 @@
+"""prefetch_loads: read a pipelined loop's small register tiles one iteration ahead.
+
+A pipelined loop's operand tiles go through the target's pipeline (shared-memory rings on CUDA),
+but a plain register tile loaded in the loop (a block-scaled gemm's scale codes, a tile table's
+entries) is read where it stands: on sm90 the load follows the iteration's gemm wait, and its
+latency (about half a microsecond from L2) is spent once a K step, as long as the step's gemm
+itself at 128 x 256 x 128 fp8. This pass issues each such load for the next iteration at the top
+of the current one, into a buffer the next iteration reads, so its latency hides under the
+iteration's work::
+
+    for k < 8 pipelined(stages=3) {
+      ... gemm ...
+      %s = load a_scale[g, 64*m, k] -> u8[64x1] vector
+      ... reads %s ...
+    }
+
+becomes::
+
+    %next = alloc() -> u8[64x1] vector
+    %s0 = load a_scale[g, 64*m, 0] -> u8[64x1] vector
+    assign(%next, %s0)
+    for k < 8 pipelined(stages=3) {
+      %s1 = load a_scale[g, 64*m, k + 1] -> u8[64x1] vector
+      ... gemm ...
+      ... reads %next ...
+      assign(%next, %s1)
+    }
+
+The last iteration reads one step past the loop's end: a load's out-of-range elements read
+``other``, and nothing reads that buffer after the loop. A load is moved only where that is the
+same computation: directly in the loop's body (not in a nested loop), at offsets of sizes, grid
+and outer loop variables and this loop's variable (no data scalar defined in the loop), from a
+tensor nothing in the loop writes, as a register tile (an operand tile is the target's pipeline's)
+of at most ``MAX_BYTES``: each one moved holds two copies live across the iteration.
+
+Run by the CUDA targets before their fusing passes; the interpreter runs the module as written
+(the tests run both forms on it and compare).
+"""
+
+from __future__ import annotations
+
+import sympy
+
+from ..dsl.ir import Block, Module, Op, Role, Value
+
+MAX_BYTES = 4096  # a moved tile's bytes over the block (two copies live: 64 B a thread at 128 threads)
+
+
+def prefetch_loads(module: Module) -> Module:
+    loops = [(block, op) for block in _blocks(module.body) for op in block.ops
+             if op.name == "for" and op.attrs.get("stages")]
+    for block, loop in loops:
+        _prefetch(block, loop)
+    return module
+
+
+def _blocks(block: Block):
+    """``block`` and every block nested in it."""
+    yield block
+    for op in block.ops:
+        for region in op.regions:
+            yield from _blocks(region)
+
+
+def movable(loop: Op, op: Op) -> bool:
+    """Whether ``op``, a top-level op of ``loop``'s body, may be read one iteration ahead."""
+    if op.name != "load" or op.result is None or op.result.type.role is not Role.VECTOR:
+        return False
+    t = op.result.type
+    if not t.numel().is_Integer or int(t.numel()) * t.dtype.bits // 8 > MAX_BYTES:
+        return False
+    body = loop.regions[0]
+    defined = {o.attrs["var"] for o in body.walk() if o.name in ("scalar", "for")}
+    used = set().union(*(sympy.sympify(x).free_symbols for x in op.attrs["offsets"]))
+    if used & defined:
+        return False
+    written = {o.attrs.get("tensor") for o in body.walk() if o.name in ("store", "scatter")}
+    return op.attrs["tensor"] not in written
+
+
+def _prefetch(parent: Block, loop: Op) -> None:
+    body = loop.regions[0]
+    var, start = loop.attrs["var"], sympy.sympify(loop.attrs["start"])
+    moved = [op for op in body.ops if movable(loop, op)]
+    if not moved:
+        return
+    at = next(i for i, o in enumerate(parent.ops) if o is loop)
+    head, top, tail = [], [], []
+    for op in moved:
+        t = op.result.type
+        nxt = Value(t, mutable=True, hint=f"{op.result.hint or 'v'}_next")
+        first = Value(t, hint=op.result.hint)
+        ahead = Value(t, hint=op.result.hint)
+        head += [Op("alloc", attrs={"fill": None}, result=nxt, loc=op.loc),
+                 _shifted(op, var, start, first), Op("assign", args=(nxt, first), loc=op.loc)]
+        top.append(_shifted(op, var, var + 1, ahead))
+        tail.append(Op("assign", args=(nxt, ahead), loc=op.loc))
+        body.ops.remove(op)
+        for o in body.ops:
+            _substitute(o, op.result, nxt)
+    body.ops[:0] = top
+    body.ops.extend(tail)
+    parent.ops[at:at] = head
+
+
+def _shifted(op: Op, var: sympy.Symbol, value, result: Value) -> Op:
+    """``op`` (a load) with the loop variable replaced by ``value``, into ``result``."""
+    offsets = tuple(sympy.sympify(x).subs(var, value) for x in op.attrs["offsets"])
+    return Op("load", (), {**op.attrs, "offsets": offsets}, result, [], op.loc)
+
+
+def _substitute(op: Op, old: Value, new: Value) -> None:
+    for o in op.walk():
+        o.args = _swap(o.args, old, new)
+        o.attrs = _swap(o.attrs, old, new)
+
+
+def _swap(x, old: Value, new: Value):
+    if x is old:
+        return new
+    if isinstance(x, (tuple, list)):
+        return type(x)(_swap(y, old, new) for y in x)
+    if isinstance(x, dict):
+        return {k: _swap(y, old, new) for k, y in x.items()}
+    return x
