@@ -25,7 +25,7 @@ def test_cluster_multicasts_the_shared_tile_and_frees_it_in_both_blocks():
     text, ptx = r.artifact.stages["tilelang"], r.artifact.stages["ptx"]
     # 66 clusters of two walk 1024 pairs of 128-row tiles; a block's rows: its rank in the pair
     assert "T.ClusterKernel(132, cluster_dims=2, threads=384)" in text
-    assert "m = (panel_row + in_panel % panel_rows) * 2 + cta % 2" in text
+    assert "m = (panel_row + T.truncmod(in_panel, panel_rows)) * 2 + cta % 2" in text
     # B (256 x 128, free of m) is multicast, A (each block's own rows) is not
     loads = [line for line in text.splitlines() if "T.tma_copy(" in line]
     assert [("cluster_mask=0b11" in line, line.split("(")[1][0]) for line in loads] == [(False, "a"), (True, "b")]

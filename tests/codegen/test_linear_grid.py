@@ -50,3 +50,40 @@ def test_kv_round_at_the_h200_failing_shape_launches_one_axis():
     src, cuda = r.artifact.stages["tilelang"], r.artifact.stages["cuda"]
     assert "as (grid_id,):" in src and "t = grid_id // 4" in src
     assert "blockIdx.x" in cuda and "blockIdx.y" not in cuda
+
+
+def test_a_decode_by_a_dynamic_size_truncates_and_walks_every_block_once():
+    """Block numbers and extents are never negative, so a decode by a dynamic size is written
+    T.truncdiv / T.truncmod: TVM cannot see a size's sign and wrote its floor division as a
+    truncating one corrected by sign tests in every address using the result (the block-scaled
+    GEMM's scale loads in its K loop, 41 such corrections in its CUDA)."""
+    n = sympy.Symbol("n_M", integer=True, positive=True)
+    head = linear_head(["g", "m", "n"], [2, sympy.ceiling(n / 64), 128], 256)
+    assert head[1:] == ["    n = grid_id % 128", "    m = T.truncmod(grid_id // 128, T.ceildiv(n_M, 64))",
+                        "    g = T.truncdiv(grid_id, 128 * T.ceildiv(n_M, 64))"]
+    ops = type("T", (), {"ceildiv": staticmethod(lambda a, b: -(-a // b)),
+                         "truncdiv": staticmethod(lambda a, b: int(a / b)),
+                         "truncmod": staticmethod(lambda a, b: a - int(a / b) * b)})
+    for rows in (1, 64, 200):
+        seen = []
+        for grid_id in range(2 * -(-rows // 64) * 128):
+            env = {"grid_id": grid_id, "T": ops, "n_M": rows}
+            for line in head[1:]:
+                exec(line.strip(), {}, env)  # noqa: S102 - our own generated binding lines
+            seen.append((env["g"], env["m"], env["n"]))
+        assert seen == list(itertools.product(range(2), range(-(-rows // 64)), range(128)))
+
+
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="needs nvcc")
+def test_the_block_scaled_gemms_cuda_has_no_sign_corrected_division():
+    pytest.importorskip("tilelang")
+    from duotile.codegen.driver import build_case
+    from duotile.kernels_spec import load_all
+
+    spec = load_all()["gemm_blockscaled"]
+    case = {"G": 1, "M": 200, "N": 256, "K": 256, "BLOCK": 128}
+    r = build_case(spec, "dynamic_rows", case, "sm90", config={"BM": 64, "BN": 128, "BK": 128, "STAGES": 2,
+                                                                 "SPLIT": 1}, use_tuned=False)
+    assert r.ok, r.error
+    assert "T.truncmod(grid_id" in r.artifact.stages["tilelang"]
+    assert "rmod" not in r.artifact.stages["cuda"] and "rdiv" not in r.artifact.stages["cuda"]

@@ -232,12 +232,23 @@ def test_a_persistent_grid_walks_the_tiles_with_ring_phases_carried_across_them(
     assert "__launch_bounds__(384, 1)" in art.stages["cuda"]
 
 
+def _truncdiv(a: int, b: int) -> int:
+    """TIR's truncdiv: C's ``/`` on ints (rounds toward zero)."""
+    q = abs(a) // abs(b)
+    return q if (a >= 0) == (b > 0) else -q
+
+
+def _truncmod(a: int, b: int) -> int:
+    return a - _truncdiv(a, b) * b
+
+
 def _decode(tl: str, grid_vars: list[str], sizes: dict | None = None) -> list[tuple[int, ...]]:
     """Run the generated tile decode for every tile id (TileLang's // and % on ints are Python's);
     ``sizes`` gives the dynamic sizes (``n_M``) a dynamic build's decode reads."""
     body = [ln.strip() for ln in tl[tl.index("if tile_id <"):].splitlines()[1:]]
     lines = list(itertools.takewhile(lambda ln: re.match(r"\w+ = ", ln), body))
-    tl_ops = type("T", (), {"min": staticmethod(min), "ceildiv": staticmethod(lambda a, b: -(-a // b))})
+    tl_ops = type("T", (), {"min": staticmethod(min), "ceildiv": staticmethod(lambda a, b: -(-a // b)),
+                            "truncdiv": staticmethod(_truncdiv), "truncmod": staticmethod(_truncmod)})
     total = eval(re.search(r"if tile_id < (.+):", tl).group(1), {"T": tl_ops}, dict(sizes or {}))
     out = []
     for tile in range(total):

@@ -148,5 +148,32 @@ class ElementPrinter:
 def atom(e) -> str:
     """An index expression as one operand of ``%``, ``//`` or ``*``: parenthesised unless a
     number or a name (a dynamic tile count is a product: ``tile_id % (8 * T.ceildiv(n_M, 128))``)."""
-    text = index(e)
+    text = e if isinstance(e, str) else index(e)
     return text if text.isidentifier() or text.lstrip("-").isdigit() or text.startswith("(") else f"({text})"
+
+
+def count_div(a, b) -> str:
+    """``a // b`` of two counts (a block or tile number, a grid extent: never negative; ``a`` as
+    text is a name, a call or a chain of ``//`` / ``%``, which binds as tightly as the result). By a
+    dynamic size it is written ``T.truncdiv``, which equals floor division there: TVM cannot see the
+    sign of a size read at the call and writes its floor division as a truncating one corrected by
+    two sign tests, into every address that uses the result (the block-scaled GEMM's scale loads
+    inside its K loop, sm90); by a number, TVM's own ``//`` is a shift or a multiply already."""
+    return f"{_left(a)} // {atom(b)}" if _number(b) else f"T.truncdiv({_plain(a)}, {_plain(b)})"
+
+
+def count_mod(a, b) -> str:
+    """``a % b`` of two counts, as ``count_div``."""
+    return f"{_left(a)} % {atom(b)}" if _number(b) else f"T.truncmod({_plain(a)}, {_plain(b)})"
+
+
+def _number(e) -> bool:
+    return (e.lstrip("-").isdigit() if isinstance(e, str) else sympy.sympify(e).is_Integer)
+
+
+def _left(e) -> str:
+    return e if isinstance(e, str) else atom(e)
+
+
+def _plain(e) -> str:
+    return e if isinstance(e, str) else index(e)

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import sympy
 
-from .exprs import atom, index
+from .exprs import count_div, count_mod, index
 
 MAX_OUTER = 65535  # blocks along blockIdx.y and blockIdx.z
 LINEAR = "grid_id"
@@ -37,7 +37,7 @@ def linear_head(names: list[str], extents: list, threads: int) -> list[str]:
     lines = [f"with T.Kernel({index(sympy.Mul(*ext))}, threads={threads}) as ({LINEAR},):"]
     inner = sympy.Integer(1)
     for k in range(len(names) - 1, -1, -1):
-        at = LINEAR if inner == 1 else f"{LINEAR} // {atom(inner)}"
-        lines.append(f"    {names[k]} = {at}" + (f" % {atom(ext[k])}" if k else ""))
+        at = LINEAR if inner == 1 else count_div(LINEAR, inner)
+        lines.append(f"    {names[k]} = {count_mod(at, ext[k]) if k else at}")
         inner *= ext[k]
     return lines

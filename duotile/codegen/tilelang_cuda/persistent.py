@@ -37,7 +37,7 @@ import sympy
 
 from ...dsl.errors import UnsupportedError
 from ...dsl.ir import Module, Op
-from .exprs import atom, index
+from .exprs import atom, count_div, count_mod, index
 
 BASE = "ring_base[0]"  # iterations of the tiles this role has finished (a register per thread)
 
@@ -89,23 +89,22 @@ class TileLoop:
 
     def decode(self, src) -> None:
         """Bind the grid variables from ``tile_id`` (with clusters: from the pair's number)."""
-        names, ext = self.vars, [atom(x) for x in self.extents]
+        names, ext = self.vars, self.extents  # counts: decoded with count_div / count_mod
         if self.raster and len(names) >= 2 and self.extents[-2] != 1:
-            p, rows, cols = self.raster, ext[-2], ext[-1]
-            area = atom(self.extents[-2] * self.extents[-1])
-            src.line(f"panel_row = tile_id % {area} // {atom(p * self.extents[-1])} * {p}")
-            src.line(f"panel_rows = T.min({p}, {rows} - panel_row)")
-            src.line(f"in_panel = tile_id % {area} - panel_row * {cols}")
-            src.line(f"{names[-2]} = {self._mine(names[-2], 'panel_row + in_panel % panel_rows')}")
-            src.line(f"{names[-1]} = {self._mine(names[-1], 'in_panel // panel_rows')}")
+            p = self.raster
+            area = count_mod("tile_id", ext[-2] * ext[-1])
+            src.line(f"panel_row = {count_div(area, p * ext[-1])} * {p}")
+            src.line(f"panel_rows = T.min({p}, {atom(ext[-2])} - panel_row)")
+            src.line(f"in_panel = {area} - panel_row * {atom(ext[-1])}")
+            src.line(f"{names[-2]} = {self._mine(names[-2], 'panel_row + ' + count_mod('in_panel', 'panel_rows'))}")
+            src.line(f"{names[-1]} = {self._mine(names[-1], count_div('in_panel', 'panel_rows'))}")
             inner, outer = self.extents[-2] * self.extents[-1], names[:-2]
         else:
-            src.line(f"{names[-1]} = {self._mine(names[-1], f'tile_id % {ext[-1]}')}")
+            src.line(f"{names[-1]} = {self._mine(names[-1], count_mod('tile_id', ext[-1]))}")
             inner, outer = self.extents[-1], names[:-1]
         for k in range(len(outer) - 1, -1, -1):
-            span = f" % {ext[k]}" if k else ""
-            at = f"tile_id // {atom(inner)}{span}"
-            src.line(f"{outer[k]} = {self._mine(outer[k], at)}")
+            at = count_div("tile_id", inner)
+            src.line(f"{outer[k]} = {self._mine(outer[k], count_mod(at, ext[k]) if k else at)}")
             inner *= self.extents[k]
 
     def _mine(self, var: str, at: str) -> str:
