@@ -31,7 +31,12 @@ The last iteration reads one step past the loop's end: a load's out-of-range ele
 same computation: directly in the loop's body (not in a nested loop), at offsets of sizes, grid
 and outer loop variables and this loop's variable (no data scalar defined in the loop), from a
 tensor nothing in the loop writes, as a register tile (an operand tile is the target's pipeline's)
-of at most ``MAX_BYTES``: each one moved holds two copies live across the iteration.
+of at most ``MAX_BYTES``: each one moved holds two copies live across the iteration. A loop moves its
+loads only where their two copies fit ``MAX_REGISTERS`` a thread together (a one-element tile, which
+every thread holds, costs a register; a tile over the threads, its share at 128 threads), else none:
+on an H200 (``benchmarks/results/bench_prefetch_loads.md``) V4's block-scaled GEMM, three loads a K
+step, ran 1.08-1.15x faster, and V4.1's, 36 loads a step (a scale code per 32-wide block), 1.2-1.8x
+slower.
 
 Run by the CUDA targets before their fusing passes; the interpreter runs the module as written
 (the tests run both forms on it and compare).
@@ -44,6 +49,8 @@ import sympy
 from ..dsl.ir import Block, Module, Op, Role, Value
 
 MAX_BYTES = 4096  # a moved tile's bytes over the block (two copies live: 64 B a thread at 128 threads)
+MAX_REGISTERS = 16  # a thread's registers for a loop's moved tiles, both copies
+FEWEST_THREADS = 128  # a tile's share of a thread is counted at the fewest threads a block runs
 
 
 def prefetch_loads(module: Module) -> Module:
@@ -78,11 +85,18 @@ def movable(loop: Op, op: Op) -> bool:
     return op.attrs["tensor"] not in written
 
 
+def registers(t) -> int:
+    """A thread's 32-bit registers for one copy of tile type ``t``."""
+    n = int(t.numel())
+    words = max(1, t.dtype.bits // 32)
+    return words if n == 1 else -(-n * words // FEWEST_THREADS)
+
+
 def _prefetch(parent: Block, loop: Op) -> None:
     body = loop.regions[0]
     var, start = loop.attrs["var"], sympy.sympify(loop.attrs["start"])
     moved = [op for op in body.ops if movable(loop, op)]
-    if not moved:
+    if not moved or 2 * sum(registers(op.result.type) for op in moved) > MAX_REGISTERS:
         return
     at = next(i for i, o in enumerate(parent.ops) if o is loop)
     head, top, tail = [], [], []
