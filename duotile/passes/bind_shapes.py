@@ -61,7 +61,7 @@ def bind_shapes(module: Module, shapes: dict[str, int], dynamic: tuple[str, ...]
             return seen[e]
         if not e.free_symbols & symbols:
             return e
-        out = e.subs(subs)
+        out = e.xreplace(subs)  # sizes for symbols; sympy evaluates what becomes numeric (subs: 20% slower)
         if not out.is_number:  # simplify is the slow part, and a number is already simple
             out = _simplify(out)
         seen[e] = out = sympy.Float(out) if out.is_number and not out.is_Integer and not out.is_infinite else out
