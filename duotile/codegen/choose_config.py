@@ -2,10 +2,12 @@
 
 In order:
 
-1. the user's tuning cache (``duotile tune``), for this exact shape bucket;
+1. the user's tuning cache (``duotile tune``), for this exact shape, else the entry of its shape
+   bucket tuned at the nearest shape;
 2. the shipped tuned table (``duotile/tuned/tuning.json``): the entry of the same kernel, dtypes,
    constants and target whose shape bucket is nearest (``bucket_distance``: octaves summed
-   over the sizes) within ``MAX_OCTAVES``; entries measured on a GPU serve a machine without
+   over the sizes) within ``MAX_OCTAVES``, within a bucket the one tuned at the nearest exact
+   shape (``cache.shape_distance``); entries measured on a GPU serve a machine without
    one too (an sm90 build made on a CPU is still sm90 code), and on a GPU only that GPU's;
 3. the shipped starting table (``duotile/tuned/starting.json``): per-target configs chosen by
    hand to fit a target's memories, or from an earlier measurement, each with its reason;
@@ -87,9 +89,9 @@ def bucket_distance(a: dict[str, int], b: dict[str, int]) -> float:
 def nearest_shipped(kernel: KernelDef, target: str, sig: Signature, constants: dict | None = None,
                     path=None, skipped: list[str] | None = None,
                     max_octaves: float = MAX_OCTAVES) -> dict[str, Any] | None:
-    """The shipped entry nearest to this call's bucket within ``max_octaves`` (ties: the larger
-    bucket), or None; an entry today's code refuses is noted in ``skipped`` and the next nearest
-    is tried."""
+    """The shipped entry nearest to this call's bucket within ``max_octaves`` (within a bucket, the
+    one tuned at the nearest exact shape; then the larger bucket), or None; an entry today's code
+    refuses is noted in ``skipped`` and the next nearest is tried."""
     from ..passes.autotune import cache as tcache
 
     table = tcache.TuningCache(path or tcache.SHIPPED, read_only=True)
@@ -104,9 +106,10 @@ def nearest_shipped(kernel: KernelDef, target: str, sig: Signature, constants: d
                                                     "toolchain"))
         device_ok = key.get("device") == local or local.startswith("model:")
         d = bucket_distance(key.get("bucket", {}), want["bucket"]) if same and device_ok else math.inf
-        if d <= max_octaves:
-            ranked.append((d, -sum(key["bucket"].values()), len(ranked), entry))
-    for *_, entry in sorted(ranked, key=lambda r: r[:3]):
+        if d <= max_octaves:  # within a bucket, the entry tuned at the nearest exact shape
+            near = tcache.shape_distance(tcache.entry_shape(entry), want["shape"])
+            ranked.append((d, near, -sum(key["bucket"].values()), len(ranked), entry))
+    for *_, entry in sorted(ranked, key=lambda r: r[:4]):
         why = tcache.entry_problem(kernel, target, sig.shapes, entry.get("config"), sig.dtypes, sig.present, constants)
         if why is None:
             return dict(entry["config"])

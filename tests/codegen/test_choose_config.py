@@ -184,3 +184,18 @@ def test_the_target_choice_is_searched_once_a_call_and_handed_out_as_a_copy(monk
     assert cc.target_choice(spec.kernel, "sm100", sig)["BM"] != -1 and searched == ["sm100"]
     cc.target_choice(spec.kernel, "sm90", sig)  # another target: a search of its own
     assert searched == ["sm100", "sm90"]
+
+
+def test_the_v41_router_and_the_compressor_sharing_its_bucket_take_their_own_entries():
+    """Both shipped entries sit in the bucket (K 8192, M 4096, N 512); each call takes the one tuned
+    at its exact shape (H200, 2026-12-03: the router 36.9 us with 64 x 192 tiles; the compressor's
+    64 x 256 tiles at N 512, 41.6 us)."""
+    spec = get("gemm")
+    got = {}
+    for shape in ("v41/router/prefill4096", "v41/compressor_ratio1/prefill4096"):
+        case = spec.model_cases()[shape]
+        sig = spec.kernel.bind(spec.meta_inputs(case))
+        config, source, _ = cc.explain_choice(spec.kernel, "sm90", sig, spec.constants_of(case))
+        assert source == "table", shape
+        got[shape] = (config["BM"], config["BN"])
+    assert got == {"v41/router/prefill4096": (64, 192), "v41/compressor_ratio1/prefill4096": (64, 256)}

@@ -10,6 +10,11 @@ The key holds everything that can make a tuned config wrong:
   tunables' spaces, so editing the kernel body or its space invalidates it;
 - ``bucket``: each size rounded up to a power of two; the batch dimension of a batch-invariant
   kernel is left out, so one config serves every batch size;
+- ``shape``: the exact value of each static size of the bucket (a dynamic size is its bucket alone),
+  so two shapes of one bucket keep entries of their own (V4.1's router at N 384 and a compressor at
+  N 512 share a bucket and want different tiles). A lookup takes the entry of the exact shape, else
+  the one of its bucket whose shape is nearest; entries written before keys held shapes are found
+  by their bucket.
 - the dtypes and constants of the call, the target, the device name and the toolchain versions.
 
 A file that cannot be parsed, has another schema, or whose checksum does not match is reported
@@ -28,6 +33,7 @@ import contextlib
 import copy
 import hashlib
 import json
+import math
 import os
 import tempfile
 import time
@@ -68,6 +74,26 @@ def shape_bucket(kernel: KernelDef, shapes: dict[str, int]) -> dict[str, int]:
     return {k: 1 << max(0, int(v) - 1).bit_length() for k, v in sorted(shapes.items()) if k not in unkeyed}
 
 
+def static_shape(kernel: KernelDef, shapes: dict[str, int]) -> dict[str, int]:
+    """The exact sizes of a call's bucket that are static (one build each)."""
+    bucket = shape_bucket(kernel, shapes)
+    return {k: int(shapes[k]) for k in bucket if k not in kernel.dynamic}
+
+
+def shape_distance(a: dict[str, int], b: dict[str, int]) -> float:
+    """Octaves between two exact shapes, summed over the sizes they both name."""
+    return sum(abs(math.log2(max(a[k], 1)) - math.log2(max(b[k], 1))) for k in a if k in b)
+
+
+def entry_shape(entry: dict) -> dict[str, int]:
+    """The exact static sizes an entry was tuned at: its key's, else the sizes it recorded."""
+    key = entry.get("key", {})
+    if isinstance(key.get("shape"), dict):
+        return key["shape"]
+    shapes = entry.get("shapes") if isinstance(entry.get("shapes"), dict) else {}
+    return {k: int(v) for k, v in shapes.items() if k in key.get("bucket", {})} or dict(key.get("bucket", {}))
+
+
 def device_name(target: str) -> str:
     """The GPU's name where the target's kernels run and are measured here, else ``model:<target>``
     (cost-model rankings, and the interpreter). A modelled target is never keyed by the local GPU:
@@ -97,6 +123,7 @@ def make_key(kernel: KernelDef, target: str, shapes: dict[str, int], device: str
         "kernel": kernel.name,
         "kernel_hash": kernel_hash(kernel, dtypes, present, constants),
         "bucket": shape_bucket(kernel, shapes),
+        "shape": static_shape(kernel, shapes),
         "dtypes": {k: getattr(v, "name", str(v)) for k, v in sorted((dtypes or {}).items())},
         "constants": {k: repr(v) for k, v in sorted(kernel.resolve_constants(constants).items())},
         "target": target,
@@ -107,6 +134,14 @@ def make_key(kernel: KernelDef, target: str, shapes: dict[str, int], device: str
 
 def key_hash(key: dict[str, Any]) -> str:
     return hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:24]
+
+
+def _newest_first(entry: dict) -> float:
+    """A sort key putting the most recently created entry first (an entry without a time last)."""
+    try:
+        return -time.mktime(time.strptime(str(entry.get("created")), "%Y-%m-%dT%H:%M:%S"))
+    except (ValueError, OverflowError):
+        return math.inf
 
 
 def _checksum(entries: dict) -> str:
@@ -200,6 +235,15 @@ class TuningCache:
             return None
         return entry
 
+    def nearest_in_bucket(self, key: dict[str, Any]) -> dict | None:
+        """The entry of ``key``'s bucket (everything else in the key equal) whose exact shape is
+        nearest to ``key``'s, the newest of equals; None where the bucket has none."""
+        want = {k: v for k, v in key.items() if k != "shape"}
+        found = [(shape_distance(entry_shape(e), key.get("shape", {})), _newest_first(e), h, e)
+                 for h, e in self.entries.items()
+                 if {k: v for k, v in e.get("key", {}).items() if k != "shape"} == want]
+        return min(found, key=lambda f: f[:3])[3] if found else None
+
     def put(self, key: dict[str, Any], config: dict[str, Any], **fields) -> dict:
         entry = {"key": key, "config": config, "created": time.strftime("%Y-%m-%dT%H:%M:%S"), **fields}
         json.dumps(entry)  # fail here, not half-way through writing the file
@@ -280,7 +324,7 @@ def lookup(kernel: KernelDef, target: str, shapes: dict[str, int], device: str |
     key = make_key(kernel, target, shapes, device, toolchain, dtypes, present, constants)
     skipped: list[str] = []
     for cache in caches:
-        entry = cache.get(key)
+        entry = cache.get(key) or cache.nearest_in_bucket(key)
         if not entry:
             continue
         why = entry_problem(kernel, target, shapes, entry.get("config"), dtypes, present, constants)

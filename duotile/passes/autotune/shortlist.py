@@ -87,8 +87,9 @@ def nearest_measured(kernel, target: str, sig, path=None) -> dict[str, Any] | No
         if entry.get("metric") != "measured" or not isinstance(entry.get("config"), dict):
             continue
         if all(key.get(f) == want[f] for f in ("kernel", "target", "dtypes", "toolchain")):
-            near.append((bucket_distance(key.get("bucket", {}), want["bucket"]), i, entry["config"]))
-    return dict(min(near)[2]) if near else None
+            near.append((bucket_distance(key.get("bucket", {}), want["bucket"]),
+                         tcache.shape_distance(tcache.entry_shape(entry), want["shape"]), i, entry["config"]))
+    return dict(min(near, key=lambda n: n[:3])[3]) if near else None
 
 
 def axis_runners_up(kernel, target: str, sig, constants, space: ConfigSpace, best: dict[str, Any],

@@ -122,3 +122,32 @@ def test_a_modelled_target_is_never_keyed_by_the_local_gpu(monkeypatch):
     assert tc.device_name("sm90") == "NVIDIA H200"
     assert tc.device_name("sm100") == "model:sm100"
     assert tc.device_name("ascend950") == "model:ascend950"
+
+
+def test_two_shapes_of_one_bucket_keep_entries_of_their_own(tmp_path):
+    """V4.1's router (N 384) and a compressor projection (N 512) share a bucket and want different
+    tiles: each tuned shape keeps its entry, each call takes the one tuned at its exact shape, and a
+    third shape of the bucket takes the nearest of them."""
+    put(tmp_path, shapes={"N": 100, "D": 384}, config={"BN": 2})
+    put(tmp_path, shapes={"N": 100, "D": 512}, config={"BN": 4})
+    assert len(TuningCache(tmp_path / "tuning.json").entries) == 2
+    assert lookup(tmp_path, shapes={"N": 100, "D": 384}) == {"BN": 2}
+    assert lookup(tmp_path, shapes={"N": 100, "D": 512}) == {"BN": 4}
+    # another N of the bucket: 0.26 octaves from one entry's shape, 0.68 from the other's
+    assert lookup(tmp_path, shapes={"N": 120, "D": 384}) == {"BN": 2}
+    assert lookup(tmp_path, shapes={"N": 120, "D": 512}) == {"BN": 4}
+
+
+def test_an_entry_keyed_before_shapes_were_is_found_by_its_bucket(tmp_path):
+    """A table written before keys held the exact shape still answers every shape of its bucket."""
+    put(tmp_path, shapes={"N": 100, "D": 64})
+    path = tmp_path / "tuning.json"
+    data = json.loads(path.read_text())
+    (entry,) = data["entries"].values()
+    del entry["key"]["shape"]
+    data["entries"] = {tc.key_hash(entry["key"]): entry}
+    data["checksum"] = tc._checksum(data["entries"])
+    path.write_text(json.dumps(data))
+    assert lookup(tmp_path, shapes={"N": 100, "D": 64}) == {"BN": 4}
+    assert lookup(tmp_path, shapes={"N": 100, "D": 40}) == {"BN": 4}  # same bucket (64)
+    assert lookup(tmp_path, shapes={"N": 100, "D": 65}) is None  # the next bucket

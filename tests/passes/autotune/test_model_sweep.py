@@ -101,32 +101,34 @@ def test_shortlist_holds_the_users_config_the_default_and_the_measured_schedule(
 
 
 def test_shortlist_fills_the_sms_where_the_models_best_tiles_leave_them_idle():
-    """V4's router at a prefill chunk (N = 256): the model's best tiles run 64 programs on 132 SMs
-    (a measured 0.55x torch); the shortlist adds a config that fills the machine and keeps one
-    launch, within two tunables of them. Where the best tiles fill it (V4.1's wq_b), none is added."""
+    """V4's router at a prefill chunk (N = 256): the 128 x 128 tiles the model ranked best run 64
+    programs on 132 SMs (0.55x torch on the H200); ``wave_filling`` proposes configs within two
+    tunables of them that fill the machine, one keeping the one launch. Where the best tiles fill it
+    (V4.1's wq_b), it proposes none."""
     from duotile.codegen.target import get_target
     from duotile.passes.autotune.constraints import Constraints
     from duotile.passes.autotune.cost_model import estimate_phases
-    from duotile.passes.autotune.shortlist import FILL, shortlist, wave_filling
+    from duotile.passes.autotune.shortlist import FILL, wave_filling
     from duotile.passes.autotune.space import ConfigSpace
 
     spec = get("gemm")
     machine = get_target("sm90").machine
+    space = ConfigSpace.from_kernel(spec.kernel, get_target("sm90"))
 
-    def programs(case, c):
-        sig = spec.kernel.bind(spec.meta_inputs(case))
+    def sig_of(shape):
+        return spec.kernel.bind(spec.meta_inputs(spec.model_cases()[shape]))
+
+    def programs(sig, c):
         v = Constraints(spec.kernel, sig, "sm90").check(c, full=False)
         return estimate_phases(v.phases, machine).programs, len(v.phases)
 
-    case = spec.model_cases()["v4/router/prefill4096"]
-    got = shortlist(spec, case, "sm90")
-    counts = [programs(case, c) for c in got]
-    assert counts[0][0] < FILL * machine.units  # the config a user gets today leaves SMs idle
-    assert any(n >= FILL * machine.units and launches == 1 for n, launches in counts)
+    router = sig_of("v4/router/prefill4096")
+    best = {**space.default(), "BM": 128, "BN": 128, "BK": 64, "STAGES": 3, "SPLIT": 1}
+    assert programs(router, best) == (64, 1)
+    filled = [programs(router, c) for c in wave_filling(spec.kernel, "sm90", router, None, space, best, 2)]
+    assert filled and all(n >= FILL * machine.units for n, _ in filled) and (filled[0][1] == 1)
 
-    case = spec.model_cases()["v41/wq_b/prefill4096"]
-    sig = spec.kernel.bind(spec.meta_inputs(case))
-    space = ConfigSpace.from_kernel(spec.kernel, get_target("sm90"))
-    best = {**space.default(), "BM": 128, "BN": 256}
-    assert programs(case, best)[0] >= machine.units
-    assert wave_filling(spec.kernel, "sm90", sig, None, space, best, 2) == []
+    wq_b = sig_of("v41/wq_b/prefill4096")
+    wide = {**best, "BN": 256}
+    assert programs(wq_b, wide)[0] >= machine.units
+    assert wave_filling(spec.kernel, "sm90", wq_b, None, space, wide, 2) == []
