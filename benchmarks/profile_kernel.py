@@ -31,18 +31,19 @@ from duotile.kernels_spec.compare import mismatch  # noqa: E402
 from duotile.kernels_spec.registry import load_all  # noqa: E402
 
 
-def case_of(spec, shape: str) -> dict:
+def spec_case(arg: str):
+    """(spec, case) of ``SPEC:SHAPE``: a model shape or a build case of the spec."""
+    name, _, shape = arg.partition(":")
+    spec = load_all()[name]
     cases = {**spec.build_cases, **spec.model_cases()}
     if shape not in cases:
-        raise SystemExit(f"{spec.name} has no shape {shape!r}; model shapes: {', '.join(spec.model_cases())}")
-    return cases[shape]
+        raise SystemExit(f"{name} has no shape {shape!r}; model shapes: {', '.join(spec.model_cases())}")
+    return spec, cases[shape]
 
 
 def prepare(arg: str, overrides: dict):
     """(label, our call, the peer's call or None) for ``SPEC:SHAPE``, each run and checked once."""
-    name, _, shape = arg.partition(":")
-    spec = load_all()[name]
-    case = case_of(spec, shape)
+    spec, case = spec_case(arg)
     config = ({**(spec.config_of(case, "sm90") or {}), **overrides} or None) if overrides else None
     kernel = codegen.compile(spec.kernel, "sm90", config=config, constants=spec.constants_of(case))
     inputs = spec.make_inputs(case, torch.device("cuda"), 0)
@@ -54,7 +55,7 @@ def prepare(arg: str, overrides: dict):
     print(f"{arg}: config ({'given' if config else source}) {config or chosen}; "
           f"{'matches its reference' if off is None else 'MISMATCH ' + str(off)}", flush=True)
     try:
-        label, peer = spec_peer(name, inputs, config or chosen or {}, causal=bool(case.get("causal", False)))
+        label, peer = spec_peer(spec.name, inputs, config or chosen or {}, causal=bool(case.get("causal", False)))
         peer()
         print(f"  peer: {label}", flush=True)
     except KeyError:
@@ -65,12 +66,8 @@ def prepare(arg: str, overrides: dict):
 def build_only(shapes: list[str], jobs: int) -> int:
     from duotile.codegen import prebuild
 
-    sigs = []
-    for arg in shapes:
-        name, _, shape = arg.partition(":")
-        spec = load_all()[name]
-        case = case_of(spec, shape)
-        sigs.append(prebuild.Signature.of(name, spec.meta_inputs(case), spec.constants_of(case)))
+    sigs = [prebuild.Signature.of(spec.name, spec.meta_inputs(case), spec.constants_of(case))
+            for spec, case in map(spec_case, shapes)]
     for out in prebuild.prebuild(sigs, "sm90", jobs=jobs):
         print(f"{out.signature.spec}: {'built' if out.ok else out.error} in {out.seconds:.0f} s", flush=True)
     return 0

@@ -86,6 +86,16 @@ def bucket_distance(a: dict[str, int], b: dict[str, int]) -> float:
     return sum(abs(math.log2(a[k]) - math.log2(b[k])) for k in a)
 
 
+def entry_distance(entry: dict, want: dict) -> tuple[float, float]:
+    """How far a table entry is from a call's key ``want``: octaves between their buckets, then
+    between the exact static shapes (the entry tuned nearest within a bucket)."""
+    from ..passes.autotune import cache as tcache
+
+    key = entry.get("key", {})
+    return (bucket_distance(key.get("bucket", {}), want["bucket"]),
+            tcache.shape_distance(tcache.entry_shape(entry), want["shape"]))
+
+
 def nearest_shipped(kernel: KernelDef, target: str, sig: Signature, constants: dict | None = None,
                     path=None, skipped: list[str] | None = None,
                     max_octaves: float = MAX_OCTAVES) -> dict[str, Any] | None:
@@ -105,9 +115,8 @@ def nearest_shipped(kernel: KernelDef, target: str, sig: Signature, constants: d
         same = all(key.get(f) == want[f] for f in ("kernel", "kernel_hash", "dtypes", "constants", "target",
                                                     "toolchain"))
         device_ok = key.get("device") == local or local.startswith("model:")
-        d = bucket_distance(key.get("bucket", {}), want["bucket"]) if same and device_ok else math.inf
+        d, near = entry_distance(entry, want) if same and device_ok else (math.inf, math.inf)
         if d <= max_octaves:  # within a bucket, the entry tuned at the nearest exact shape
-            near = tcache.shape_distance(tcache.entry_shape(entry), want["shape"])
             ranked.append((d, near, -sum(key["bucket"].values()), len(ranked), entry))
     for *_, entry in sorted(ranked, key=lambda r: r[:4]):
         why = tcache.entry_problem(kernel, target, sig.shapes, entry.get("config"), sig.dtypes, sig.present, constants)

@@ -25,6 +25,7 @@ accumulator (L0C) to UB with explicit ops before vector code reads it, so it doe
 from __future__ import annotations
 
 from ..dsl.ir import Block, Module, Op, Value
+from .rewrite import substitute
 
 
 def forward_copies(module: Module) -> Module:
@@ -52,7 +53,7 @@ def _forward_block(block: Block) -> None:
             last = users[-1] if users else i
             if not any(src.id in o.written_ids() for o in block.ops[i + 1:last + 1]):
                 for o in block.ops[i + 1:last + 1]:
-                    _substitute(o, dst, src)
+                    substitute(o, dst, src)
                 del block.ops[i]
                 continue
         i += 1
@@ -71,21 +72,3 @@ def _values_in(x):
 
 def _reads(op: Op, v: Value) -> bool:
     return any(x is v for o in op.walk() for x in [*_values_in(o.args), *_values_in(o.attrs)])
-
-
-def _swap(x, old: Value, new: Value):
-    if x is old:
-        return new
-    if isinstance(x, tuple):
-        return tuple(_swap(y, old, new) for y in x)
-    if isinstance(x, list):
-        return [_swap(y, old, new) for y in x]
-    if isinstance(x, dict):
-        return {k: _swap(y, old, new) for k, y in x.items()}
-    return x
-
-
-def _substitute(op: Op, old: Value, new: Value) -> None:
-    for o in op.walk():
-        o.args = _swap(o.args, old, new)
-        o.attrs = _swap(o.attrs, old, new)

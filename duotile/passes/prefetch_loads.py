@@ -47,6 +47,7 @@ from __future__ import annotations
 import sympy
 
 from ..dsl.ir import Block, Module, Op, Role, Value
+from .rewrite import substitute
 
 MAX_BYTES = 4096  # a moved tile's bytes over the block (two copies live: 64 B a thread at 128 threads)
 MAX_REGISTERS = 16  # a thread's registers for a loop's moved tiles, both copies
@@ -69,20 +70,22 @@ def _blocks(block: Block):
             yield from _blocks(region)
 
 
-def movable(loop: Op, op: Op) -> bool:
-    """Whether ``op``, a top-level op of ``loop``'s body, may be read one iteration ahead."""
+def movable_loads(loop: Op) -> list[Op]:
+    """The top-level ops of ``loop``'s body that may be read one iteration ahead."""
+    body = loop.regions[0]
+    defined = {o.attrs["var"] for o in body.walk() if o.name in ("scalar", "for")}
+    written = {o.attrs.get("tensor") for o in body.walk() if o.name in ("store", "scatter")}
+    return [op for op in body.ops if _movable(op, defined, written)]
+
+
+def _movable(op: Op, defined: set, written: set) -> bool:
     if op.name != "load" or op.result is None or op.result.type.role is not Role.VECTOR:
         return False
     t = op.result.type
     if not t.numel().is_Integer or int(t.numel()) * t.dtype.bits // 8 > MAX_BYTES:
         return False
-    body = loop.regions[0]
-    defined = {o.attrs["var"] for o in body.walk() if o.name in ("scalar", "for")}
     used = set().union(*(sympy.sympify(x).free_symbols for x in op.attrs["offsets"]))
-    if used & defined:
-        return False
-    written = {o.attrs.get("tensor") for o in body.walk() if o.name in ("store", "scatter")}
-    return op.attrs["tensor"] not in written
+    return not used & defined and op.attrs["tensor"] not in written
 
 
 def registers(t) -> int:
@@ -95,7 +98,7 @@ def registers(t) -> int:
 def _prefetch(parent: Block, loop: Op) -> None:
     body = loop.regions[0]
     var, start = loop.attrs["var"], sympy.sympify(loop.attrs["start"])
-    moved = [op for op in body.ops if movable(loop, op)]
+    moved = movable_loads(loop)
     if not moved or 2 * sum(registers(op.result.type) for op in moved) > MAX_REGISTERS:
         return
     at = next(i for i, o in enumerate(parent.ops) if o is loop)
@@ -111,7 +114,7 @@ def _prefetch(parent: Block, loop: Op) -> None:
         tail.append(Op("assign", args=(nxt, ahead), loc=op.loc))
         body.ops.remove(op)
         for o in body.ops:
-            _substitute(o, op.result, nxt)
+            substitute(o, op.result, nxt)
     body.ops[:0] = top
     body.ops.extend(tail)
     parent.ops[at:at] = head
@@ -121,19 +124,3 @@ def _shifted(op: Op, var: sympy.Symbol, value, result: Value) -> Op:
     """``op`` (a load) with the loop variable replaced by ``value``, into ``result``."""
     offsets = tuple(sympy.sympify(x).subs(var, value) for x in op.attrs["offsets"])
     return Op("load", (), {**op.attrs, "offsets": offsets}, result, [], op.loc)
-
-
-def _substitute(op: Op, old: Value, new: Value) -> None:
-    for o in op.walk():
-        o.args = _swap(o.args, old, new)
-        o.attrs = _swap(o.attrs, old, new)
-
-
-def _swap(x, old: Value, new: Value):
-    if x is old:
-        return new
-    if isinstance(x, (tuple, list)):
-        return type(x)(_swap(y, old, new) for y in x)
-    if isinstance(x, dict):
-        return {k: _swap(y, old, new) for k, y in x.items()}
-    return x

@@ -23,6 +23,25 @@ def map_expr(x, fn: Callable[[sympy.Basic], sympy.Basic]):
     return x
 
 
+def substitute(op: Op, old: Value, new: Value) -> None:
+    """Make ``op`` and every op in its regions read ``new`` where they read ``old`` (in place)."""
+    for o in op.walk():
+        o.args = _swap(o.args, old, new)
+        o.attrs = _swap(o.attrs, old, new)
+
+
+def _swap(x, old: Value, new: Value):
+    if x is old:
+        return new
+    if isinstance(x, tuple):
+        return tuple(_swap(y, old, new) for y in x)
+    if isinstance(x, list):
+        return [_swap(y, old, new) for y in x]
+    if isinstance(x, dict):
+        return {k: _swap(y, old, new) for k, y in x.items()}
+    return x
+
+
 class Rewriter:
     """Copies a module; ``expr`` rewrites every index expression and tile dimension."""
 

@@ -148,7 +148,7 @@ class ElementPrinter:
 def atom(e) -> str:
     """An index expression as one operand of ``%``, ``//`` or ``*``: parenthesised unless a
     number or a name (a dynamic tile count is a product: ``tile_id % (8 * T.ceildiv(n_M, 128))``)."""
-    text = e if isinstance(e, str) else index(e)
+    text = index(e)
     return text if text.isidentifier() or text.lstrip("-").isdigit() or text.startswith("(") else f"({text})"
 
 

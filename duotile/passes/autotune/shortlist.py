@@ -29,7 +29,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from ...codegen.choose_config import bucket_distance, explain_choice, ranked_configs
+from ...codegen.choose_config import entry_distance, explain_choice, ranked_configs
 from .constraints import Constraints
 from .space import ConfigSpace, config_key
 
@@ -87,8 +87,7 @@ def nearest_measured(kernel, target: str, sig, path=None) -> dict[str, Any] | No
         if entry.get("metric") != "measured" or not isinstance(entry.get("config"), dict):
             continue
         if all(key.get(f) == want[f] for f in ("kernel", "target", "dtypes", "toolchain")):
-            near.append((bucket_distance(key.get("bucket", {}), want["bucket"]),
-                         tcache.shape_distance(tcache.entry_shape(entry), want["shape"]), i, entry["config"]))
+            near.append((*entry_distance(entry, want), i, entry["config"]))
     return dict(min(near, key=lambda n: n[:3])[3]) if near else None
 
 
@@ -96,16 +95,11 @@ def axis_runners_up(kernel, target: str, sig, constants, space: ConfigSpace, bes
                     n: int) -> list[dict[str, Any]]:
     """For each tunable, ``best`` with that tunable at the value the cost model ranks next; the
     ``n`` of them the model ranks fastest (configs it would not accept are left out)."""
-    from ...codegen.target import get_target
-    from .cost_model import estimate_phases
-
-    machine = get_target(target).machine
-    cons = Constraints(kernel, sig, target, constants)
+    model = _Model(kernel, target, sig, constants)
 
     def modelled(c):
-        v = cons.check(c, full=False)
-        knobs = {k: x for k, x in c.items() if k not in kernel.tunables}
-        return estimate_phases(v.phases, machine, knobs).time_s if v.ok else math.inf
+        est, _ = model(c)
+        return est.time_s if est is not None else math.inf
 
     runners = []
     for name in kernel.tunables:
@@ -127,19 +121,10 @@ def wave_filling(kernel, target: str, sig, constants, space: ConfigSpace, best: 
     fills the machine already. The model ranks these two ways to fill the SMs least well."""
     import itertools
 
-    from ...codegen.target import get_target
-    from .cost_model import estimate_phases
-
-    machine = get_target(target).machine
-    cons = Constraints(kernel, sig, target, constants)
-
-    def estimated(c):
-        v = cons.check(c, full=False)
-        knobs = {k: x for k, x in c.items() if k not in kernel.tunables}
-        return (estimate_phases(v.phases, machine, knobs), len(v.phases)) if v.ok else (None, 0)
-
+    estimated = _Model(kernel, target, sig, constants)
+    units = estimated.machine.units
     first, launches = estimated(best)
-    if first is None or first.programs >= FILL * machine.units:
+    if first is None or first.programs >= FILL * units:
         return []
     names = [k for k in kernel.tunables if k not in space.pinned]
     moves = {k: [v for v in space.params[k].values() if v != best[k]] for k in names}
@@ -148,7 +133,7 @@ def wave_filling(kernel, target: str, sig, constants, space: ConfigSpace, best: 
         for values in itertools.product(*(moves[k] for k in pair)):
             c = {**best, **dict(zip(pair, values))}
             est, phases = estimated(c)
-            if est is not None and est.programs >= FILL * machine.units:
+            if est is not None and est.programs >= FILL * units:
                 (same if phases == launches else other).append((est.time_s, len(same) + len(other), c))
     picks = [min(group, key=lambda x: x[:2]) for group in (same, same + other) if group]
     out = []
@@ -156,3 +141,23 @@ def wave_filling(kernel, target: str, sig, constants, space: ConfigSpace, best: 
         if c not in out:
             out.append(c)
     return out[:n]
+
+
+class _Model:
+    """The cost model's estimate of a config at one call (and its launches), or (None, 0) where
+    the quick checks refuse it."""
+
+    def __init__(self, kernel, target: str, sig, constants):
+        from ...codegen.target import get_target
+
+        self.kernel, self.machine = kernel, get_target(target).machine
+        self.cons = Constraints(kernel, sig, target, constants)
+
+    def __call__(self, config: dict[str, Any]):
+        from .cost_model import estimate_phases
+
+        v = self.cons.check(config, full=False)
+        if not v.ok:
+            return None, 0
+        knobs = {k: x for k, x in config.items() if k not in self.kernel.tunables}
+        return estimate_phases(v.phases, self.machine, knobs), len(v.phases)
