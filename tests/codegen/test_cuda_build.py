@@ -285,3 +285,17 @@ def test_the_user_config_of_a_narrow_compressor_builds():
     kernel = codegen.compile(spec.kernel, "sm90", constants=spec.constants_of(case))
     (artifact,) = kernel.artifacts(**spec.meta_inputs(case))
     assert artifact.meta["config"]["BD"] <= 32 and "ptx" in artifact.stages
+
+
+def test_knobs_of_a_kernel_of_two_phases_are_those_any_phase_can_use():
+    """A K split and its combine: the knob filter reads every phase (it used to read the module's
+    one grid, which a kernel of two phases does not have, and the tuner failed on every such spec)."""
+    from duotile.codegen.target import get_target
+
+    spec = load_all()["gemm_blockscaled"]
+    case = spec.model_cases()["v4/wq_b/prefill4096"]
+    sig = spec.kernel.bind(spec.meta_inputs(case))
+    traced = spec.kernel.trace(sig.dtypes, sig.present, {"SPLIT": 4}, spec.constants_of(case))
+    assert len(traced.body.ops) == 2
+    knobs = get_target("sm90").knobs_for(traced)
+    assert {"cluster", "warp_specialize", "fp8_promote_k"} <= set(knobs)

@@ -14,6 +14,7 @@ from ...passes.forward_copies import forward_copies
 from ...passes.fuse_elementwise import fuse_elementwise
 from ...passes.mark_short_loops import mark_short_loops, max_trips
 from ...passes.prefetch_loads import prefetch_loads
+from ...passes.split_phases import split_phases
 from ..target import Artifact, Target, lowering_error, register_target
 from . import tma_store, toolchain
 from .arch import SM90, SM100, Arch
@@ -76,7 +77,13 @@ class TileLangCuda(Target):
         """fp8_promote_k only matters with an fp8 gemm, overlap only with two gemms in a pipelined loop,
         warp_specialize only with a pipelined loop, full_row only with a gemm whose accumulator is not
         split by rows anyway, cluster only where a pair of blocks shares a loaded tile; ftz is a
-        numerics choice, set by hand, never searched."""
+        numerics choice, set by hand, never searched. A kernel of several phases (a K split and its
+        combine) keeps the knobs any of its phases can use."""
+        used = set().union(*(self._used_knobs(p) for p in split_phases(module)))
+        return {k: s for k, s in self.knobs.items() if k in used}
+
+    def _used_knobs(self, module: Module) -> set[str]:
+        """The knobs that can change one phase's code."""
         ops = list(module.walk())
         fp8 = any(op.name == "gemm" and op.args[0].type.dtype.bits == 8 for op in ops)
         pipelined = [op for op in ops if op.name == "for" and op.attrs.get("stages")]
@@ -89,7 +96,7 @@ class TileLangCuda(Target):
             | ({"full_row"} if not gemm else set()) \
             | ({"cluster"} if not shareable(module.grid) else set()) \
             | {"ftz"}
-        return {k: s for k, s in self.knobs.items() if k not in drop}
+        return set(self.knobs) - drop
 
     def phase_knobs(self, module: Module, knobs: dict) -> dict:
         """A phase without a pipelined loop (a split reduction's combine) keeps the default schedule:

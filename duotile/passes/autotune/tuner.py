@@ -95,7 +95,9 @@ def tune(spec: Spec, case: dict, target: str, *, budget: str = "default", strate
     # traces the kernel; a batch-invariant one whose reduction order could change with the batch
     # size fails here, once, before any candidate compiles (every build checks it again, in specialize)
     traced = check_batch_invariance(kernel, sig.dtypes, sig.present, runner.constants)
-    space = ConfigSpace.from_kernel(kernel, tgt, pins, module=traced).starting_at(spec.config_of(case, target))
+    # the knob filter reads a single launch, as the config choice's space does (choose_config._space)
+    one = traced if len(traced.body.ops) == 1 else None
+    space = ConfigSpace.from_kernel(kernel, tgt, pins, module=one).starting_at(spec.config_of(case, target))
     if kernel.batch_dim:
         notes.append(f"batch-invariant in {kernel.batch_dim}: reductions checked; the cached config "
                      f"serves every {kernel.batch_dim}")

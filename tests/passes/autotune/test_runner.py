@@ -337,3 +337,15 @@ def test_a_spec_whose_reference_runs_in_parts_is_tuned(tmp_path):
     result = tune(spec, {"B": 1, "H": 2, "S": 64, "D": 32}, "interpret", budget="shortlist", cache_dir=tmp_path,
                   progress=False, also_try=[{"BN": 32}], start_points=False)
     assert [t.status for t in result.trials] == ["ok", "ok"] and result.best is not None
+
+
+def test_a_spec_of_two_phases_tunes():
+    """gemm_blockscaled's K split runs two launches; the tuner's knob filter read the traced
+    module's one grid and every sweep of it failed ("has 2 phases") before building anything."""
+    from duotile.kernels_spec import registry
+
+    spec = registry.get("gemm_blockscaled")
+    pins = {"BM": 64, "BN": 64, "BK": 128, "STAGES": 2, "SPLIT": 2, "threads": 128, "raster": 0}
+    result = tune(spec, spec.cases["v4_ragged"], "sm100", budget="quick", strategy="exhaustive", pins=pins,
+                  write_cache=False, progress=False, start_points=False)
+    assert result.best.status == "compiled" and result.best.config["SPLIT"] == 2
