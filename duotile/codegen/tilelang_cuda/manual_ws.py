@@ -179,6 +179,7 @@ class ManualWarpSpecialization:
             r.base = BASE if self.tiles else ""
         if self.tiles:
             src.decl(f'{BASE.split("[")[0]} = T.alloc_local((1,), "int32")')
+            self.tiles.declare(src)
         e.ws = self
         src.line("tx = T.get_thread_binding()")
         src.line(f"if tx >= {self.threads}:  # producer warp group: TMA loads")

@@ -70,6 +70,19 @@ class TileLoop:
         self.rounds = sympy.ceiling(self.tiles / self.ctas)
 
     @property
+    def dynamic(self) -> bool:
+        """Whether the tile count depends on a dynamic size: the decode then divides by it."""
+        return not sympy.sympify(self.tiles).is_Integer
+
+    def declare(self, src) -> None:
+        """Where the decode divides by a dynamic size, the grid variables are registers
+        (``T.alloc_var``), assigned once a tile: TileLang inlines a bound expression into every
+        use, and the producer recomputed the decode's divisions for each TMA copy of the K loop."""
+        if self.dynamic:
+            for name in self.vars:
+                src.decl(f'{name} = T.alloc_var("int32")')
+
+    @property
     def pair_var(self) -> str | None:
         """The grid variable a cluster's blocks differ in (None without clusters)."""
         return self.vars[self.pair] if self.cluster > 1 else None
