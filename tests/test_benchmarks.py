@@ -158,3 +158,30 @@ def test_blockscaled_peer_says_when_it_falls_back_to_row_scales():
     if not torch.cuda.is_available():  # torch's CPU _scaled_mm takes no block scales: a refusal, named
         label, _ = blockscaled_mm_peer(_blockscaled_inputs(128))
         assert label.startswith("torch._scaled_mm row-scaled (block-scaled refused: ")
+
+
+def test_ab_checkouts_child_imports_the_checkout_it_measures(tmp_path):
+    """The A/B's timing process imports duotile from the checkout named, not from this one."""
+    import os
+    import subprocess
+    import sys
+
+    (tmp_path / "duotile").mkdir()
+    (tmp_path / "duotile" / "__init__.py").write_text("raise SystemExit('imported the base checkout')\n")
+    out = subprocess.run([sys.executable, "benchmarks/ab_checkouts.py", "--child", str(tmp_path), "gemm:x"],
+                         capture_output=True, text=True, env={**os.environ, "AB_CONFIG": "{}"})
+    assert "imported the base checkout" in out.stderr
+
+
+def test_ab_checkouts_table_takes_medians_over_rounds_and_says_each_check():
+    from benchmarks.ab_checkouts import HERE, table
+
+    this = str(HERE)
+    rows = [{"root": "/b", "shape": "s", "us": 300.0, "check": "ok"}, {"root": "/b", "shape": "s", "us": 100.0,
+                                                                        "check": "ok"},
+            {"root": this, "shape": "s", "us": 100.0, "check": "ok"}, {"root": this, "shape": "s", "us": 100.0,
+                                                                         "check": "FAIL (3 off)"},
+            {"root": this, "shape": "t", "error": "no build"}]
+    text = table(rows, "/b", ["s", "t"])
+    assert "| s | 200.0 | 100.0 | 2.00 | ok; FAIL (3 off), ok |" in text
+    assert "| t | - | - | - | ; error |" in text
