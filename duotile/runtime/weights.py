@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -150,7 +151,12 @@ def _generator(seed: int, name: str) -> torch.Generator:
 
 def random_tensor(cfg: ModelConfig, spec: TensorSpec, seed: int) -> torch.Tensor:
     """A plausible random value for a logical tensor (deterministic in (seed, name))."""
-    g, name, shape = _generator(seed, spec.name), spec.name, spec.shape
+    return _draw(cfg, spec, _generator(seed, spec.name), spec.shape)
+
+
+def _draw(cfg: ModelConfig, spec: TensorSpec, g: torch.Generator, shape: tuple[int, ...]) -> torch.Tensor:
+    """``shape``'s worth of ``spec``'s random value from ``g``: the whole tensor, or its next rows."""
+    name = spec.name
     normal = lambda std: torch.randn(shape, generator=g) * std
     if name.endswith("tid2eid"):
         return torch.rand(shape[0], cfg.n_routed_experts, generator=g).argsort(-1)[:, : shape[1]].int()
@@ -166,7 +172,7 @@ def random_tensor(cfg: ModelConfig, spec: TensorSpec, seed: int) -> torch.Tensor
         return normal(0.5)
     if name == "embed.weight" or name.endswith("engram.embed"):
         return normal(1.0)
-    return normal(shape[-1] ** -0.5)
+    return normal(spec.shape[-1] ** -0.5)
 
 
 def stored_tensors(cfg: ModelConfig, spec: TensorSpec, value: torch.Tensor) -> Iterator[tuple[str, torch.Tensor]]:
@@ -188,27 +194,80 @@ def stored_tensors(cfg: ModelConfig, spec: TensorSpec, value: torch.Tensor) -> I
         yield spec.name, value.to(dtype).contiguous()
 
 
+CHUNK_ELEMENTS = 1 << 22  # a large tensor is drawn and encoded this many values at a time
+
+
+def chunk_rows(cfg: ModelConfig, spec: TensorSpec, limit: int = CHUNK_ELEMENTS) -> int:
+    """Rows of ``spec`` drawn at once: every row where the tensor is small; else a multiple of the
+    FP8 block (whole scale rows) of at most ``limit`` values, and a multiple of 16 values, so that
+    torch's normal draws in turn give the values one draw of the whole tensor gives (its sampler
+    works in groups of 16). The random tid2eid table is drawn whole."""
+    rows, per_row = spec.shape[0], math.prod(spec.shape[1:])
+    if rows * per_row <= limit or len(spec.shape) < 2 or spec.name.endswith("tid2eid"):
+        return rows
+    unit = cfg.weight_block_size[0] if spec.kind == "fp8" else 1
+    while unit * per_row % 16:
+        unit *= 2
+    n = max(unit, limit // per_row // unit * unit)
+    last = rows % n
+    return n if last == 0 or last * per_row >= 16 else rows
+
+
+def _stored_value(cfg: ModelConfig, spec: TensorSpec, seed: int, limit: int) -> dict[str, torch.Tensor]:
+    """The safetensors entries of one logical tensor, drawn and encoded ``chunk_rows`` at a time into
+    tensors of their stored size (FP8 / FP4 codes and scales, never the whole FP32 value at once)."""
+    block = cfg.weight_block_size[0]
+    n = chunk_rows(cfg, spec, limit)
+    if n == spec.shape[0]:
+        return dict(stored_tensors(cfg, spec, random_tensor(cfg, spec, seed)))
+    out = {name: torch.empty(shape, dtype=dtype) for name, (shape, dtype) in spec.stored(block).items()}
+    g = _generator(seed, spec.name)
+    for r in range(0, spec.shape[0], n):
+        rows = min(n, spec.shape[0] - r)
+        piece = TensorSpec(spec.name, (rows, *spec.shape[1:]), spec.kind)
+        for name, part in stored_tensors(cfg, piece, _draw(cfg, spec, g, piece.shape)):
+            at = r // block if spec.kind == "fp8" and name.endswith(".scale") else r
+            out[name][at: at + part.shape[0]] = part
+    return out
+
+
+def shard_plan(cfg: ModelConfig, max_shard_bytes: int) -> list[list[str]]:
+    """The stored tensor names of each shard, in order, from their sizes alone (nothing drawn): a new
+    shard starts where the next tensor would pass ``max_shard_bytes`` (a tensor larger than that
+    gets a shard of its own)."""
+    shards, size = [[]], 0
+    for spec in tensor_specs(cfg):
+        for name, (shape, dtype) in spec.stored(cfg.weight_block_size[0]).items():
+            nbytes = math.prod(shape) * dtype.itemsize
+            if size and size + nbytes > max_shard_bytes:
+                shards.append([])
+                size = 0
+            shards[-1].append(name)
+            size += nbytes
+    return shards
+
+
 def write_random_checkpoint(cfg: ModelConfig, path: str | Path, *, seed: int = 0,
-                            max_shard_bytes: int = 16 << 20) -> Path:
-    """Write config.json, shards `model-0000k-of-0000n.safetensors` and their index; return the path."""
+                            max_shard_bytes: int = 16 << 20, chunk_elements: int = CHUNK_ELEMENTS) -> Path:
+    """Write config.json, shards `model-0000k-of-0000n.safetensors` and their index; return the path.
+    Streams: a shard is written, and let go, as soon as its last tensor is drawn, so memory holds one
+    shard and one logical tensor's stored bytes (a real-dimension layer's experts are 7.5 GB)."""
     path = Path(path)
     path.mkdir(parents=True, exist_ok=True)
-    shards: list[dict[str, torch.Tensor]] = [{}]
-    sizes = [0]
+    plan = shard_plan(cfg, max_shard_bytes)
+    names = [f"model-{k + 1:05d}-of-{len(plan):05d}.safetensors" for k in range(len(plan))]
+    shard_of = {name: k for k, shard in enumerate(plan) for name in shard}
+    pending: dict[str, torch.Tensor] = {}
+    done, total = 0, 0
     for spec in tensor_specs(cfg):
-        for name, tensor in stored_tensors(cfg, spec, random_tensor(cfg, spec, seed)):
-            nbytes = tensor.numel() * tensor.element_size()
-            if sizes[-1] and sizes[-1] + nbytes > max_shard_bytes:
-                shards.append({})
-                sizes.append(0)
-            shards[-1][name] = tensor
-            sizes[-1] += nbytes
-    weight_map = {}
-    for k, shard in enumerate(shards):
-        fname = f"model-{k + 1:05d}-of-{len(shards):05d}.safetensors"
-        save_file(shard, str(path / fname), metadata={"format": "pt"})
-        weight_map.update(dict.fromkeys(shard, fname))
-    index = {"metadata": {"total_size": sum(sizes)}, "weight_map": weight_map}
+        pending.update(_stored_value(cfg, spec, seed, chunk_elements))
+        while done < len(plan) and all(name in pending for name in plan[done]):
+            shard = {name: pending.pop(name) for name in plan[done]}
+            total += sum(t.numel() * t.element_size() for t in shard.values())
+            save_file(shard, str(path / names[done]), metadata={"format": "pt"})
+            done += 1
+    weight_map = {name: names[k] for name, k in shard_of.items()}
+    index = {"metadata": {"total_size": total}, "weight_map": weight_map}
     (path / INDEX_NAME).write_text(json.dumps(index, indent=1, sort_keys=True))
     (path / "config.json").write_text(json.dumps(cfg.to_dict(), indent=1))
     return path

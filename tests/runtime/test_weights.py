@@ -148,3 +148,57 @@ def test_mtp_and_dspark_weights_load(build, name, experts):
     assert sum(1 for k in nextn if k.startswith("mtp.0.ffn.experts.") and k.endswith(".w1")) == experts
     assert all(torch.isfinite(t.float()).all() for t in nextn.values())
     assert ("mtp.0.e_proj" in nextn) == (name == "v4-tiny")
+
+
+@pytest.mark.parametrize("name", ["v4-tiny", "v41-tiny"])
+def test_writer_drawing_a_tensor_in_row_chunks_writes_the_same_bytes(tmp_path, name):
+    """The writer draws and encodes a large tensor a few rows at a time (a real-dimension layer's FP8
+    and FP4 codes never exist as FP32 at once); with 4,096-value chunks, which split hundreds of the tiny
+    presets' FP8 / FP4 / FP8-row / BF16 tensors, every file is byte-identical to one draw per tensor."""
+    from duotile.runtime.weights import chunk_rows
+
+    cfg = get_preset(name)
+    chunked = [s for s in tensor_specs(cfg) if chunk_rows(cfg, s, 4096) < s.shape[0]]
+    assert {"fp8", "fp4", "bf16"} <= {s.kind for s in chunked}
+    whole = write_random_checkpoint(cfg, tmp_path / "whole", seed=3, chunk_elements=1 << 40)
+    parts = write_random_checkpoint(cfg, tmp_path / "parts", seed=3, chunk_elements=4096)
+    files = sorted(p.name for p in whole.iterdir())
+    assert files == sorted(p.name for p in parts.iterdir())
+    assert all((whole / f).read_bytes() == (parts / f).read_bytes() for f in files)
+
+
+def test_writer_lets_each_shard_go_before_drawing_past_it(tmp_path, monkeypatch):
+    """Streaming: each shard is written once its last tensor is drawn, never after a later shard's
+    tensors have been drawn, so memory holds one shard and one logical tensor at a time."""
+    from duotile.runtime import weights
+
+    cfg = get_preset("v4-tiny")
+    plan = weights.shard_plan(cfg, 1 << 20)
+    events = []
+    draw, save = weights._stored_value, weights.save_file
+    monkeypatch.setattr(weights, "_stored_value", lambda *a: events.append(("draw", a[1].name)) or draw(*a))
+    monkeypatch.setattr(weights, "save_file", lambda shard, f, **kw: events.append(("save", set(shard))) or
+                        save(shard, f, **kw))
+    weights.write_random_checkpoint(cfg, tmp_path, seed=1, max_shard_bytes=1 << 20)
+    logical_of = {n: s.name for s in tensor_specs(cfg) for n in s.stored(cfg.weight_block_size[0])}
+    saves = [names for kind, names in events if kind == "save"]
+    assert [set(s) for s in plan] == saves and len(saves) > 3
+    drawn = []
+    for kind, what in events:
+        if kind == "draw":
+            drawn.append(what)
+        else:  # the tensors drawn so far, one logical tensor past this shard's last at most
+            last = max((logical_of[n] for n in what), key=drawn.index)
+            assert drawn.index(last) == len(drawn) - 1
+
+
+def test_shard_plan_of_the_real_dimensions_needs_no_values():
+    """The plan of a released configuration comes from sizes alone (no 100 GB drawn to plan it)."""
+    from duotile.runtime.weights import shard_plan
+
+    cfg = get_preset("v41-flash")
+    plan = shard_plan(cfg, 4 << 30)
+    stored = {n: v for s in tensor_specs(cfg) for n, v in s.stored(cfg.weight_block_size[0]).items()}
+    assert sorted(n for shard in plan for n in shard) == sorted(stored)
+    big = [n for n, (shape, dtype) in stored.items() if torch.Size(shape).numel() * dtype.itemsize > 4 << 30]
+    assert big and all([n] in plan for n in big)  # a tensor over the limit: a shard of its own
