@@ -15,7 +15,7 @@ import torch
 
 from .config import ConfigError
 from .footprint import available_bytes, gib, step_bytes, weight_bytes
-from .presets import DEFAULT_PRESET, PRESETS, TINY_PRESETS, get_preset
+from .presets import DEFAULT_PRESET, PRESETS, TINY_PRESETS, get_preset, written_preset
 from .weights import CheckpointError
 
 MAX_LINES = 20
@@ -57,7 +57,7 @@ def check(model: str) -> int:
     print(f"config: ok ({cfg.model_type}, {cfg.num_hidden_layers} layers)")
     print(f"headers and inventory: ok ({len(ckpt.entries)} stored tensors in {len(shards)} shard(s))")
     errors = 0
-    if not Path(name).is_dir() and name in TINY_PRESETS:
+    if not Path(name).is_dir() and written_preset(name):
         problem = preset_problem(preset_dir(name), name, deep=True)
         print(f"preset digest: {problem or 'ok'}")
         errors += problem is not None

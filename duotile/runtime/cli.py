@@ -16,11 +16,12 @@ import torch
 from .config import ConfigError
 from .device import DeviceError, resolve_device
 from .model_ops import format_report
-from .presets import DEFAULT_PRESET, TINY_PRESETS
+from .presets import DEFAULT_PRESET, TINY_PRESETS, preset_notes
 from .sampler import SamplingParams
 from .weights import CheckpointError
 
 PROGRESS_MIN_TOKENS = 32
+RELEASED = ("v4-flash", "v41-flash")  # --layers N runs one of these on N layers
 USER_ERRORS = (ConfigError, CheckpointError, DeviceError, ValueError)
 
 
@@ -44,7 +45,12 @@ def _register_generate(subparsers: argparse._SubParsersAction) -> None:
                               description="Generate from prompt token ids. Without --model the embedded tiny "
                               f"V4.1 model ({DEFAULT_PRESET}) is written to the cache on first use and loaded.")
     p.add_argument("--model", default=DEFAULT_PRESET, metavar="PATH|PRESET",
-                   help=f"checkpoint directory or tiny preset {list(TINY_PRESETS)} (default: %(default)s)")
+                   help=f"checkpoint directory or tiny preset {list(TINY_PRESETS)}; with --layers, a released "
+                        "model (v4-flash, v41-flash) (default: %(default)s)")
+    p.add_argument("--layers", type=int, default=None, metavar="N",
+                   help="the released --model on N of its layers, real widths and expert counts, every kind of "
+                        "layer N allows (8 cover V4.1's, 4 V4's); its random checkpoint is written to the cache "
+                        "on first use (tens of GB) (default: all layers, which needs the checkpoint directory)")
     p.add_argument("--prompt-ids", type=int, nargs="+", required=True, metavar="ID",
                    help="the prompt's token ids (required; no default)")
     p.add_argument("--max-tokens", type=int, default=16, help="tokens to generate (default: %(default)s)")
@@ -91,6 +97,16 @@ def run(args: argparse.Namespace) -> int:
               file=sys.stderr)
     if args.save_builds and args.kernels != "generated":
         return fail(args, ValueError("--save-builds needs --kernels generated (the reference ops build nothing)"))
+    if args.layers is not None:
+        if args.model not in RELEASED:
+            return fail(args, ValueError(f"--layers needs a released model as --model ({', '.join(RELEASED)}), "
+                                         f"got {args.model!r}"))
+        args.model = f"{args.model}-L{args.layers}"
+        try:
+            for note in preset_notes(args.model):
+                print(f"note: {note}", file=sys.stderr)
+        except USER_ERRORS as err:
+            return fail(args, err)
     try:
         device = resolve_device(args.device)
         params = SamplingParams(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,

@@ -25,7 +25,7 @@ import uuid
 from pathlib import Path
 
 from .config import ConfigError
-from .presets import PRESETS, TINY_PRESETS, get_preset
+from .presets import PRESETS, get_preset, written_preset
 from .weights import Checkpoint, CheckpointError, write_random_checkpoint
 
 try:
@@ -126,7 +126,8 @@ def _build(target: Path, name: str) -> None:
 
 
 def preset_dir(name: str) -> Path:
-    """The directory of a tiny preset's checkpoint, written (or repaired) on first use."""
+    """The directory of a written preset's checkpoint (a tiny model, a released one on N layers),
+    written (or repaired) on first use."""
     target = cache_root() / "models" / name
     if preset_problem(target, name) is None:
         return target
@@ -148,7 +149,7 @@ def open_model(model: str | os.PathLike) -> Checkpoint:
     if path.is_dir():
         return Checkpoint.open(path)
     name = str(model)
-    if name in TINY_PRESETS:
+    if written_preset(name):
         return Checkpoint.open(preset_dir(name))
     if name in PRESETS:
         raise ConfigError(f"model: preset {name!r} is a released model without embedded weights; "

@@ -8,11 +8,17 @@
   Its quantisation granularities are the real ones (32x32 weight blocks, FP8/32 window KV, NVFP4/16
   compressed KV, MXFP4/32 index keys).
 
+* `v4-flash-L4`, `v41-flash-L8` (any N): a released model on N of its layers, real widths and expert
+  counts, every kind of layer N allows (`layer_subset.py`); like the tiny models, its random checkpoint
+  is written on first use.
+
 `get_preset(name)` returns a fresh validated `ModelConfig`; `DEFAULT_PRESET` is the embedded model the
 CLI and `LLM()` use when no model is given.
 """
 
 from __future__ import annotations
+
+import re
 
 from .config import ConfigError, ModelConfig
 
@@ -97,8 +103,35 @@ PRESETS = {"v4-flash": _v4_flash, "v41-flash": _v41_flash, "v4-tiny": _v4_tiny, 
 TINY_PRESETS = ("v4-tiny", "v41-tiny")
 
 
+SUBSET = re.compile(r"^(v4-flash|v41-flash)-L(\d+)$")  # a released model on N of its layers
+
+
 def get_preset(name: str) -> ModelConfig:
+    """A preset's config: a tiny model, a released one, or a released one on N layers (``v41-flash-L4``:
+    ``runtime/layer_subset.py``)."""
+    subset = SUBSET.match(name)
+    if subset:
+        from .layer_subset import layer_subset
+
+        return layer_subset(PRESETS[subset[1]](), int(subset[2])).config
     try:
         return PRESETS[name]()
     except KeyError:
-        raise ConfigError(f"preset: unknown name {name!r}; known: {sorted(PRESETS)}") from None
+        raise ConfigError(f"preset: unknown name {name!r}; known: {sorted(PRESETS)}, or a released one on N "
+                          f"layers (v41-flash-L4)") from None
+
+
+def written_preset(name: str) -> bool:
+    """Whether a preset's checkpoint is written by the library on first use (random weights): the tiny
+    models and the released ones on N layers."""
+    return name in TINY_PRESETS or SUBSET.match(name) is not None
+
+
+def preset_notes(name: str) -> tuple[str, ...]:
+    """What a preset changes from the model it stands for (a layer subset's notes), for the output."""
+    subset = SUBSET.match(name)
+    if not subset:
+        return ()
+    from .layer_subset import layer_subset
+
+    return layer_subset(PRESETS[subset[1]](), int(subset[2])).notes
