@@ -150,8 +150,7 @@ class Constraints:
     def bound(self, config: dict[str, Any]) -> Module:
         """The traced module of a config with its shapes bound: the one trace every check reads."""
         kern = {k: v for k, v in config.items() if k in self.kernel.tunables}
-        return bind_shapes(self.kernel.trace(self.sig.dtypes, self.sig.present, kern, self.constants),
-                           self.sig.shapes)
+        return bind_shapes(_symbolic_trace(self.kernel, self.sig, kern, self.constants), self.sig.shapes)
 
     def check(self, config: dict[str, Any], full: bool = True) -> Verdict:
         """The verdict on ``config``; ``full=False`` skips the target's own lowering and capacity
@@ -225,6 +224,24 @@ class Constraints:
         except UnsupportedError as err:
             return [f"unsupported on {self.target}: {err}"]
         return []
+
+
+# symbolic traces (shapes not yet bound) by dtypes, constants and tile config: a trace does not
+# depend on the sizes, so the config searches of every shape of a spec share them (a model's 30 GEMM
+# shapes, each searching the same tiles). bind_shapes writes a new module: a kept trace is never changed.
+_SYMBOLIC: dict[tuple, tuple] = {}
+
+
+def _symbolic_trace(kernel: KernelDef, sig: Signature, kern: dict[str, Any], constants: dict | None) -> Module:
+    key = (id(kernel), tuple(sorted((k, v.name) for k, v in sig.dtypes.items())), tuple(sorted(sig.present.items())),
+           tuple(sorted((k, repr(v)) for k, v in (constants or {}).items())),
+           tuple(sorted((k, repr(v)) for k, v in kern.items())))
+    hit = _SYMBOLIC.get(key)
+    if hit is None or hit[0] is not kernel:  # the kernel is kept beside its trace: an id is not reused
+        if len(_SYMBOLIC) >= _TRACES_MAX:
+            _SYMBOLIC.clear()
+        hit = _SYMBOLIC[key] = (kernel, kernel.trace(sig.dtypes, sig.present, kern, constants))
+    return hit[1]
 
 
 # traces by call and tile config, for every Constraints of the process: the trace does not depend on

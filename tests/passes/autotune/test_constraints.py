@@ -175,3 +175,24 @@ def test_the_waste_floor_is_the_targets_least_tile_and_a_warp_without_a_gemm():
     cons = Constraints(spec.kernel, spec.kernel.bind(spec.meta_inputs(case)), "sm90", spec.constants_of(case))
     assert any("tile extent 64 over" in r for r in cons.check({"BD": 64}, full=False).reasons)
     assert cons.check({"BD": 32}, full=False).ok
+
+
+def test_the_config_searches_of_a_specs_shapes_share_one_symbolic_trace(monkeypatch):
+    """A trace does not depend on the sizes: the searches at each model shape trace a tile config
+    once, then bind each shape's sizes to a copy (the kept trace never changes)."""
+    from duotile.passes.autotune import constraints
+
+    spec = registry.get("gemm")
+    monkeypatch.setattr(constraints, "_SYMBOLIC", {})
+    calls = []
+    trace = spec.kernel.trace
+    monkeypatch.setattr(spec.kernel, "trace", lambda *a: calls.append(a) or trace(*a))
+    config = {"BM": 128, "BN": 128, "BK": 64, "STAGES": 3, "SPLIT": 1}
+    bound = []
+    for shape in ("v41/wq_b/prefill4096", "v41/wo_b/prefill4096", "v41/shared_w13/prefill4096"):
+        case = spec.model_cases()[shape]
+        cons = Constraints(spec.kernel, spec.kernel.bind(spec.meta_inputs(case)), "sm90")
+        bound.append(cons.bound(config))
+    assert len(calls) == 1
+    assert [m.shapes["N"] for m in bound] == [32768, 5120, 4608]
+    assert all(not d.is_Integer for p in constraints._SYMBOLIC.popitem()[1][1].params for d in p.shape[1:])
