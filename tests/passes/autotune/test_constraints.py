@@ -91,6 +91,7 @@ def test_one_trace_per_config_serves_the_estimator_and_the_targets_check(monkeyp
     from duotile.passes.autotune import constraints
 
     monkeypatch.setattr(constraints, "_TRACES", {})  # the process's traces: none yet
+    monkeypatch.setattr(constraints, "_SYMBOLIC", {})
     c = gemm_constraints("sm90")
     calls = {"trace": 0, "lower": 0}
 
@@ -118,6 +119,7 @@ def test_targets_checking_one_call_share_its_traces(monkeypatch):
     from duotile.passes.autotune import constraints
 
     monkeypatch.setattr(constraints, "_TRACES", {})
+    monkeypatch.setattr(constraints, "_SYMBOLIC", {})
     first, second = gemm_constraints("sm90"), gemm_constraints("sm100")
     calls = []
     real = first.kernel.trace
