@@ -106,14 +106,22 @@ TINY_PRESETS = ("v4-tiny", "v41-tiny")
 SUBSET = re.compile(r"^(v4-flash|v41-flash)-L(\d+)$")  # a released model on N of its layers
 
 
+def _subset(name: str):
+    """The ``LayerSubset`` a name like ``v41-flash-L4`` stands for, else None."""
+    match = SUBSET.match(name)
+    if not match:
+        return None
+    from .layer_subset import layer_subset
+
+    return layer_subset(PRESETS[match[1]](), int(match[2]))
+
+
 def get_preset(name: str) -> ModelConfig:
     """A preset's config: a tiny model, a released one, or a released one on N layers (``v41-flash-L4``:
     ``runtime/layer_subset.py``)."""
-    subset = SUBSET.match(name)
-    if subset:
-        from .layer_subset import layer_subset
-
-        return layer_subset(PRESETS[subset[1]](), int(subset[2])).config
+    subset = _subset(name)
+    if subset is not None:
+        return subset.config
     try:
         return PRESETS[name]()
     except KeyError:
@@ -129,9 +137,5 @@ def written_preset(name: str) -> bool:
 
 def preset_notes(name: str) -> tuple[str, ...]:
     """What a preset changes from the model it stands for (a layer subset's notes), for the output."""
-    subset = SUBSET.match(name)
-    if not subset:
-        return ()
-    from .layer_subset import layer_subset
-
-    return layer_subset(PRESETS[subset[1]](), int(subset[2])).notes
+    subset = _subset(name)
+    return subset.notes if subset is not None else ()

@@ -226,42 +226,46 @@ class Constraints:
         return []
 
 
-# symbolic traces (shapes not yet bound) by dtypes, constants and tile config: a trace does not
-# depend on the sizes, so the config searches of every shape of a spec share them (a model's 30 GEMM
-# shapes, each searching the same tiles). bind_shapes writes a new module: a kept trace is never changed.
+# Traces kept for every Constraints of the process, each beside its kernel (an id is not reused while
+# the kernel lives). Nothing changes a kept trace: bind_shapes writes a new module, the checks lower copies.
+_TRACES_MAX = 1024
+# symbolic traces (shapes not yet bound) by call and tile config: a trace does not depend on the
+# sizes, so the config searches of every shape of a spec share them (a model's 30 GEMM shapes, each
+# searching the same tiles)
 _SYMBOLIC: dict[tuple, tuple] = {}
+# bound traces, their fused phases and usage, by call, shapes and tile config: the trace does not
+# depend on the target, so a shape's config searches on sm90, sm100 and ascend950 (and a dynamic
+# batch's sizes, and a tuning sweep after the choice of a default) share them
+_TRACES: dict[tuple, tuple] = {}
+
+
+def _call_key(kernel: KernelDef, sig: Signature, constants: dict | None, kern) -> tuple:
+    """What a trace depends on besides the sizes: the kernel, dtypes, present tensors, constants, tiles."""
+    return (id(kernel), tuple(sorted((k, v.name) for k, v in sig.dtypes.items())), tuple(sorted(sig.present.items())),
+            tuple(sorted((k, repr(v)) for k, v in (constants or {}).items())), kern)
+
+
+def _kept(store: dict, key: tuple, kernel: KernelDef, make: Callable[[], tuple]) -> tuple:
+    """``store[key]`` (without the kernel kept beside it), made by ``make`` when missing."""
+    hit = store.get(key)
+    if hit is None or hit[0] is not kernel:
+        if len(store) >= _TRACES_MAX:
+            store.clear()
+        hit = store[key] = (kernel, *make())
+    return hit[1:]
 
 
 def _symbolic_trace(kernel: KernelDef, sig: Signature, kern: dict[str, Any], constants: dict | None) -> Module:
-    key = (id(kernel), tuple(sorted((k, v.name) for k, v in sig.dtypes.items())), tuple(sorted(sig.present.items())),
-           tuple(sorted((k, repr(v)) for k, v in (constants or {}).items())),
-           tuple(sorted((k, repr(v)) for k, v in kern.items())))
-    hit = _SYMBOLIC.get(key)
-    if hit is None or hit[0] is not kernel:  # the kernel is kept beside its trace: an id is not reused
-        if len(_SYMBOLIC) >= _TRACES_MAX:
-            _SYMBOLIC.clear()
-        hit = _SYMBOLIC[key] = (kernel, kernel.trace(sig.dtypes, sig.present, kern, constants))
-    return hit[1]
-
-
-# traces by call and tile config, for every Constraints of the process: the trace does not depend on
-# the target, so a shape's config searches on sm90, sm100 and ascend950 (and a dynamic batch's
-# sizes, and a tuning sweep after the choice of a default) share them. Nothing mutates a kept
-# trace: the checks lower copies.
-_TRACES: dict[tuple, tuple] = {}
-_TRACES_MAX = 1024
+    tiles = tuple(sorted((k, repr(v)) for k, v in kern.items()))
+    return _kept(_SYMBOLIC, _call_key(kernel, sig, constants, tiles), kernel,
+                 lambda: (kernel.trace(sig.dtypes, sig.present, kern, constants),))[0]
 
 
 def _shared_trace(cons: Constraints, kern: tuple, config: dict[str, Any]):
-    sig = cons.sig
-    key = (id(cons.kernel), tuple(sorted((k, v.name) for k, v in sig.dtypes.items())),
-           tuple(sorted(sig.present.items())), tuple(sorted(sig.shapes.items())),
-           tuple(sorted((k, repr(v)) for k, v in (cons.constants or {}).items())), kern)
-    hit = _TRACES.get(key)
-    if hit is None or hit[0] is not cons.kernel:  # the kernel is kept beside its trace: an id is not reused
+    def make():
         bound = cons.bound(config)
         phases = [fuse_elementwise(Rewriter().module(p)) for p in split_phases(bound)]
-        if len(_TRACES) >= _TRACES_MAX:
-            _TRACES.clear()
-        hit = _TRACES[key] = (cons.kernel, bound, phases, [estimate_usage(p) for p in phases])
-    return hit[1:]
+        return bound, phases, [estimate_usage(p) for p in phases]
+
+    key = (*_call_key(cons.kernel, cons.sig, cons.constants, kern), tuple(sorted(cons.sig.shapes.items())))
+    return _kept(_TRACES, key, cons.kernel, make)
