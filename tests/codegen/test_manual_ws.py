@@ -377,3 +377,51 @@ def test_shipped_fp8_config_decodes_every_tile_of_a_dynamic_token_count(rows):
     tiles = _decode(tl, ["m", "n"], {"n_M": rows})
     bm, bn = cfg["BM"], cfg["BN"]
     assert sorted(tiles) == [(m, n) for m in range(-(-rows // bm)) for n in range(-(-8192 // bn))]
+
+
+def test_block_scaled_promotion_runs_under_the_next_gemm():
+    # V4.1's 32-wide blocks in a 128-wide K step: four gemms into four partials; partial j is scaled
+    # and added after gemm j + 1 is issued and gemm j is complete, the last after wait_wgmma(0)
+    art = _build("gemm_blockscaled", "v41_sub_blocks", {**MANUAL, "SPLIT": 1})
+    consumer = _lines(art.stages["tilelang"], "else:  # consumer", "T.copy(t")
+    issues = [i for i, ln in enumerate(consumer) if ln.startswith("T.wgmma_gemm(")]
+    parts = [re.search(r", (buf\d+_frag), transpose", consumer[i]).group(1) for i in issues]
+    adds = [next(i for i, ln in enumerate(consumer) if ln.startswith("buf") and f"+ ({p}[i0, i1]" in ln) for p in parts]
+    waits = [i for i, ln in enumerate(consumer) if ln.startswith("T.wait_wgmma(")]
+    assert len(issues) == 4 and len(set(parts)) == 4 and "T.gemm(" not in "\n".join(consumer)
+    for j in range(3):  # under gemm j + 1: partial j's scale loads, then the wait, then its add
+        assert issues[j + 1] < consumer.index("T.wait_wgmma(1)", issues[j + 1]) < adds[j] < issues[j + 2] \
+            if j < 2 else issues[3] < waits[2] < adds[2]
+        assert any(ln.startswith("T.copy(a_scale") for ln in consumer[issues[j + 1]:waits[j]])
+    assert [consumer[w] for w in waits] == ["T.wait_wgmma(1)"] * 3 + ["T.wait_wgmma(0)"]
+    assert waits[3] < adds[3]
+    ptxas = art.meta["ptxas"]  # each partial is its own fragment: ptxas keeps the wgmma asynchronous
+    assert ptxas["wgmma_serialized"] == 0 and ptxas["spill_stores"] == 0
+
+
+def test_a_partial_read_after_the_next_gemm_is_issued_stays_synchronous():
+    from duotile.codegen.tilelang_cuda import partials_in_flight
+
+    @dsl.kernel
+    def late_read(a: dsl.Tensor["M", "K", dsl.bf16], b: dsl.Tensor["N", "K", dsl.bf16],
+                  c: dsl.Tensor["M", "N", dsl.f32], *, BM: dsl.Const = 64, BN: dsl.Const = 64, BK: dsl.Const = 32):
+        for m, n in dsl.grid(dsl.cdiv(a.M, BM), dsl.cdiv(b.N, BN)):
+            acc = dsl.zeros((BM, BN), dsl.f32)
+            for k in dsl.pipelined(dsl.cdiv(a.K, 2 * BK), stages=2):
+                p0 = dsl.zeros((BM, BN), dsl.f32, role="accumulator")
+                dsl.gemm(dsl.load(a[m * BM, 2 * k * BK], (BM, BK), role="operand"),
+                         dsl.load(b[n * BN, 2 * k * BK], (BN, BK), role="operand"), p0, transpose_b=True)
+                p1 = dsl.zeros((BM, BN), dsl.f32, role="accumulator")
+                dsl.gemm(dsl.load(a[m * BM, 2 * k * BK + BK], (BM, BK), role="operand"),
+                         dsl.load(b[n * BN, 2 * k * BK + BK], (BN, BK), role="operand"), p1, transpose_b=True)
+                acc[:] = acc + p0 * 2.0 + p1  # p0 read after gemm 1: no partial of its own
+            dsl.store(c[m * BM, n * BN], acc)
+
+    sig = late_read.bind({"a": torch.zeros(128, 128, dtype=torch.bfloat16),
+                          "b": torch.zeros(128, 128, dtype=torch.bfloat16), "c": torch.zeros(128, 128)})
+    module, kn = specialize(late_read, sig, "sm90", MANUAL, {})
+    loop = next(op for op in module.walk() if op.name == "for" and op.attrs.get("stages"))
+    body = loop.regions[0].ops
+    assert partials_in_flight.segments(body, [op for op in body if op.name == "gemm"]) is None
+    consumer = get_target("sm90").generate(module, kn).stages["tilelang"].split("else:  # consumer")[1]
+    assert consumer.count("T.gemm(") == 2 and "T.wgmma_gemm(" not in consumer

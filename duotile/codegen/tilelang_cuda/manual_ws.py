@@ -11,7 +11,7 @@ out instead:
   loop body with asynchronous wgmma (``T.wgmma_gemm`` + ``T.wait_wgmma``) and arrive on ``empty``
   once the gemms reading a slot are complete.
 
-The consumer loop takes one of three forms, chosen from the loop body's ops:
+The consumer loop takes one of four forms, chosen from the loop body's ops:
 
 * two dependent gemms (attention; ``overlap.schedule``) with ``overlap`` on: FA3's rotation.
   Iteration n issues gemm1(n) and then gemm2(n-1), waits for gemm1 only, runs the vector work of
@@ -21,6 +21,8 @@ The consumer loop takes one of three forms, chosen from the loop body's ops:
   issuing (ping-pong), so one group's softmax overlaps the other's gemms;
 * gemms only (a GEMM mainloop): each gemm stays in flight until the next one is issued
   (``wait_wgmma(1)``), and then frees the previous iteration's slots;
+* gemms into fresh partials, each scaled and added after it (a block-scaled GEMM): each partial's
+  work runs while the next gemm is in flight (``partials_in_flight.py``);
 * anything else: each gemm is waited for at once (the fp8 promotion add reads it).
 
 Under the rotation the producer loads the tiles only gemm2 reads (attention's V) one iteration
@@ -42,7 +44,7 @@ import sympy
 from ...dsl.errors import UnsupportedError
 from ...dsl.ir import Op
 from ...passes.fold_bounds import fold_node, grid_env, interval
-from . import narrow_tail, overlap, persistent, promote_fp8
+from . import narrow_tail, overlap, partials_in_flight, persistent, promote_fp8
 from .exprs import index
 from .persistent import BASE, TileLoop
 
@@ -128,6 +130,7 @@ class ManualWarpSpecialization:
                 if v.id in self.rings:
                     self.rings[v.id].readers.append(op)
         self.unroll = 0  # fp8 promotion overlapped: K steps the mainloop is unrolled by (_form)
+        self.partials = None  # gemms into fresh partials: the chain (partials_in_flight.segments)
         self.form = self._form()
         self.pingpong = self.threads == 256
         self.tiles = persistent.tile_loop(e.m.grid, e.knobs, e.arch.sms)  # None: one block a tile
@@ -343,7 +346,8 @@ class ManualWarpSpecialization:
         self.e.async_gemm = False
 
     def _form(self) -> str:
-        """The consumer loop's form: "rotated", "in_flight" or "synchronous" (module docstring)."""
+        """The consumer loop's form: "rotated", "in_flight", "partials" or "synchronous" (module
+        docstring)."""
         two_gemm = self.e.knobs.get("overlap") and overlap.schedule(self.body) is not None
         gemm_ids = {v.id for g in self.gemms for v in g.args}  # what vector work must not touch
         if two_gemm and self._rotatable(self.gemms[0], self.gemms[-1]):
@@ -360,7 +364,8 @@ class ManualWarpSpecialization:
                 if n.is_Integer and int(n) % (2 * every) == 0:
                     self.unroll = 2 * every
                     return "in_flight"
-        return "synchronous"
+        self.partials = partials_in_flight.segments(self.body, self.gemms)
+        return "partials" if self.partials else "synchronous"
 
     def _consumer_loop(self):
         self.it, self.waited = str(self.loop.attrs["var"]), set()
@@ -368,6 +373,8 @@ class ManualWarpSpecialization:
             self._rotated(self.gemms[0], self.gemms[-1])
         elif self.form == "in_flight":
             self._in_flight()
+        elif self.form == "partials":
+            partials_in_flight.emit(self, self.partials)
         else:
             self._synchronous()
 
