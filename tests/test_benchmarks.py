@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from benchmarks import common, tune_sweep
+from duotile.kernels_spec.registry import load_all
 
 
 def test_paired_timing_takes_the_median_of_per_round_ratios(monkeypatch):
@@ -185,3 +186,14 @@ def test_ab_checkouts_table_takes_medians_over_rounds_and_says_each_check():
     text = table(rows, "/b", ["s", "t"])
     assert "| s | 200.0 | 100.0 | 2.00 | ok; FAIL (3 off), ok |" in text
     assert "| t | - | - | - | ; error |" in text
+
+
+def test_blockscaled_configs_time_model_shapes_and_hold_each_shipped_starting_config():
+    from benchmarks import blockscaled_configs as bc
+    from duotile.codegen.choose_config import load_starting
+
+    cases = load_all()["gemm_blockscaled"].model_cases()
+    for proj in bc.PROJECTIONS.split(","):
+        assert f"{proj}/decode64" in cases and f"{proj}/prefill4096" in cases, proj
+    shipped = [e["config"] for e in load_starting() if e["kernel"] == "gemm_blockscaled"]
+    assert shipped and all(c in [p for p in bc.CONFIGS.values() if p] for c in shipped)

@@ -101,6 +101,22 @@ def test_shipped_starting_table_is_valid_today():
             __import__("duotile.codegen.target", fromlist=["KNOB_NAMES"]).KNOB_NAMES), entry
 
 
+def test_block_scaled_projections_get_their_measured_hand_schedule_at_every_row_count():
+    """V4.1's wq_b (32-wide blocks) gets the shipped starting config, the same at one decode row and
+    at a prefill chunk (one build serves every M); V4's wq_b, where the cost model's choice measured
+    fastest, keeps it."""
+    spec = get("gemm_blockscaled")
+    cases = spec.model_cases()
+    for shape in ("v41/wq_b/decode1", "v41/wq_b/prefill4096"):
+        sig = spec.kernel.bind(spec.meta_inputs(cases[shape]))
+        config, source, _ = cc.explain_choice(spec.kernel, "sm90", sig, spec.constants_of(cases[shape]))
+        assert source == "starting" and config["warp_specialize"] == "manual" and config["SPLIT"] == 1, shape
+        assert (config["BM"], config["BN"], config["threads"]) == (64, 128, 128)
+    v4 = cases["v4/wq_b/decode1"]
+    assert cc.explain_choice(spec.kernel, "sm90", spec.kernel.bind(spec.meta_inputs(v4)),
+                             spec.constants_of(v4))[1] == "model"
+
+
 def _sm90_choice(spec, case):
     sig = spec.kernel.bind(spec.meta_inputs(case))
     return cc.target_choice(spec.kernel, "sm90", sig, spec.constants_of(case))
