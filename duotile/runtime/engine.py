@@ -101,21 +101,28 @@ class LLMEngine:
         chunks = [StepSeq(seq.cache, torch.tensor(seq.tokens[seq.num_computed : seq.num_computed + n]))
                   for seq, n in batch]
         logits = self.model.forward(chunks)
-        finished = []
-        for (seq, _), row in zip(batch, logits):
-            if seq.prefilling:
+        decode = [(seq, row) for (seq, _), row in zip(batch, logits) if not seq.prefilling]
+        if not decode:
+            return []
+        rows = torch.stack([row for _, row in decode])
+        finite = torch.isfinite(rows).all(dim=1).tolist()  # one host sync for the batch
+        finished, live = [], []
+        for (seq, row), ok in zip(decode, finite):
+            if ok:
+                live.append(seq)
                 continue
-            problem = _non_finite(row)
-            if problem:
-                seq.error = (f"request {seq.request_id}: {problem} in the logits for position {len(seq.tokens)} "
-                             f"(after {len(seq.output)} generated tokens); not sampled")
-                self.scheduler.finish(seq, "error")
-                finished.append(seq)
-                continue
-            token = sample_token(self.model.ctx, row, seq.params, seq.seed, len(seq.tokens))
+            seq.error = (f"request {seq.request_id}: {_non_finite(row)} in the logits for position "
+                         f"{len(seq.tokens)} (after {len(seq.output)} generated tokens); not sampled")
+            self.scheduler.finish(seq, "error")
+            finished.append(seq)
+        keep = [i for i, ok in enumerate(finite) if ok]
+        tokens = sample_tokens(self.model.ctx, rows[keep] if len(keep) < len(decode) else rows,
+                               [seq.params for seq in live], [seq.seed for seq in live],
+                               [len(seq.tokens) for seq in live]) if live else []
+        for seq, token, i in zip(live, tokens, keep):
             seq.output.append(token)
             if seq.params.return_logits:
-                seq.logits.append(row.float().cpu().clone())
+                seq.logits.append(rows[i].float().cpu().clone())
             reason = self._finish_reason(seq, token)
             if reason:
                 self.scheduler.finish(seq, reason)
@@ -134,16 +141,17 @@ class LLMEngine:
 
 
 @model_op("sample")
-def sample_token(ctx, row: torch.Tensor, params: SamplingParams, seed: int, position: int) -> int:
-    """``sampler.sample`` as the model op."""
-    return sample(row, params, seed, position=position)
+def sample_tokens(ctx, rows: torch.Tensor, params: list[SamplingParams], seeds: list[int],
+                  positions: list[int]) -> list[int]:
+    """One token per row of FP32 logits [B, V] (finite: the engine fails a request whose logits are
+    not before it samples), each row on its own: ``sampler.sample`` with its request's settings,
+    seed and position, so a token never depends on the rest of the batch."""
+    return [sample(row, p, seed, pos) for row, p, seed, pos in zip(rows, params, seeds, positions)]
 
 
-def _non_finite(row: torch.Tensor) -> str | None:
-    """'3 NaN and 1 infinite values of 1024' for a logits row that is not all finite, else None."""
+def _non_finite(row: torch.Tensor) -> str:
+    """'3 NaN and 1 infinite values of 1024' for a logits row that is not all finite."""
     finite = torch.isfinite(row)
-    if bool(finite.all()):
-        return None
     nan = int(torch.isnan(row).sum())
     return f"{nan} NaN and {row.numel() - int(finite.sum()) - nan} infinite values of {row.numel()}"
 

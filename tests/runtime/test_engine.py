@@ -116,3 +116,17 @@ def test_bad_requests_are_rejected(ckpt_dir):
         llm.generate([[]])
     with pytest.raises(ValueError, match="sampling_params"):
         llm.generate([[1], [2]], [SamplingParams()])
+
+
+def test_a_step_samples_its_whole_batch_in_one_call(ckpt_dir):
+    """Three requests decode together: each step makes one sample call for all its rows (one host
+    read of the batch's tokens), not one a request; the tokens are each request's alone."""
+    llm = LLM(ckpt_dir("v41-tiny"))
+    params = [SamplingParams(max_tokens=3, ignore_eos=True),
+              SamplingParams(temperature=0.8, max_tokens=3, seed=5, ignore_eos=True),
+              SamplingParams(temperature=0.8, top_k=4, max_tokens=3, seed=6, ignore_eos=True)]
+    together = llm.generate([[1, 2, 3], [4, 5], [6]], params)
+    calls = llm.last_stats.ops["sample"]
+    assert calls == (0, 3), calls  # three steps, each sampling all three rows
+    for prompt, p, out in zip([[1, 2, 3], [4, 5], [6]], params, together):
+        assert LLM(ckpt_dir("v41-tiny")).generate(prompt, p)[0].token_ids == out.token_ids

@@ -88,7 +88,7 @@ def _reference_of(op):
     ops = {"rms_norm": common.rms_norm, "embed": reference.embed, "topk": common.topk, "route": MoE.choose,
             "sparse_attention": common.sparse_attention, "index_scores": common.index_scores,
             "hc_pre": mhc.HCSite.mixes, "hc_collapse": mhc.collapse, "hc_post": mhc.expand,
-            "hc_head": mhc.HCHead.__call__, "linear_q": common.Linear._quantised, "sample": engine.sample_token,
+            "hc_head": mhc.HCHead.__call__, "linear_q": common.Linear._quantised, "sample": engine.sample_tokens,
             "linear": common.matmul, "lm_head": reference.lm_head, "engram_hash": engram.Engram.rows_of,
             "engram": engram.Engram.__call__, "moe_experts": moe.MoE.experts_out,
             "candidate_pool": attention_v41.pick_pool, "compress": compressor.pool_windows,
@@ -336,3 +336,18 @@ def every_build_lowers_for_the_gpu_targets(llm: LLM) -> None:
             except Exception as err:  # noqa: BLE001 - every failing call is listed
                 failed.append(f"{target} {spec} {sig.shapes}: {type(err).__name__}: {str(err).splitlines()[0][:200]}")
     assert not failed, "\n".join(failed)
+
+
+def test_the_sample_kernel_draws_a_batch_as_each_row_alone():
+    """The batched `sample` op on its kernel (interpreter): greedy and tempered rows in one launch
+    give each row's reference token; a batch holding a top-k request stays on the reference."""
+    from duotile.runtime import engine
+
+    rows = torch.randn(3, 1000, generator=torch.Generator().manual_seed(0))
+    params = [SamplingParams(), SamplingParams(temperature=0.7), SamplingParams(temperature=1.3)]
+    seeds, positions = [11, 12, 2**62 + 3], [4, 9, 100]
+    ops = GeneratedOps(FastOps())
+    got = ops._sample(Ctx(ops), rows, params, seeds, positions)
+    assert got == engine.sample_tokens.__wrapped__(None, rows, params, seeds, positions)
+    filtered = [*params[:2], SamplingParams(temperature=0.7, top_p=0.9)]
+    assert ops._sample(Ctx(ops), rows, filtered, seeds, positions) is NotImplemented

@@ -91,17 +91,16 @@ class DenseKernels:
             return NotImplemented
         return self._linear(ctx, ctx.act(y), head)
 
-    def _sample(self, ctx, row: torch.Tensor, params, seed: int, position: int) -> int:
-        """The `sample` kernel, with the sampler's own noise of (seed, position); a request with a
-        top-k / top-p filter (applied before the draw) stays on the reference."""
-        if params.temperature > 0 and (params.top_k != -1 or params.top_p < 1):
+    def _sample(self, ctx, rows: torch.Tensor, params: list, seeds: list[int], positions: list[int]) -> list[int]:
+        """The `sample` kernel over the batch's rows (finite, as the engine passes them), with the
+        sampler's own noise of each row's (seed, position), and one host read of the tokens; a batch
+        with a top-k / top-p filter (applied before the draw) stays on the reference."""
+        if any(p.temperature > 0 and (p.top_k != -1 or p.top_p < 1) for p in params):
             return NotImplemented
-        if not bool(torch.isfinite(row).all()):
-            return NotImplemented  # the reference names the problem
-        dev = row.device
-        token = torch.empty(1, dtype=torch.int32, device=dev)
-        self._kernel("sample", dev, {})(logits=row.float().reshape(1, -1).contiguous(),
-                                        temperature=torch.tensor([params.temperature], dtype=torch.float32, device=dev),
-                                        seed=torch.tensor([seed], dtype=torch.int64, device=dev),
-                                        position=torch.tensor([position], dtype=torch.int32, device=dev), token=token)
-        return int(token[0])
+        dev, b = rows.device, rows.shape[0]
+        token = torch.empty(b, dtype=torch.int32, device=dev)
+        temps = torch.tensor([p.temperature for p in params], dtype=torch.float32)
+        self._kernel("sample", dev, {})(logits=rows.float().contiguous(), temperature=temps.to(dev),
+                                        seed=torch.tensor(seeds, dtype=torch.int64).to(dev),
+                                        position=torch.tensor(positions, dtype=torch.int32).to(dev), token=token)
+        return token.tolist()
