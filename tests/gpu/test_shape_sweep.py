@@ -10,12 +10,17 @@ the config and the seed; each case logs one line (``-s`` or ``-rA`` shows them).
 
 One build serves each distinct call signature (the compiled kernel's own cache), so the number of
 builds is the number of distinct shapes: about 300 model shapes and ``RANDOM_PER_SPEC`` random
-ones per spec. Run on the H200 with 8 xdist workers (``benchmarks/gpu_run.sh tests``)."""
+ones per spec. Run on the H200 with 8 xdist workers (``benchmarks/gpu_run.sh tests``).
+
+A run cut short (a time limit) goes on where it stopped: ``DUOTILE_SWEEP_SKIP`` names the logs
+(``DUOTILE_SWEEP_LOG`` files, comma-separated) whose matched cases are left out; the cases it
+failed, and those it never reached, run. Only for logs of the same code and seed."""
 
 from __future__ import annotations
 
 import os
 import random
+from pathlib import Path
 
 import pytest
 import torch
@@ -47,7 +52,19 @@ def sweep_cases() -> list[tuple[str, str, dict, int]]:
     return out
 
 
-CASES = sweep_cases()
+def matched_in(logs: str) -> set[tuple[str, str]]:
+    """(spec, label) of every case the sweep logs ``logs`` (comma-separated paths) record as
+    matched: a line ``spec label {case} config {...}: ok (seed N)``."""
+    done = set()
+    for path in filter(None, logs.split(",")):
+        for line in Path(path).read_text().splitlines():
+            if line.rstrip().endswith(")") and ": ok (seed " in line:
+                name, label = line.split()[:2]
+                done.add((name, label))
+    return done
+
+
+CASES = [c for c in sweep_cases() if (c[0], c[1]) not in matched_in(os.environ.get("DUOTILE_SWEEP_SKIP", ""))]
 KERNELS: dict = {}
 
 
