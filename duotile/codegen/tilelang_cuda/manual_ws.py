@@ -46,17 +46,13 @@ from ...dsl.ir import Op
 from ...passes.fold_bounds import fold_node, grid_env, interval
 from . import narrow_tail, overlap, partials_in_flight, persistent, promote_fp8
 from .exprs import index
+from .partials_in_flight import _touched
 from .persistent import BASE, TileLoop
 
 PRODUCER_THREADS = 128
 PRODUCER_REGS = 24
 REGS_PER_SM = 64 * 1024
 PINGPONG_BARRIERS = (8, 9)  # named barrier ids; TileLang's own syncs use the low ids
-
-
-def _touched(op: Op) -> set[int]:
-    """Ids of the values ``op`` reads or writes."""
-    return op.written_ids() | {a.id for a in op.values()}
 
 
 def consumer_regs(threads: int) -> int:

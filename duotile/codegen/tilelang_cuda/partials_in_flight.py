@@ -30,7 +30,13 @@ from ...dsl.ir import Op
 
 
 def _touched(op: Op) -> set[int]:
+    """Ids of the values ``op`` reads or writes."""
     return op.written_ids() | {a.id for a in op.values()}
+
+
+def _made(op: Op) -> set[int]:
+    """Ids of the values ``op`` writes or makes."""
+    return op.written_ids() | ({op.result.id} if op.result is not None else set())
 
 
 @dataclass
@@ -48,8 +54,7 @@ def _producers(gemm: Op, ops: list[Op]) -> list[Op]:
     needed = {v.id for v in gemm.values()}
     picked = []
     for op in reversed(ops):
-        made = op.written_ids() | ({op.result.id} if op.result is not None else set())
-        if made & needed:
+        if _made(op) & needed:
             picked.append(op)
             needed |= {v.id for v in op.values()}
     return picked[::-1]
@@ -57,13 +62,7 @@ def _producers(gemm: Op, ops: list[Op]) -> list[Op]:
 
 def _independent(first: list[Op], then: list[Op]) -> bool:
     """Whether ``then`` can run before ``first``: neither writes what the other touches."""
-    for p in then:
-        p_made = p.written_ids() | ({p.result.id} if p.result is not None else set())
-        for q in first:
-            q_made = q.written_ids() | ({q.result.id} if q.result is not None else set())
-            if p_made & _touched(q) or q_made & (_touched(p) | p_made):
-                return False
-    return True
+    return not any(_made(p) & _touched(q) or _made(q) & (_touched(p) | _made(p)) for p in then for q in first)
 
 
 def segments(body: list[Op], gemms: list[Op]) -> list[Segment] | None:
