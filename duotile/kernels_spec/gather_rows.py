@@ -3,6 +3,10 @@ zeros: the access pattern of sparse attention's selected rows and of MoE permuta
 
 Model shapes: KV rows of 512 (+64 rope) bf16 gathered by top-512 / top-2048 indices;
 MoE permutation of 4096-wide hidden rows by token-expert index.
+
+Both the gathered count N (the batch dimension) and the table's row count R are dynamic: the MoE
+gathers from a step's token rows (R = T), which change every step, and no tile depends on R (only
+the bounds check reads it), so one build serves every table of a width.
 """
 
 from __future__ import annotations
@@ -14,7 +18,7 @@ from . import model_shapes as shapes
 from .registry import Dim, OneOf, Spec, register
 
 
-@dsl.kernel(batch_dim="N", dynamic=("N",))
+@dsl.kernel(batch_dim="N", dynamic=("N", "R"))
 def gather_rows(table: dsl.Tensor["R", "D", dsl.bf16 | dsl.f32], idx: dsl.Tensor["N", dsl.i32],
                 out: dsl.Tensor["N", "D", dsl.bf16 | dsl.f32], *,
                 BN: dsl.Tunable = dsl.choice(32, 16, 64, 128),

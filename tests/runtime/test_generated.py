@@ -37,6 +37,19 @@ def test_the_rms_norm_op_runs_the_rmsnorm_kernel_and_counts_it():
     assert ctx.ops.sum is not None and ctx.ops.invariant is False  # primitives are the base flavour's
 
 
+def test_row_gathers_from_tables_of_any_row_count_share_one_build():
+    """gather_rows serves the MoE's gather from a step's token rows (a table of T rows, T changing
+    every step) as well as the embedding: the table's row count is dynamic, one build a width
+    (a build per token count before: 8 in an 8-token generation of tiny V4.1)."""
+    ops = GeneratedOps(FastOps())
+    ctx = Ctx(ops)
+    for rows in range(1, 6):
+        table = torch.randn(rows, 48)
+        tokens = torch.tensor([rows - 1, 0, rows - 1])
+        assert torch.equal(ops.kernel_for("embed")(ctx, table, tokens), table[tokens])
+    assert ops.builds() == {"embed": 1}
+
+
 def test_top_k_over_rows_that_grow_a_row_a_step_builds_once_a_power_of_two():
     """A decode step's index scores grow with the context; the kernel specialises their length,
     so the op pads them with -inf to the power-of-two bucket: 3..40 scores a row, 5 builds (one
