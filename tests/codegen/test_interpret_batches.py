@@ -17,7 +17,7 @@ from duotile.kernels_spec import load_all
 # specs whose cases cover: loops whose bounds differ by program (K ranges, data-read stops),
 # scalars read from data, gathers and scatters, float sums, transcendental functions
 CASES = [("gemm_blockscaled", "v4_ragged"), ("moe_gemm_mxfp4", "v4_ragged"), ("moe_gemm_mxfp4", "v41_one_expert"),
-         ("moe_permute", "ragged_t77_e256"), ("sparse_mqa_decode", "split4_holes"), ("topk", "mixed_k16"),
+         ("moe_permute", "skewed_t33_e256"), ("sparse_mqa_decode", "split4_holes"), ("topk", "mixed_k16"),
          ("sample", "ties_b6_v777"), ("flash_attention", "d128_causal"), ("rmsnorm", "t5_d1000")]
 
 

@@ -46,6 +46,8 @@ handles = HANDLERS.on
 
 ELEMENTS_AT_ONCE = 1 << 20  # the programs of a batch hold at most this many elements in their largest tile
 WINDOWS_AT_ONCE = 64  # up to this many distinct corners, a memory op copies windows; more, it indexes
+SMALL_TILE = 1024  # ... but a tile smaller than this copies windows only up to SMALL_WINDOWS corners
+SMALL_WINDOWS = 16
 
 
 @lru_cache(maxsize=4096)
@@ -330,6 +332,12 @@ def _corners(it: Interpreter, offsets: list) -> list[tuple]:
     return list(zip(*cols))
 
 
+def _by_windows(corners: int, elements: int) -> bool:
+    """Whether copying a window a corner beats index tensors: a copy costs a few microseconds
+    whatever its size, index tensors a fixed hundred or so plus their elements."""
+    return corners <= (WINDOWS_AT_ONCE if elements >= SMALL_TILE else min(SMALL_WINDOWS, WINDOWS_AT_ONCE))
+
+
 def _window_read(source: torch.Tensor, corner, shape: list[int], other, dtype, device) -> torch.Tensor:
     out = torch.full(shape, other, dtype=dtype, device=device)
     src, dst = _window_at(list(corner), shape, source)
@@ -351,7 +359,7 @@ def _read(it: Interpreter, op: Op, source: torch.Tensor, offsets: list, axis=Non
         corners = _corners(it, offsets)
         distinct: dict[tuple, int] = {}
         which = [distinct.setdefault(c, len(distinct)) for c in corners]
-        if len(distinct) <= WINDOWS_AT_ONCE:
+        if _by_windows(len(distinct), math.prod(shape)):
             out = torch.stack([_window_read(source, c, shape, other, dtype, it.device) for c in distinct])
             if len(distinct) < len(corners):
                 out = out[torch.tensor(which, device=it.device)]
@@ -394,7 +402,7 @@ def _write(it: Interpreter, tensor: torch.Tensor, value: torch.Tensor, offsets: 
             int(torch.nonzero(it.active).max())
         tensor[src] = value[last][dst]
         return
-    if axis is None and it.P <= WINDOWS_AT_ONCE:  # program by program, in order
+    if axis is None and _by_windows(it.P, math.prod(shape)):  # program by program, in order
         for p, corner in enumerate(_corners(it, offsets)):
             if it.active is None or bool(it.active[p]):
                 src, dst = _window_at(list(corner), shape, tensor)
