@@ -15,18 +15,23 @@ from duotile.runtime.scheduler import Scheduler
 MIXES = [(2, 1, 5, 64, 16), (5, 4, 1, 9, 3), (16, 9, 3, 300, 16), (16, 0, None, 24, 6)]
 
 
-def _others(n: int, vocab: int, seed: int) -> tuple[list[list[int]], list[SamplingParams]]:
+def _others(n: int, vocab: int, seed: int, top_k: bool = True,
+            longest: int = 24) -> tuple[list[list[int]], list[SamplingParams]]:
+    """n random requests, prompts of 1 to ``longest`` tokens; with ``top_k``, some of them with a
+    top-k filter (which the generated sample kernel does not take: such a step samples on the
+    reference)."""
     rng = random.Random(seed)
-    prompts = [[rng.randrange(vocab) for _ in range(rng.randint(1, 24))] for _ in range(n)]
-    params = [SamplingParams(temperature=rng.choice([0.0, 0.7, 1.3]), top_k=rng.choice([-1, 20]),
+    prompts = [[rng.randrange(vocab) for _ in range(rng.randint(1, longest))] for _ in range(n)]
+    params = [SamplingParams(temperature=rng.choice([0.0, 0.7, 1.3]), top_k=rng.choice([-1, 20]) if top_k else -1,
                              max_tokens=rng.randint(1, 6), seed=rng.randrange(1000), ignore_eos=True)
               for _ in range(n)]
     return prompts, params
 
 
-def _run(llm: LLM, prompt, params, n: int, at: int, chunk, budget: int, max_seqs: int, seed: int):
+def _run(llm: LLM, prompt, params, n: int, at: int, chunk, budget: int, max_seqs: int, seed: int,
+         top_k: bool = True, longest: int = 24):
     llm.scheduler = Scheduler(max_seqs, budget, chunk)
-    prompts, plist = _others(n - 1, llm.config.vocab_size, seed)
+    prompts, plist = _others(n - 1, llm.config.vocab_size, seed, top_k, longest)
     prompts.insert(at, prompt)
     plist.insert(at, params)
     return llm.generate(prompts, plist)[at]

@@ -289,6 +289,10 @@ def test_batch_invariance_holds_with_generated_kernels(ckpt_dir):
     others = SamplingParams(temperature=0.7, max_tokens=2, seed=3, ignore_eos=True)
     mixed = llm.generate([[5, 6, 7], prompt, [9]], [others, watched, SamplingParams(max_tokens=3)])[1]
     assert _same(mixed, alone)
+    # among 4 and then 15 random others (greedy and tempered, prompts of 1 to 6 tokens: the interpreter
+    # is slow), at places 3 and 9 of the order, each prompt whole
+    for n, at in ((5, 3), (16, 9)):
+        assert _same(_run(llm, prompt, watched, n, at, None, 300, 16, seed=n, top_k=False, longest=6), alone), n
 
 
 def test_generated_kernels_take_the_tuned_config(monkeypatch):
