@@ -39,7 +39,8 @@ block reductions of phases 0 and 1 set the latency (about 2K = 1024 block-wide r
 sequence), not bandwidth; a radix / threshold select would cut them to a few dozen passes.
 
 Decode path: each row is selected on its own (``B`` is the batch dimension and dynamic); ``L`` is
-specialised (the chunk and merge widths follow it).
+specialised (the chunk and merge widths follow it), so the runtime pads a step's scores with -inf to
+L's power-of-two bucket (``runtime/generated/attention.py``): one build a bucket as the context grows.
 """
 
 from __future__ import annotations
