@@ -11,7 +11,7 @@ import sympy
 import torch
 
 from duotile import codegen, dsl
-from duotile.codegen.interpret import machine
+from duotile.codegen.interpret import machine, memory, scalars
 from duotile.kernels_spec import load_all
 
 # specs whose cases cover: loops whose bounds differ by program (K ranges, data-read stops),
@@ -23,7 +23,7 @@ CASES = [("gemm_blockscaled", "v4_ragged"), ("moe_gemm_mxfp4", "v4_ragged"), ("m
 
 def _run(name, case_name, monkeypatch, **limits):
     for key, value in limits.items():
-        monkeypatch.setattr(machine, key, value)
+        monkeypatch.setattr(machine if hasattr(machine, key) else memory, key, value)
     spec = load_all()[name]
     case = spec.cases[case_name]
     inputs = spec.make_inputs(case, torch.device("cpu"), seed=3)
@@ -84,7 +84,7 @@ def test_integer_index_math_over_the_batch_is_exact():
     values = [rng.randrange(0, 1 << 40) for _ in range(50)] + list(range(10))
     env = {"pid_a": torch.tensor(values), "n_b": 13}
     for e in exprs:
-        form = machine._integer_form(e)
+        form = scalars.integer_form(e)
         assert form is not None, e
         got = form(env)
         assert got.tolist() == [int(e.subs({a: v, b: 13})) for v in values], e

@@ -7,7 +7,7 @@ import math
 
 import torch
 
-from duotile.codegen.interpret.machine import constant
+from duotile.codegen.interpret.compute import constant
 
 
 def test_minus_zero_and_zero_are_different_constants():
