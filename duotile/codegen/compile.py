@@ -13,6 +13,7 @@ from ..passes.bind_shapes import bind_shapes
 from ..passes.check_batch_invariance import check_batch_invariance
 from ..passes.split_phases import split_phases
 from ..passes.verify_ir import verify_ir
+from .padding import check_reads_only, pad_call
 from .target import KNOB_NAMES, Artifact, Target, get_target
 
 
@@ -198,6 +199,8 @@ class CompiledKernel:
 
     def _prepare(self, tensors: dict):
         tgt = get_target(self.target)
+        if self.kernel.padded:
+            tensors = pad_call(self.kernel, tensors)
         sig = self.kernel.bind(tensors)
         if not tgt.dynamic_shapes:  # this target builds each size on its own
             sig = sig.with_static(sig.dynamic)
@@ -207,6 +210,8 @@ class CompiledKernel:
         key = (sig.key(), tuple(sorted((config or {}).items(), key=str)))
         if key not in self._cache:
             phases, knobs = specialize_phases(self.kernel, sig, tgt, config, self.constants)
+            if self.kernel.padded:
+                check_reads_only(self.kernel, phases)
             self._cache[key] = (phases, build_phases(self.kernel, phases, tgt, knobs, self.workdir), None)
         phases, artifacts, fn = self._cache[key]
         return phases, artifacts, fn, key
@@ -223,6 +228,8 @@ class CompiledKernel:
         return self._configs[key]
 
     def __call__(self, **tensors):
+        if self.kernel.padded:  # to the padded sizes' buckets (``codegen/padding.py``)
+            tensors = pad_call(self.kernel, tensors)
         # a call like one seen before (the same names, shapes, dtypes and devices) was bound and
         # checked then: it goes straight to its loaded phases (binding costs ~8 us a call)
         # (in the call's own argument order: another order is another entry, not another build)

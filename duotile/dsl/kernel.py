@@ -107,6 +107,7 @@ class KernelDef:
     source_line: int = 0
     dynamic: tuple[str, ...] = ()  # sizes one build serves every value of (``@dsl.kernel(dynamic=...)``)
     bucketed: tuple[str, ...] = ()  # of those, the ones a build and its config serve one bucket of
+    padded: tuple[tuple[str, float], ...] = ()  # (size, fill): a call's inputs padded to the size's bucket
     _source_hash: str = field(default="", repr=False)
 
     # -- configuration ------------------------------------------------------------------------
@@ -208,13 +209,16 @@ class KernelDef:
 
 
 def kernel(fn=None, *, batch_dim: str | None = None, dynamic: tuple[str, ...] | list[str] = (),
-           bucketed: tuple[str, ...] | list[str] = ()):
+           bucketed: tuple[str, ...] | list[str] = (), padded: dict[str, float] | None = None):
     """Declare a tile kernel. ``batch_dim`` names the batch dimension of a decode-path kernel;
     ``dynamic`` names the sizes that stay symbolic in a build (token counts, decode rows, the
     batch), so that one build serves every value of them. A tile's shape cannot depend on one.
     ``bucketed`` sizes are dynamic too, but their power-of-two bucket still chooses the config
     and so the build (a gemm's token count: decode rows and prefill chunks want other tiles):
-    at most one build per bucket."""
+    at most one build per bucket. ``padded`` sizes stay static (tiles may depend on them), and a
+    call's tensors are padded along them to the power-of-two bucket with the given fill, one the
+    kernel must treat as absent (top-k's -inf scores): one build per bucket for a size that grows
+    during a generation. Only tensors the kernel reads may carry a padded size."""
 
     def wrap(f) -> KernelDef:
         sig = inspect.signature(f, eval_str=True)
@@ -243,8 +247,14 @@ def kernel(fn=None, *, batch_dim: str | None = None, dynamic: tuple[str, ...] | 
             if isinstance(names, str) or bad:
                 raise DslError(f"{what} {bad[0] if bad else names!r} of {f.__name__!r} is not a dimension of any "
                                f"of its tensors ({what} takes a tuple of names; dimensions: {', '.join(sorted(dims))})")
+        pads = dict(padded or {})
+        bad = [d for d in pads if d not in dims or d in dynamic or d in bucketed]
+        if bad:
+            raise DslError(f"padded size {bad[0]!r} of {f.__name__!r} must be a static dimension of its tensors "
+                           f"(not dynamic or bucketed; dimensions: {', '.join(sorted(dims))})")
         code = f.__code__
         return KernelDef(f, f.__name__, tensors, constants, tunables, batch_dim, code.co_filename,
-                         code.co_firstlineno, tuple(dict.fromkeys((*dynamic, *bucketed))), tuple(bucketed))
+                         code.co_firstlineno, tuple(dict.fromkeys((*dynamic, *bucketed))), tuple(bucketed),
+                         tuple(pads.items()))
 
     return wrap(fn) if fn is not None else wrap

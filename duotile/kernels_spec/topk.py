@@ -39,8 +39,9 @@ block reductions of phases 0 and 1 set the latency (about 2K = 1024 block-wide r
 sequence), not bandwidth; a radix / threshold select would cut them to a few dozen passes.
 
 Decode path: each row is selected on its own (``B`` is the batch dimension and dynamic); ``L`` is
-specialised (the chunk and merge widths follow it), so the runtime pads a step's scores with -inf to
-L's power-of-two bucket (``runtime/generated/attention.py``): one build a bucket as the context grows.
+specialised (the chunk and merge widths follow it) and padded: a call's scores are padded with -inf
+(entries the selection never sees) to L's power-of-two bucket, one build a bucket as a decode's
+context grows a row a step (``padded=``, ``codegen/padding.py``).
 """
 
 from __future__ import annotations
@@ -55,7 +56,7 @@ NEG_INF = float("-inf")
 BIG = float(1 << 24)  # the index of an empty slot: above every real index (L < 2^24), exact in f32
 
 
-@dsl.kernel(batch_dim="B", dynamic=("B",))
+@dsl.kernel(batch_dim="B", dynamic=("B",), padded={"L": NEG_INF})
 def topk(scores: dsl.Tensor["B", "L", dsl.f32], idx: dsl.Tensor["B", "K", dsl.i32], *,
          TOPK: dsl.Const = 512,
          CHUNK: dsl.Tunable = dsl.choice(4096, 1024, 2048, 8192, also=dsl.SMALLER_POW2),

@@ -6,8 +6,6 @@ from __future__ import annotations
 
 import torch
 
-from ...dsl.kernel import bucket
-
 # kv_round's formats (runtime/layers/common.py) -> the kv_round spec's constants
 _KV_FORMATS = {"fp8/32": {"FORMAT": "fp8", "BLOCK": 32, "FLOOR": 0.0},
                "fp8/64": {"FORMAT": "fp8", "BLOCK": 64, "FLOOR": 0.0},
@@ -18,16 +16,12 @@ class AttentionKernels:
     """Mixed into ``GeneratedOps``: each method serves one model op (``_serves``)."""
 
     def _topk(self, ctx, scores: torch.Tensor, k: int) -> torch.Tensor:
-        """The kernel specialises the row length L (its chunk and merge widths follow it), and a
-        decode step's rows grow with the context: the rows go in padded with -inf (entries the
-        selection never sees) to L's power-of-two bucket, one build a bucket, not one a step."""
+        """A decode step's scores grow a row a step; the kernel pads them to their length's
+        power-of-two bucket (its ``padded`` size): one build a bucket, not one a step."""
         if scores.numel() == 0:
             return NotImplemented
-        rows, n = scores.shape
-        padded = torch.full((rows, bucket(n)), float("-inf"), dtype=torch.float32, device=scores.device)
-        padded[:, :n] = scores
-        idx = torch.empty(rows, k, dtype=torch.int32, device=scores.device)
-        self._kernel("topk", scores.device, {"TOPK": int(k)})(scores=padded, idx=idx)
+        idx = torch.empty(scores.shape[0], k, dtype=torch.int32, device=scores.device)
+        self._kernel("topk", scores.device, {"TOPK": int(k)})(scores=scores.float().contiguous(), idx=idx)
         return idx.long()
 
     def _sparse_attention(self, ctx, q, keys, valid, sink, scale: float) -> torch.Tensor:
