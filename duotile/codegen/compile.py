@@ -191,16 +191,18 @@ class CompiledKernel:
 
     def artifact(self, **tensors) -> Artifact:
         """The build for these tensors (the first phase's, where the kernel has several)."""
-        return self._prepare(tensors)[1][0]
+        return self.artifacts(**tensors)[0]
 
     def artifacts(self, **tensors) -> list[Artifact]:
         """One build per phase."""
-        return self._prepare(tensors)[1]
+        return self._prepare(self._padded(tensors))[1]
+
+    def _padded(self, tensors: dict) -> dict:
+        """The call's tensors, padded along the kernel's padded sizes (``codegen/padding.py``)."""
+        return pad_call(self.kernel, tensors) if self.kernel.padded else tensors
 
     def _prepare(self, tensors: dict):
         tgt = get_target(self.target)
-        if self.kernel.padded:
-            tensors = pad_call(self.kernel, tensors)
         sig = self.kernel.bind(tensors)
         if not tgt.dynamic_shapes:  # this target builds each size on its own
             sig = sig.with_static(sig.dynamic)
@@ -228,8 +230,7 @@ class CompiledKernel:
         return self._configs[key]
 
     def __call__(self, **tensors):
-        if self.kernel.padded:  # to the padded sizes' buckets (``codegen/padding.py``)
-            tensors = pad_call(self.kernel, tensors)
+        tensors = self._padded(tensors)
         # a call like one seen before (the same names, shapes, dtypes and devices) was bound and
         # checked then: it goes straight to its loaded phases (binding costs ~8 us a call)
         # (in the call's own argument order: another order is another entry, not another build)

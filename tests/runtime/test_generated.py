@@ -52,7 +52,7 @@ def test_row_gathers_from_tables_of_any_row_count_share_one_build():
 
 def test_top_k_over_rows_that_grow_a_row_a_step_builds_once_a_power_of_two():
     """A decode step's index scores grow with the context; the kernel specialises their length,
-    so the op pads them with -inf to the power-of-two bucket: 3..40 scores a row, 5 builds (one
+    a padded size: a call's scores are padded with -inf to the power-of-two bucket: 3..40 scores a row, 5 builds (one
     a step before; 46 builds in 7 minutes of a 256-token generation on the H200, 2026-12-04), and
     the reference's indices at every length, ties and rows that see fewer than k included."""
     ctx = Ctx(GeneratedOps(FastOps()))

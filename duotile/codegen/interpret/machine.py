@@ -17,16 +17,17 @@ Semantics, for every target to match:
 - programs of one grid do not see each other's writes in a defined order: two programs writing
   one element leave one of the values, which one unspecified (as on a GPU).
 
-**Programs together.** A batch of programs runs as one: every tile value carries a leading
-program axis (of size P, or 1 where the value is the same in every program), a scalar (a program
-id, a value read by ``dsl.scalar``) is a Python int where it is the same in every program and a
-tensor of P ints where it is not. Memory ops at per-program corners become index gathers and
-index writes. A loop whose bounds differ by program runs from the least start to the greatest
-end with a mask of the programs inside their range; a masked program's stores, assigns and gemms
-do nothing. What a program computes never depends on P or on the others in its batch: the ops
-whose fp32 results depend on the layout torch gives them (sums of floats, gemms, and the
-transcendental functions, whose vector and scalar paths differ in the last bit) run program by
-program on a contiguous tile of the program's own shape; the rest are exact elementwise.
+**Programs together.** A batch of programs runs as one: every tile value carries a leading program
+axis (of size P, or 1 where the value is the same in every program), a scalar (a program id, a value
+read by ``dsl.scalar``) is a Python int where it is the same in every program and a tensor of P ints
+where it is not. Memory ops at per-program corners copy a window a distinct corner, or use index
+tensors where the corners are many (``memory.py``). A loop whose bounds differ by program runs from
+the least start to the greatest end with a mask of the programs inside their range; a masked
+program's stores, assigns and gemms do nothing. What a program computes never depends on P or on the
+others in its batch: the ops whose fp32 results depend on the layout torch gives them (sums of
+floats, gemms, and the transcendental functions, whose vector and scalar paths differ in the last
+bit) run program by program on a contiguous tile of the program's own shape; the rest are exact
+elementwise.
 """
 
 from __future__ import annotations
