@@ -56,6 +56,8 @@ def test_tune_help_names_its_defaults(capsys):
     out = " ".join(capsys.readouterr().out.split())
     assert "(default: sm90)" in out and "default: default, or quick with --model" in out
     assert "$DUOTILE_CACHE/tune" in out
+    # every budget is described by what it tries; the shortlist's searches nothing, so no "up to 0"
+    assert "up to 0 " not in out and "shortlist: the default and up to 8 configs" in out
 
 
 LONG = ("CapacityError: sm100: TMEM overflow: needs 1048576 bytes (1024.0 KiB), capacity 262144 bytes (256.0 KiB); "

@@ -46,7 +46,8 @@ def default_out_dir() -> Path:
 def register(subparsers) -> None:
     from .strategies import BUDGETS
 
-    budgets = "; ".join(f"{b.name}: up to {b.max_candidates} candidates" for b in BUDGETS.values())
+    budgets = "; ".join(f"{b.name}: up to {b.max_candidates} candidates" for b in BUDGETS.values()
+                        if b.max_candidates)  # shortlist searches nothing: its list is described below
     p = subparsers.add_parser("tune", help="autotune a kernel for a target (measured on sm90, modelled on "
                               "sm100 / ascend950)",
                               description="Autotune a kernel for one case. sm90 compiles, verifies and times "
@@ -75,7 +76,7 @@ def register(subparsers) -> None:
                    help="with --model: write the results into the table shipped with duotile "
                         "(duotile/tuned/tuning.json) instead of the user's tuning cache")
     p.add_argument("--budget", default=None, choices=tuple(BUDGETS),
-                   help=f"how much to try ({budgets}: shortlist measures the default and a list fixed before any "
+                   help=f"how much to try ({budgets}; shortlist: the default and up to 8 configs fixed before any "
                         f"measurement, for --model sweeps on a GPU); default: default, or quick with --model")
     p.add_argument("--strategy", default="auto", choices=("auto", "exhaustive", "random", "pattern"),
                    help="search over the space; auto: exhaustive where the space fits the budget, else "
