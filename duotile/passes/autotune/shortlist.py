@@ -19,9 +19,18 @@ front instead, which ``model_sweep`` builds for every shape at once in worker pr
 5. where the model's best tiles leave SMs idle (fewer programs than the machine has units: a
    router's N of 256 at 128 x 128 tiles is 64 programs on 132 SMs), its best configs within two
    tunables of them that fill the machine (``wave_filling``). The model's per-step latency term
-   makes a wide tile and a narrow one tie there, and it keeps the one nearer the defaults.
+   makes a wide tile and a narrow one tie there, and it keeps the one nearer the defaults;
+6. for a kernel without a gemm, where the tunables span at most ``WHOLE`` configs (a norm's rows
+   a block and tile alignment),
+   every one of them, times each value of the target's knobs in the order the target declares
+   them while the product stays within ``WHOLE`` (on sm90, the threads a block), and the list
+   grows to hold them: a space that small costs less to measure whole than to rank, and the
+   model ranks memory-bound tiles least well (a gemm's tiles it ranks well, and they build slowly).
 
-Every config on the list is one the target's checks accept.
+Every config on the list but those of (6) is one the target's checks accept. Those of (6) are, like
+a tune's start points, measured whatever the cost model's register estimate says (a 20,480-wide
+norm row at 128 threads, which the estimate counts at 352 registers a thread, builds without
+spilling and was the fastest measured); the build refuses what truly overflows.
 """
 
 from __future__ import annotations
@@ -34,6 +43,7 @@ from .constraints import Constraints
 from .space import ConfigSpace, config_key
 
 MODEL_PICKS = 3  # runners-up along the tunables' axes, under the measured schedule
+WHOLE = 36  # a space this small is measured whole
 WAVE_PICKS = 2  # configs that fill the machine, where the model's best leaves units idle
 FILL = 0.9  # programs over units that count as filling the machine (128 tiles on 132 SMs do)
 
@@ -62,14 +72,35 @@ def shortlist(spec, case: dict, target: str, size: int = 8) -> list[dict[str, An
         if best:  # none where the target refuses these knobs at this shape (a pair of blocks, say)
             out += [best[0], *wave_filling(kernel, target, sig, constants, space, best[0], WAVE_PICKS),
                     *axis_runners_up(kernel, target, sig, constants, space, best[0], MODEL_PICKS)]
+    gemm = any(op.name == "gemm" for op in traced.walk())
+    whole = [] if gemm else whole_space(space, out[0])
     cons = Constraints(kernel, sig, target, constants)
-    kept, seen = [], set()
+    kept, seen = list(whole), {config_key(c) for c in whole}
     for c in out:
         key = config_key(c)
         if key not in seen and cons.check(c).ok:
             seen.add(key)
             kept.append(c)
-    return kept[:size]
+    return kept[:max(size, len(whole) + 2)]
+
+
+def whole_space(space: ConfigSpace, schedule: dict[str, Any]) -> list[dict[str, Any]]:
+    """Every value of the free tunables, where they span at most ``WHOLE`` configs (else none),
+    times the values of the free target knobs in declaration order while the product stays within
+    ``WHOLE``; the other knobs as in ``schedule``. The user's config (``schedule``) comes first."""
+    import itertools
+
+    free = space.free
+    names = [n for n in free if space.owners.get(n) == "kernel"]
+    if not names or math.prod(len(space.params[n].values()) for n in names) > WHOLE:
+        return []
+    for knob in (n for n in free if space.owners.get(n) == "target"):
+        if math.prod(len(space.params[n].values()) for n in (*names, knob)) > WHOLE:
+            break
+        names.append(knob)
+    combos = itertools.product(*(space.params[n].values() for n in names))
+    out = [{**schedule, **dict(zip(names, values))} for values in combos]
+    return sorted(out, key=lambda c: c != schedule)
 
 
 def nearest_measured(kernel, target: str, sig, path=None) -> dict[str, Any] | None:

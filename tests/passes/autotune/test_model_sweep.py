@@ -132,3 +132,40 @@ def test_shortlist_fills_the_sms_where_the_models_best_tiles_leave_them_idle():
     wide = {**best, "BN": 256}
     assert programs(wq_b, wide)[0] >= machine.units
     assert wave_filling(spec.kernel, "sm90", wq_b, None, space, wide, 2) == []
+
+
+def test_a_small_space_of_tunables_is_shortlisted_whole():
+    """rmsnorm's rows a block and tile alignment (4 x 3 configs) at V4.1's mHC width: every pair at
+    each of the target's thread counts is on the list, the user's config first, the ones the cost
+    model's register estimate would prune included (20,480 wide at 128 threads was the fastest
+    measured on the H200, 2026-12-04)."""
+    from duotile.codegen.choose_config import explain_choice
+    from duotile.passes.autotune.constraints import Constraints
+    from duotile.passes.autotune.shortlist import WHOLE, shortlist
+
+    spec = get("rmsnorm")
+    case = spec.model_cases()["v41/mhc/prefill4096"]
+    got = shortlist(spec, case, "sm90")
+    sig = spec.kernel.bind(spec.meta_inputs(case))
+    chosen = explain_choice(spec.kernel, "sm90", sig, spec.constants_of(case))[0] or {}
+    tun = spec.kernel.tunables
+    want = {(r, a, t) for r in tun["ROWS"].values() for a in tun["ALIGN"].values() for t in (128, 256, 512)}
+    assert len(want) <= WHOLE and {(c["ROWS"], c["ALIGN"], c["threads"]) for c in got} == want
+    assert chosen.items() <= got[0].items()
+    cons = Constraints(spec.kernel, sig, "sm90")
+    assert not cons.check({**got[0], "ROWS": 1, "ALIGN": 2048, "threads": 128}).ok  # the estimate's prune
+
+
+def test_no_whole_space_for_a_gemm_or_a_large_space():
+    from duotile.passes.autotune.shortlist import whole_space
+    from duotile.passes.autotune.space import ConfigSpace
+
+    spec = get("gemm")
+    space = ConfigSpace.from_kernel(spec.kernel, "sm90")
+    assert whole_space(space, space.default()) == []
+    case = spec.model_cases()["v41/wq_b/prefill4096"]
+    from duotile.passes.autotune.shortlist import shortlist
+
+    assert len(shortlist(spec, case, "sm90")) <= 8
+    small = get("flash_attention")  # a gemm: ranked by the model, whatever its space's size
+    assert len(shortlist(small, next(iter(small.model_cases().values())), "sm90")) <= 8
