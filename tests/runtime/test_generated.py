@@ -297,14 +297,14 @@ def test_batch_invariance_holds_with_generated_kernels(ckpt_dir):
 
 def test_generated_kernels_take_the_tuned_config(monkeypatch):
     """The runtime compiles with config=None, so codegen.compile takes a tuned config when the cache
-    or the shipped table has one; here a stand-in cache answers ROWS=2."""
+    or the shipped table has one; here a stand-in cache answers ROWS=2, ALIGN=1024."""
     from duotile.passes.autotune import cache
 
     asked = []
 
     def fake_lookup(kernel, target, shapes, **kw):
         asked.append((kernel.name, target, dict(shapes)))
-        return {"ROWS": 2}, []
+        return {"ROWS": 2, "ALIGN": 1024}, []
 
     monkeypatch.setattr(cache, "lookup", fake_lookup)
     ctx = Ctx(GeneratedOps(FastOps()))
@@ -312,7 +312,7 @@ def test_generated_kernels_take_the_tuned_config(monkeypatch):
     assert asked and asked[0][:2] == ("rmsnorm", "interpret")
     (kernel,) = ctx.ops._kernels.values()
     ((module,), _artifacts, _fn), = kernel._cache.values()
-    assert module.config == {"ROWS": 2}
+    assert module.config == {"ROWS": 2, "ALIGN": 1024}
 
 
 def test_a_generation_with_a_changing_batch_builds_once_per_width(capsys, tmp_path):

@@ -89,9 +89,10 @@ def test_tune_rejects_a_batch_dependent_reduction_before_compiling_anything(tmp_
 def test_tune_notes_that_a_batch_invariant_kernel_was_checked(tmp_path):
     from duotile.kernels_spec import registry
 
-    result = tune(registry.get("rmsnorm"), {"T": 3, "D": 64}, "interpret", budget="quick", pins={"ROWS": 2},
-                  cache_dir=tmp_path, progress=False, runner_options={"reps": 1, "warmup": 0})
-    assert result.best.config == {"ROWS": 2}
+    result = tune(registry.get("rmsnorm"), {"T": 3, "D": 64}, "interpret", budget="quick",
+                  pins={"ROWS": 2, "ALIGN": 1024}, cache_dir=tmp_path, progress=False,
+                  runner_options={"reps": 1, "warmup": 0})
+    assert result.best.config == {"ROWS": 2, "ALIGN": 1024}
     assert any(n.startswith("batch-invariant in T: reductions checked") for n in result.notes)
 
 
@@ -99,7 +100,7 @@ def test_cli_tune_writes_report_plot_and_cache(tmp_path, capsys):
     from duotile.cli import main
 
     rc = main(["tune", "rmsnorm", "--target", "interpret", "--shape", "T=3", "--shape", "D=64",
-               "--budget", "quick", "--pin", "ROWS=2", "--out", str(tmp_path / "out"),
+               "--budget", "quick", "--pin", "ROWS=2", "--pin", "ALIGN=1024", "--out", str(tmp_path / "out"),
                "--cache-dir", str(tmp_path / "cache"), "--no-progress"])
     out = capsys.readouterr().out
     assert rc == 0 and "best config" in out and "ROWS=2" in out
@@ -114,7 +115,7 @@ def test_cli_tune_writes_report_plot_and_cache(tmp_path, capsys):
                   "y": _t.empty(1000, 64, dtype=_t.bfloat16)})
     cfg = best_config(k, "interpret", sig.shapes, "model:interpret", dtypes=sig.dtypes, present=sig.present,
                       cache_dir=tmp_path / "cache")
-    assert cfg == {"ROWS": 2}
+    assert cfg == {"ROWS": 2, "ALIGN": 1024}
 
 
 def test_cuda_target_runner_builds_without_a_gpu():
