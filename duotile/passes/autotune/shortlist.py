@@ -20,12 +20,12 @@ front instead, which ``model_sweep`` builds for every shape at once in worker pr
    router's N of 256 at 128 x 128 tiles is 64 programs on 132 SMs), its best configs within two
    tunables of them that fill the machine (``wave_filling``). The model's per-step latency term
    makes a wide tile and a narrow one tie there, and it keeps the one nearer the defaults;
-6. for a kernel without a gemm, where the tunables span at most ``WHOLE`` configs (a norm's rows
-   a block and tile alignment),
-   every one of them, times each value of the target's knobs in the order the target declares
-   them while the product stays within ``WHOLE`` (on sm90, the threads a block), and the list
-   grows to hold them: a space that small costs less to measure whole than to rank, and the
-   model ranks memory-bound tiles least well (a gemm's tiles it ranks well, and they build slowly).
+6. for a kernel without a gemm whose tunables span at most ``WHOLE`` configs (a norm's rows a
+   block and tile alignment), every one of them, times each value of the target's knobs in the
+   order the target declares them while the product stays within ``WHOLE`` (on sm90, the threads
+   a block); the list grows to hold them and two more of the above. A space that small costs
+   less to measure whole than to rank, and the model ranks memory-bound tiles least well (a
+   gemm's tiles it ranks well, and they build slowly).
 
 Every config on the list but those of (6) is one the target's checks accept. Those of (6) are, like
 a tune's start points, measured whatever the cost model's register estimate says (a 20,480-wide
@@ -81,7 +81,7 @@ def shortlist(spec, case: dict, target: str, size: int = 8) -> list[dict[str, An
         if key not in seen and cons.check(c).ok:
             seen.add(key)
             kept.append(c)
-    return kept[:max(size, len(whole) + 2)]
+    return kept[:max(size, len(whole) + 2)]  # (6) whole, and two of (1)-(5) it does not hold
 
 
 def whole_space(space: ConfigSpace, schedule: dict[str, Any]) -> list[dict[str, Any]]:
