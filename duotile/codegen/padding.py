@@ -6,6 +6,8 @@ from __future__ import annotations
 
 from typing import Any
 
+import torch
+
 from ..dsl.errors import DslError
 from ..dsl.ir import Module
 from ..dsl.kernel import KernelDef, bucket
@@ -24,8 +26,6 @@ def pad_call(kernel: KernelDef, tensors: dict[str, Any]) -> dict[str, Any]:
             n = int(t.shape[axis])
             if n == bucket(n):
                 continue
-            import torch
-
             shape = list(t.shape)
             shape[axis] = bucket(n)
             wide = torch.full(shape, fill, dtype=t.dtype, device=t.device)

@@ -16,6 +16,7 @@ from duotile.runtime.engine import LLM
 from duotile.runtime.generated import _OP_OF, GeneratedOps
 from duotile.runtime.layers.common import Ctx, rms_norm, select_topk, topk
 from duotile.runtime.layers.moe import MoE
+from duotile.runtime.layers.step import StepSeq
 from duotile.runtime.ops import FastOps, InvariantOps
 from duotile.runtime.reference import make_ops
 from duotile.runtime.sampler import SamplingParams
@@ -386,8 +387,6 @@ def test_the_sample_kernel_draws_a_batch_as_each_row_alone():
 
 def _teacher_forced(llm: LLM, seq: list[int], first: int) -> torch.Tensor:
     """FP32 logits at every position from ``first`` on, the whole sequence in one forward."""
-    from duotile.runtime.layers.step import StepSeq
-
     model = llm.model
     return model.forward([StepSeq(model.new_cache(), torch.tensor(seq))], all_logits=True)[0][first:-1]
 
