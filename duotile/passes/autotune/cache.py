@@ -60,11 +60,28 @@ def cache_path(cache_dir: str | os.PathLike | None = None) -> Path:
 def kernel_hash(kernel: KernelDef, dtypes: dict | None = None, present: dict | None = None,
                 constants: dict | None = None) -> str:
     """A hash of the kernel's traced IR at its default config, plus its tunables' spaces."""
-    module = kernel.trace(dtypes, present, None, constants)
-    text = canonical_text(module)
     spaces = {k: [type(s).__name__, s.values(), repr(s.default)] for k, s in kernel.tunables.items()}
-    blob = text + json.dumps(spaces, sort_keys=True, default=str)
+    blob = _traced_text(kernel, dtypes, present, constants) + json.dumps(spaces, sort_keys=True, default=str)
     return hashlib.sha256(blob.encode()).hexdigest()[:16]
+
+
+# the canonical text of each kernel's trace at its defaults, by call, beside its kernel (an id is not
+# reused while the kernel lives): every config choice keys its lookups by it (a model's shapes on
+# three targets: thousands of traces of a few calls); a trace is a pure function of the kernel and
+# the call, as the constraint checker's shared traces assume (``constraints._SYMBOLIC``)
+_TEXTS: dict[tuple, tuple[KernelDef, str]] = {}
+_TEXTS_MAX = 1024
+
+
+def _traced_text(kernel: KernelDef, dtypes: dict | None, present: dict | None, constants: dict | None) -> str:
+    key = (id(kernel), tuple(sorted((k, getattr(v, "name", str(v))) for k, v in (dtypes or {}).items())),
+           tuple(sorted((present or {}).items())), tuple(sorted((k, repr(v)) for k, v in (constants or {}).items())))
+    hit = _TEXTS.get(key)
+    if hit is None or hit[0] is not kernel:
+        if len(_TEXTS) >= _TEXTS_MAX:
+            _TEXTS.clear()
+        hit = _TEXTS[key] = (kernel, canonical_text(kernel.trace(dtypes, present, None, constants)))
+    return hit[1]
 
 
 def shape_bucket(kernel: KernelDef, shapes: dict[str, int]) -> dict[str, int]:
@@ -148,6 +165,12 @@ def _checksum(entries: dict) -> str:
     return hashlib.sha256(json.dumps(entries, sort_keys=True, default=str).encode()).hexdigest()
 
 
+# digests of file contents that passed ``TuningCache._parse``'s checks (a pure function of the bytes):
+# the shipped table is read at every config choice, and its checksum and key hashes cost more than
+# the parse
+_VERIFIED: set[bytes] = set()
+
+
 class TuningCacheError(OSError):
     """The tuning cache cannot be written where it was asked to be."""
 
@@ -161,11 +184,15 @@ class TuningCache:
         self.path = Path(path) if path is not None else cache_path()
         self.read_only = read_only
         self.problems: list[str] = []
+        self._raw: bytes | None = None  # the file's bytes where they parsed
         self.entries: dict[str, dict] = self._load()
-        self._base = copy.deepcopy(self.entries)  # as loaded: what save() changes on disk is the difference
+        # as loaded: what save() changes on disk is the difference (parsed again: a deep copy, faster)
+        self._base = json.loads(self._raw)["entries"] if self._raw is not None else copy.deepcopy(self.entries)
 
     def _parse(self, raw: bytes) -> dict[str, dict]:
         data = json.loads(raw)
+        if hashlib.sha256(raw).digest() in _VERIFIED:  # these very bytes passed every check below
+            return data["entries"]
         if not isinstance(data, dict) or not isinstance(data.get("entries"), dict):
             raise ValueError("no entries table")
         if data.get("schema") != SCHEMA:
@@ -175,6 +202,9 @@ class TuningCache:
         for h, entry in data["entries"].items():
             if key_hash(entry["key"]) != h:
                 raise ValueError(f"entry {h} does not match its key")
+        if len(_VERIFIED) >= 64:
+            _VERIFIED.clear()
+        _VERIFIED.add(hashlib.sha256(raw).digest())
         return data["entries"]
 
     def _load(self) -> dict[str, dict]:
@@ -186,10 +216,12 @@ class TuningCache:
             self._report(f"tuning cache {self.path} cannot be read ({type(err).__name__}: {err}); ignoring it")
             return {}
         try:
-            return self._parse(raw)
+            entries = self._parse(raw)
         except (ValueError, KeyError, TypeError, AttributeError) as err:
             self._quarantine(f"{err.__class__.__name__}: {err}", raw)
             return {}
+        self._raw = raw
+        return entries
 
     def _current(self) -> dict[str, dict]:
         """The file's entries as they are now (under the lock); a damaged file is moved aside."""

@@ -216,7 +216,7 @@ class Constraints:
 
         tgt = get_target(self.target)
         try:
-            for phase in split_phases(Rewriter().module(bound)):
+            for phase in _own_phases(bound):
                 tgt.lower(phase, tgt.phase_knobs(phase, {**tgt.default_knobs(), **knobs}))
         except CapacityError as err:
             return [f"{err.memory}: needs {err.needed / 1024:.1f} KiB > capacity {err.capacity / 1024:.1f} KiB "
@@ -237,6 +237,13 @@ _SYMBOLIC: dict[tuple, tuple] = {}
 # depend on the target, so a shape's config searches on sm90, sm100 and ascend950 (and a dynamic
 # batch's sizes, and a tuning sweep after the choice of a default) share them
 _TRACES: dict[tuple, tuple] = {}
+
+
+def _own_phases(module: Module) -> list[Module]:
+    """The phases of ``module`` as copies a pass may rewrite in place, ``module`` untouched: the
+    phases of a split kernel are copies already (``split_phases``), a single phase is copied once."""
+    phases = split_phases(module)
+    return [Rewriter().module(module)] if len(phases) == 1 and phases[0] is module else phases
 
 
 def _call_key(kernel: KernelDef, sig: Signature, constants: dict | None, kern) -> tuple:
@@ -264,7 +271,7 @@ def _symbolic_trace(kernel: KernelDef, sig: Signature, kern: dict[str, Any], con
 def _shared_trace(cons: Constraints, kern: tuple, config: dict[str, Any]):
     def make():
         bound = cons.bound(config)
-        phases = [fuse_elementwise(Rewriter().module(p)) for p in split_phases(bound)]
+        phases = [fuse_elementwise(p) for p in _own_phases(bound)]
         return bound, phases, [estimate_usage(p) for p in phases]
 
     key = (*_call_key(cons.kernel, cons.sig, cons.constants, kern), tuple(sorted(cons.sig.shapes.items())))

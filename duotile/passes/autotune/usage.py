@@ -112,13 +112,20 @@ class Limit:
     unit: str = "bytes"
 
     def ok(self) -> bool:
-        return bool(sympy.Le(self.needed, self.capacity))
+        n, c = self.needed, self.capacity
+        if _is_integer(n) and _is_integer(c):  # the usual case, and sympy's answer: no relational built
+            return int(n) <= int(c)
+        return bool(sympy.Le(n, c))
 
     def reason(self) -> str:
         n, c = int(self.needed), int(self.capacity)
         if self.unit == "bytes":
             return f"{self.memory}: needs {n / KiB:.1f} KiB > capacity {c / KiB:.1f} KiB"
         return f"{self.memory}: needs {n} {self.unit} > capacity {c} {self.unit}"
+
+
+def _is_integer(v) -> bool:
+    return isinstance(v, sympy.Integer) or (isinstance(v, int) and not isinstance(v, bool))
 
 
 def threads_of(knobs: dict[str, Any]) -> int:

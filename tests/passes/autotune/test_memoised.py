@@ -1,0 +1,89 @@
+"""The autotuner's memoised and short-cut paths give exactly what the plain computation gives."""
+
+from __future__ import annotations
+
+import sympy
+import torch
+
+from duotile.dsl.printer import format_module
+from duotile.kernels_spec import registry
+
+
+def test_kernel_hash_is_the_hash_of_a_fresh_trace(monkeypatch):
+    import hashlib
+    import json
+
+    from duotile.dsl.printer import canonical_text
+    from duotile.passes.autotune import cache
+
+    def fresh(kernel, dtypes=None, present=None, constants=None):  # kernel_hash as it was, no memo
+        text = canonical_text(kernel.trace(dtypes, present, None, constants))
+        spaces = {k: [type(s).__name__, s.values(), repr(s.default)] for k, s in kernel.tunables.items()}
+        return hashlib.sha256((text + json.dumps(spaces, sort_keys=True, default=str)).encode()).hexdigest()[:16]
+
+    monkeypatch.setattr(cache, "_TEXTS", {})
+    for name in ("gemm", "gemm_blockscaled", "rmsnorm", "mqa_decode"):
+        spec = registry.get(name)
+        for case in list(spec.cases.values())[:3]:
+            sig = spec.kernel.bind(spec.meta_inputs(case))
+            args = (sig.dtypes, sig.present, spec.constants_of(case))
+            assert cache.kernel_hash(spec.kernel, *args) == fresh(spec.kernel, *args)  # made
+            assert cache.kernel_hash(spec.kernel, *args) == fresh(spec.kernel, *args)  # kept
+    gemm = registry.get("gemm").kernel
+    bf16 = gemm.bind({"a": torch.empty(8, 8, dtype=torch.bfloat16), "b": torch.empty(8, 8, dtype=torch.bfloat16),
+                      "c": torch.empty(8, 8, dtype=torch.bfloat16)})
+    fp8 = gemm.bind({"a": torch.empty(8, 8, dtype=torch.float8_e4m3fn),
+                     "b": torch.empty(8, 8, dtype=torch.float8_e4m3fn), "c": torch.empty(8, 8, dtype=torch.bfloat16)})
+    assert cache.kernel_hash(gemm, bf16.dtypes) != cache.kernel_hash(gemm, fp8.dtypes)  # keyed by the call
+
+
+def test_a_tuning_file_read_again_has_the_same_entries_and_damage_is_still_found(tmp_path, monkeypatch):
+    import json
+
+    from duotile.passes.autotune import cache
+
+    monkeypatch.setattr(cache, "_VERIFIED", set())
+    shipped = cache.TuningCache(cache.SHIPPED, read_only=True)  # checked in full, then by its bytes
+    again = cache.TuningCache(cache.SHIPPED, read_only=True)
+    plain = json.loads(cache.SHIPPED.read_bytes())["entries"]
+    assert shipped.entries == again.entries == again._base == plain and not again.problems
+    again.entries[next(iter(again.entries))]["config"]["x"] = 1  # each reader's entries are its own
+    assert shipped.entries == plain and again._base == plain
+
+    path = tmp_path / "tuning.json"
+    path.write_bytes(cache.SHIPPED.read_bytes().replace(b'"BK": 128', b'"BK": 64', 1))
+    bad = cache.TuningCache(path, read_only=True)  # other bytes: checked, and the checksum fails
+    assert bad.entries == {} and any("checksum mismatch" in p for p in bad.problems)
+
+
+def test_a_limit_of_integers_is_judged_as_sympy_judges_it():
+    from duotile.passes.autotune.usage import Limit
+
+    x = sympy.Symbol("x", positive=True)
+    for needed, capacity in [(1, 2), (2, 2), (3, 2), (sympy.Integer(5), 4), (4, sympy.Integer(5)),
+                             (sympy.Integer(0), sympy.Integer(0)), (sympy.Rational(5, 2), 2), (2.5, 3)]:
+        assert Limit("m", needed, capacity).ok() == bool(sympy.Le(needed, capacity)), (needed, capacity)
+    assert Limit("m", x + 1, x + 2).ok()  # symbolic: sympy decides
+
+
+def test_the_fused_phases_of_a_shared_trace_are_those_of_a_copy(monkeypatch):
+    """A split kernel's phases are copies already and are fused as they come; a single phase is
+    fused on a copy. Either way the kept bound module is untouched and the fused phases are those
+    of fusing a fresh copy of each phase."""
+    from duotile.passes.autotune import constraints
+    from duotile.passes.fuse_elementwise import fuse_elementwise
+    from duotile.passes.rewrite import Rewriter
+    from duotile.passes.split_phases import split_phases
+
+    monkeypatch.setattr(constraints, "_TRACES", {})
+    for name, case_name in (("gemm_splitk", None), ("rmsnorm", None)):
+        spec = registry.get(name)
+        case = next(iter(spec.cases.values())) if case_name is None else spec.cases[case_name]
+        cons = constraints.Constraints(spec.kernel, spec.kernel.bind(spec.meta_inputs(case)), "sm90",
+                                       spec.constants_of(case))
+        config = cons.kernel.resolve_config(None)
+        bound, phases, _ = constraints._shared_trace(cons, (), config)
+        fresh = cons.bound(config)
+        assert format_module(bound) == format_module(fresh)
+        want = [format_module(fuse_elementwise(Rewriter().module(p))) for p in split_phases(fresh)]
+        assert [format_module(p) for p in phases] == want and len(want) == (2 if name == "gemm_splitk" else 1)
