@@ -9,9 +9,13 @@ import sympy
 
 from ..dsl.ir import Block, Module, Op, TileType, Value
 
+_LEAVES = frozenset({int, float, str, bool, type(None)})  # attr values that hold no expression
+
 
 def map_expr(x, fn: Callable[[sympy.Basic], sympy.Basic]):
     """Apply ``fn`` to sympy expressions inside attrs (tuples, lists and dicts included)."""
+    if type(x) in _LEAVES:  # most attrs: returned as they are, as the checks below would
+        return x
     if isinstance(x, sympy.Basic):
         return fn(x)
     if isinstance(x, tuple):

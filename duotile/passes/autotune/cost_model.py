@@ -91,7 +91,7 @@ class Estimate:
 
 
 def _num(e, env: dict) -> float:
-    if isinstance(e, (int, float)):
+    if isinstance(e, (int, float, sympy.Number)):  # a number substitutes nothing
         return float(e)
     return float(sympy.sympify(e).subs(env))
 

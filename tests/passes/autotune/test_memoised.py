@@ -87,3 +87,16 @@ def test_the_fused_phases_of_a_shared_trace_are_those_of_a_copy(monkeypatch):
         assert format_module(bound) == format_module(fresh)
         want = [format_module(fuse_elementwise(Rewriter().module(p))) for p in split_phases(fresh)]
         assert [format_module(p) for p in phases] == want and len(want) == (2 if name == "gemm_splitk" else 1)
+
+
+def test_numbers_and_plain_attrs_take_the_short_paths_unchanged():
+    from duotile.passes.autotune.cost_model import _num
+    from duotile.passes.rewrite import map_expr
+
+    x = sympy.Symbol("x")
+    for e in (sympy.Integer(5), sympy.Rational(7, 2), sympy.Float(2.5), 3, 1.5):
+        assert _num(e, {x: 1}) == float(sympy.sympify(e).subs({x: 1}))
+    assert _num(x + 1, {x: 2}) == 3.0
+    attrs = {"a": 1, "b": "s", "c": None, "d": True, "e": 2.0, "f": (x, [x + 1, 4], {"g": x})}
+    got = map_expr(attrs, lambda e: e.subs(x, 3))
+    assert got == {"a": 1, "b": "s", "c": None, "d": True, "e": 2.0, "f": (3, [4, 4], {"g": 3})}
