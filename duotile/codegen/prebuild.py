@@ -55,6 +55,20 @@ class Signature:
             return {n: torch.empty(s, dtype=getattr(torch, d)) for n, s, d in self.tensors}
 
 
+def build_key(kernel, sig: Signature) -> tuple:
+    """What tells ``kernel``'s builds apart for ``sig``: calls differing only in a dynamic size
+    share a key (and a build)."""
+    return sig.spec, kernel.kernel.bind(sig.meta_tensors()).key(), sig.constants
+
+
+def call_signature(kernel, tensors: dict) -> tuple[tuple, Signature]:
+    """(build key, signature) of a call of the ``CompiledKernel`` ``kernel`` with ``tensors`` (padded
+    as the call pads them), without building anything."""
+    padded = kernel._padded(tensors)
+    sig = Signature.of(kernel.kernel.name, padded, kernel.constants)
+    return build_key(kernel, sig), sig
+
+
 def signatures_of(kernels) -> list[Signature]:
     """The distinct build signatures the ``CompiledKernel``s in ``kernels`` were called with: one
     call of each, where calls differing only in a dynamic size share a build."""
@@ -64,7 +78,7 @@ def signatures_of(kernels) -> list[Signature]:
             tensors = tuple((n, tuple(int(d) for d in shape), str(dtype).removeprefix("torch."))
                             for n, shape, dtype, _ in seen)  # the call's (name, shape, dtype, device)
             sig = Signature(kernel.kernel.name, tensors, tuple(sorted((kernel.constants or {}).items())))
-            key = (sig.spec, kernel.kernel.bind(sig.meta_tensors()).key(), sig.constants)
+            key = build_key(kernel, sig)
             if key not in keys:
                 keys.add(key)
                 out.append(sig)

@@ -151,12 +151,16 @@ class Model:
     """The reference model built from a validated checkpoint."""
 
     def __init__(self, checkpoint: Checkpoint, *, dtype: torch.dtype = torch.bfloat16, quant: bool = True,
-                 batch_invariant: bool = False, device: torch.device | str = "cpu", kernels: str = "reference"):
+                 batch_invariant: bool = False, device: torch.device | str = "cpu", kernels: str = "reference",
+                 packed_only: bool | None = None):
+        """``packed_only``: keep the quantised weights as released codes alone, each dequantised at
+        its use on the reference path (a quarter or an eighth of the dequantised bytes); by default
+        so with the generated kernels (they read the codes), never with the reference ops."""
         check_dtype(dtype)
         device = resolve_device(device)
         cfg = self.config = checkpoint.config
-        generated = kernels == "generated"  # the kernels read the released codes: nothing else is kept
-        ws = WeightSource(checkpoint, device, packed=generated, dequantised=not generated)
+        packed = kernels == "generated" if packed_only is None else packed_only
+        ws = WeightSource(checkpoint, device, packed=packed, dequantised=not packed)
         self.device, self.dtype = device, dtype
         self.ctx = Ctx(make_ops(batch_invariant, kernels), dtype, quant)
         self.embed, self.norm, self.head = ws.t("embed.weight"), ws.t("norm.weight"), ws.t("head.weight")

@@ -156,10 +156,10 @@ def random_tensor(cfg: ModelConfig, spec: TensorSpec, seed: int) -> torch.Tensor
 
 def _draw(cfg: ModelConfig, spec: TensorSpec, g: torch.Generator, shape: tuple[int, ...]) -> torch.Tensor:
     """``shape``'s worth of ``spec``'s random value from ``g``: the whole tensor, or its next rows."""
-    name = spec.name
-    normal = lambda std: torch.randn(shape, generator=g) * std
+    name, device = spec.name, g.device  # drawn where the generator lives (random_weights.py: a GPU)
+    normal = lambda std: torch.randn(shape, generator=g, device=device) * std
     if name.endswith("tid2eid"):
-        return torch.rand(shape[0], cfg.n_routed_experts, generator=g).argsort(-1)[:, : shape[1]].int()
+        return torch.rand(shape[0], cfg.n_routed_experts, generator=g, device=device).argsort(-1)[:, : shape[1]].int()
     if name.endswith(("norm.weight", "q_weight", "k_weight")):
         return 1.0 + normal(0.1)
     if name.endswith(("_fn",)):

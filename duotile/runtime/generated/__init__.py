@@ -22,11 +22,13 @@ generate --kernels generated` selects this flavour.
 from __future__ import annotations
 
 import collections
+import functools
 from typing import Any
 
 import torch
 
 from ..ops import FastOps
+from .ahead import BuildDeferred, DeferringKernel
 from .attention import AttentionKernels
 from .dense import DenseKernels
 from .moe import MoEKernels
@@ -64,12 +66,16 @@ class GeneratedOps(DenseKernels, AttentionKernels, StreamKernels, MoEKernels):
         # weight's place -> (weight, version, BF16 copy or None), the most recent BF16_KEPT of them: a
         # weight dequantised for one use (a packed-only layer on the reference path) is not kept long
         self._bf16: collections.OrderedDict[tuple, tuple] = collections.OrderedDict()
+        self._ahead = None  # while building ahead (ahead.py): calls without a build are deferred
 
     def __getattr__(self, name: str):
         return getattr(self.base, name)
 
     def kernel_for(self, op: str):
-        return self._serves.get(op)
+        fn = self._serves.get(op)
+        if fn is None or self._ahead is None:
+            return fn
+        return functools.partial(_declining_deferred, fn)
 
     def builds(self) -> dict[str, int]:
         """Per op: the builds made for it. A kernel whose sizes are dynamic builds once for every
@@ -97,4 +103,15 @@ class GeneratedOps(DenseKernels, AttentionKernels, StreamKernels, MoEKernels):
             sm90 = device.type == "cuda" and torch.cuda.get_device_capability(device) == (9, 0)
             self._kernels[key] = codegen.compile(get(spec_name).kernel, "sm90" if sm90 else "interpret",
                                                  constants=constants)
+        if self._ahead is not None:
+            return DeferringKernel(self._kernels[key], self._ahead)
         return self._kernels[key]
+
+
+def _declining_deferred(fn, *args, **kw):
+    """``fn``, or ``NotImplemented`` (the reference runs the op) where a kernel call of it was
+    deferred while building ahead."""
+    try:
+        return fn(*args, **kw)
+    except BuildDeferred:
+        return NotImplemented
