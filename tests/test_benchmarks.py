@@ -197,3 +197,47 @@ def test_blockscaled_configs_time_model_shapes_and_hold_each_shipped_starting_co
         assert f"{proj}/decode64" in cases and f"{proj}/prefill4096" in cases, proj
     shipped = [e["config"] for e in load_starting() if e["kernel"] == "gemm_blockscaled"]
     assert shipped and all(c in [p for p in bc.CONFIGS.values() if p] for c in shipped)
+
+
+def test_model_benchmark_runs_its_workload_and_reports_it_against_the_peer(tmp_path):
+    """bench_model.py's workload on the CPU (tiny V4, the reference ops), then its report, against a
+    peer entry made from the same rows at twice the time: every row's ratio is 2."""
+    import argparse
+    import copy
+    import json
+
+    from benchmarks import bench_model, model_report
+
+    args = argparse.Namespace(model="v4-tiny", layers=0, device="cpu", runs=["reference"], prompt=12, context=6,
+                              batches=[1, 3], steps=1, repeats=1, jobs=1, out=str(tmp_path / "run.json"),
+                              signatures=None, save_signatures=None, ahead=True, profile=0)
+    bench_model.run(args)
+    run = json.loads((tmp_path / "run.json").read_text())
+    (ours,) = run["systems"]
+    assert [r["phase"] for r in ours["rows"]] == ["prefill 12", "decode batch 1", "decode batch 3"]
+    assert all(r["ms"] > 0 for r in ours["rows"])
+    peer = copy.deepcopy(ours)
+    peer.update(system="transformers", label="peer")
+    for row in peer["rows"]:
+        row["ms"] *= 2
+    run["systems"].append(peer)
+    run["copy_tbs"] = 4.0
+    text = model_report.write_report([run], "bench_model_test", tmp_path).read_text()
+    rows = [line.split(" | ") for line in text.splitlines() if line.startswith("| v4-tiny")]
+    assert [r[1] for r in rows] == ["reference"] * 3 + ["peer"] * 3
+    assert [r[-1].rstrip(" |") for r in rows] == ["2.00"] * 3 + ["1.00"] * 3
+
+
+def test_model_benchmark_floor_counts_the_experts_a_batch_reaches():
+    from benchmarks.bench_model import floor_bytes
+    from duotile.runtime.inventory import tensor_specs
+    from duotile.runtime.presets import get_preset
+
+    cfg = get_preset("v4-tiny")
+    one, sixty_four, all_of_them = (floor_bytes(cfg, b) for b in (1, 64, 10_000))
+    assert one < sixty_four < all_of_them
+    specs = {sp.name: sp for sp in tensor_specs(cfg)}
+    expert = sum(torch.Size(s).numel() * d.itemsize for w in ("w1", "w2", "w3")
+                 for s, d in specs[f"layers.0.ffn.experts.0.{w}"].stored(cfg.weight_block_size[0]).values())
+    k = cfg.num_experts_per_tok
+    assert all_of_them - one == pytest.approx(cfg.num_hidden_layers * (cfg.n_routed_experts - k) * expert, rel=1e-6)
