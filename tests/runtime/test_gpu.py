@@ -59,3 +59,35 @@ def test_generated_kernels_keep_batch_invariance_on_cuda(ckpt_dir, name):
         assert served[op][0] > 0 and served[op][1] == 0, (op, served[op])
     for k in range(len(te.MIXES)):
         assert te._same(te._mixed(llm, k), alone), te.MIXES[k]
+
+
+@pytest.mark.parametrize("name", ["v41-tiny", "v4-tiny"])
+def test_generated_kernels_keep_batch_invariance_at_batch_64_on_cuda(ckpt_dir, name):
+    """The watched request alone, then among 63 random others (prompts of 1 to 48 tokens, sampled
+    or greedy, finishing at different steps) at place 40, all 64 decoding together: bitwise the same."""
+    llm = LLM(ckpt_dir(name), batch_invariant=True, device="cuda", kernels="generated")
+    alone = te._alone(llm)
+    mixed = te._run(llm, te._watched_prompt(llm.config.vocab_size), te.WATCHED, 64, 40, None, 4096, 64,
+                    seed=64, longest=48)
+    assert te._same(mixed, alone)
+
+
+@pytest.mark.parametrize("kernels", ["generated", "reference"])
+@pytest.mark.parametrize("name", ["v41-tiny", "v4-tiny"])
+def test_a_decode_step_makes_no_host_sync(ckpt_dir, name, kernels):
+    """A decode step of 16 requests (after two warm-up steps) runs with torch's sync debug mode set
+    to raise on any call that waits for the GPU: the forward queues its work and returns."""
+    model = Model(Checkpoint.open(ckpt_dir(name)), device="cuda", kernels=kernels)
+    caches = [model.new_cache() for _ in range(16)]
+    seqs = [tokens(9 + i, model.config.vocab_size, seed=i) for i in range(16)]
+    model.forward([StepSeq(c, s) for c, s in zip(caches, seqs)])
+    for step in range(3):
+        batch = [StepSeq(c, torch.tensor([step + 5])) for c in caches]
+        torch.cuda.synchronize()
+        if step == 2:
+            torch.cuda.set_sync_debug_mode("error")
+        try:
+            model.forward(batch)
+        finally:
+            torch.cuda.set_sync_debug_mode(0)
+    torch.cuda.synchronize()
