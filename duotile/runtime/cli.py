@@ -85,6 +85,11 @@ def _register_generate(subparsers: argparse._SubParsersAction) -> None:
                    help="with --kernels generated: write the build signatures the generation met to FILE "
                         "(JSON), for `duotile build --signatures FILE` to build them in parallel for a GPU "
                         "target (default: not written)")
+    p.add_argument("--build-ahead", type=int, default=0, metavar="JOBS",
+                   help="with --kernels generated: before generating, find the builds a short run of the "
+                        "same requests (two tokens each) meets and build them in JOBS processes, in rounds "
+                        "(a GPU's first generation otherwise builds each kernel at its first call, one at a "
+                        "time); 0: off (default: %(default)s)")
     p.set_defaults(func=run)
 
 
@@ -95,8 +100,9 @@ def run(args: argparse.Namespace) -> int:
     if args.seed is not None and args.temperature == 0:
         print("note: --seed has no effect with --temperature 0 (greedy decoding picks the most likely token)",
               file=sys.stderr)
-    if args.save_builds and args.kernels != "generated":
-        return fail(args, ValueError("--save-builds needs --kernels generated (the reference ops build nothing)"))
+    for flag, value in (("--save-builds", args.save_builds), ("--build-ahead", args.build_ahead)):
+        if value and args.kernels != "generated":
+            return fail(args, ValueError(f"{flag} needs --kernels generated (the reference ops build nothing)"))
     if args.layers is not None:
         if args.model not in RELEASED:
             return fail(args, ValueError(f"--layers needs a released model as --model ({', '.join(RELEASED)}), "
@@ -114,6 +120,8 @@ def run(args: argparse.Namespace) -> int:
         llm = LLM(args.model, dtype=getattr(torch, args.dtype), batch_invariant=args.batch_invariant,
                   device=device, kernels=args.kernels)
         show = not args.no_progress and args.max_tokens >= PROGRESS_MIN_TOKENS
+        if args.build_ahead:
+            _build_ahead(llm, args, params)
         out = llm.generate(*_requests(args.prompt_ids, params, args.requests), use_tqdm=show)[-1]
     except GenerationError as err:
         partial = err.outputs[0].token_ids
@@ -141,6 +149,22 @@ def run(args: argparse.Namespace) -> int:
           + ("the FP8 / FP4 codes and their scales as released)" if model.weights_kept == "packed"
              else "FP8 / FP4 weights expanded to FP32)"))
     return 0
+
+
+def _build_ahead(llm, args: argparse.Namespace, params) -> None:
+    """``--build-ahead``: the builds of a two-token run of the same requests, made in rounds
+    (`runtime/generated/ahead.py`); what a longer generation meets beyond them builds at its call."""
+    import dataclasses
+
+    from .generated.ahead import build_ahead
+
+    short = dataclasses.replace(params, max_tokens=min(2, params.max_tokens))
+    prompts, plist = _requests(args.prompt_ids, short, args.requests)
+    log = lambda msg: print(msg, file=sys.stderr)  # noqa: E731
+    report = build_ahead(llm.model.ctx.ops, lambda: llm.generate(prompts, plist, use_tqdm=False), args.build_ahead,
+                         log=log)
+    log(f"build ahead: {report.built} builds in {len(report.rounds)} rounds, "
+        f"{sum(r.run_s + r.build_s for r in report.rounds):.0f} s")
 
 
 def _requests(prompt: list[int], params, n: int):

@@ -78,3 +78,4 @@ def test_save_builds_needs_generated_kernels(capsys):
 
     assert main(["generate", "--prompt-ids", "1", "--max-tokens", "1", "--save-builds", "x.json"]) == 2
     assert "--save-builds needs --kernels generated" in capsys.readouterr().err
+

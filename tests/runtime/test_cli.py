@@ -39,3 +39,26 @@ def test_generate_reports_errors(tmp_path, capsys):
     assert "without embedded weights" in capsys.readouterr().err
     assert main(["generate", "--model", "v4-tiny", "--prompt-ids", "1", "--top-p", "2"]) == 2
     assert "top_p" in capsys.readouterr().err
+
+
+def test_generate_build_ahead_runs_a_short_form_of_the_requests_in_rounds(ckpt_dir, monkeypatch, capsys):
+    """``--build-ahead JOBS``: ``build_ahead`` gets the generated ops, JOBS, and a workload that
+    generates the same requests at two tokens each; the generation then runs as asked."""
+    from duotile.runtime.generated import ahead
+
+    seen = {}
+
+    def fake(ops, workload, jobs, log=None):
+        seen["jobs"], seen["ops"] = jobs, type(ops).__name__
+        seen["lengths"] = [len(o.token_ids) for o in workload()]
+        return ahead.Report([ahead.Round(0, 0, 0.0, 0.0)], set())
+
+    monkeypatch.setattr(ahead, "build_ahead", fake)
+    args = ["generate", "--model", ckpt_dir("v4-tiny"), "--prompt-ids", "4", "5", "--max-tokens", "3",
+            "--requests", "2", "--kernels", "generated", "--no-progress", "--build-ahead", "3"]
+    assert main(args) == 0
+    out = capsys.readouterr()
+    assert seen == {"jobs": 3, "ops": "GeneratedOps", "lengths": [1, 2]}  # --requests' cut: 1 and 2 tokens
+    assert "build ahead: 0 builds in 1 rounds" in out.err and len(out.out.splitlines()[0].split()) == 4
+    assert main(["generate", "--prompt-ids", "1", "--build-ahead", "2"]) == 2
+    assert "--build-ahead needs --kernels generated" in capsys.readouterr().err
