@@ -19,10 +19,10 @@ _KIND = {0: "sliding_attention", 4: "compressed_sparse_attention"}
 
 def hf_config(cfg: ModelConfig, dtype: str = "float32"):
     """transformers' ``DeepseekV4Config`` for a V4 ``cfg`` (its MTP layers left out)."""
-    import transformers
-
     if cfg.is_v41:
         raise ConfigError("hf_config: transformers has no V4.1 model; only a deepseek_v4 config ports")
+    import transformers
+
     return transformers.DeepseekV4Config(
         vocab_size=cfg.vocab_size, hidden_size=cfg.hidden_size, num_hidden_layers=cfg.num_hidden_layers,
         num_attention_heads=cfg.num_attention_heads, num_key_value_heads=1, head_dim=cfg.head_dim,

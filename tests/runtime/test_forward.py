@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from duotile.runtime.layers.step import StepSeq
+from duotile.runtime.reference import Model
 
 from .conftest import tokens
 
@@ -71,3 +72,25 @@ def test_chunked_prefill_is_bitwise_the_full_forward_in_invariant_mode(build):
         outs.append(model.forward([StepSeq(cache, seq[at : at + size])], all_logits=True)[0])
         at += size
     assert torch.equal(torch.cat(outs), full)
+
+
+@pytest.mark.parametrize("name", ["v4-tiny", "v41-tiny"])
+def test_a_decode_steps_row_wise_attention_ops_run_once_a_layer_whatever_the_batch(name):
+    """Norms, rotations, roundings, top-k and sparse attention are called as often at batch 8 as at
+    batch 1 (the step's sequences together); pooling and index scores once a sequence (their own state
+    and keys)."""
+    from duotile.runtime.presets import get_preset
+    from duotile.runtime.random_weights import RandomCheckpoint
+
+    model = Model(RandomCheckpoint(get_preset(name), seed=6))
+    calls = {}
+    for batch in (1, 8):
+        caches = [model.new_cache() for _ in range(batch)]
+        model.forward([StepSeq(c, torch.arange(3, 3 + 20 + i)) for i, c in enumerate(caches)])
+        before = model.ctx.tally.snapshot()
+        model.forward([StepSeq(c, torch.tensor([5])) for c in caches])
+        calls[batch] = {k: g + r for k, (g, r) in model.ctx.tally.since(before).items()}
+    for op in ("sparse_attention", "topk", "rope", "kv_round", "rms_norm"):
+        assert calls[8][op] == calls[1][op], (op, calls)
+    for op in ("compress", "index_scores"):
+        assert calls[8][op] == 8 * calls[1][op], (op, calls)

@@ -13,6 +13,7 @@ from .common import (
     grouped_output,
     index_scores,
     matmul,
+    pad_cat,
     rms_norm,
     rope,
     round_rows,
@@ -38,12 +39,25 @@ class Compressor:
         z = matmul(ctx, x.float(), self.wgate) + self.ape[positions % self.ratio]
         return c, z
 
-    def rows(self, ctx: Ctx, state, c, z, start: int, rotary: Rotary) -> torch.Tensor:
-        """Pooled, normalised, rotated rows of the windows this chunk completes (act dtype, unrounded)."""
+    def pool(self, ctx: Ctx, state, c, z, start: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """One sequence's pooled rows of the windows this chunk completes, and their positions."""
         pooled, first = pool_windows(ctx, state, c, z, start, self.ratio, self.overlap)
+        return pooled, (torch.arange(pooled.shape[0]) + first) * self.ratio
+
+    def finish(self, ctx: Ctx, pooled: torch.Tensor, pos: torch.Tensor, rotary: Rotary) -> torch.Tensor:
+        """Normalised, rotated rows (act dtype, unrounded): row by row, so the pooled rows of every
+        sequence of a step go through at once."""
         rows = ctx.act(rms_norm(ctx, pooled, self.norm, self.eps))
-        pos = (torch.arange(pooled.shape[0]) + first) * self.ratio
         return ctx.act(rope(ctx, rotary, rows, pos))
+
+
+def _finish_all(ctx: Ctx, comp: Compressor, pooled: list, rotary: Rotary, round_fn) -> list[torch.Tensor]:
+    """``comp.finish`` then ``round_fn`` over every sequence's pooled rows in one call each; the rows
+    split back per sequence."""
+    rows = torch.cat([p for p, _ in pooled])
+    out = round_fn(comp.finish(ctx, rows, torch.cat([pos for _, pos in pooled]), rotary))
+    return list(out.split([p.shape[0] for p, _ in pooled]))
+
 
 
 def round_kv_nope(ctx: Ctx, kv: torch.Tensor, nope: int) -> torch.Tensor:
@@ -93,27 +107,38 @@ class AttentionV4:
             qi = ctx.act(self.idx_wq_b(ctx, qr)).view(t, cfg.index_n_heads, cfg.index_head_dim)
             qi = self._index_round(ctx, ctx.act(rope(ctx, self.rope, qi, pos)))
             wts = matmul(ctx, x, self.idx_proj) * (cfg.index_head_dim**-0.5 * cfg.index_n_heads**-0.5)
-        out = torch.empty(t, h, d, dtype=torch.float32, device=x.device)
-        for seq, sl in zip(step.seqs, step.slices):
-            lc, start, p = seq.cache.layers[self.layer], seq.start, pos[sl]
-            keys, valid = window_keys(lc.ring, start, kv[sl])
-            if self.ratio:
-                rows = self.comp.rows(ctx, lc.comp_state, c[sl], z[sl], start, self.rope)
-                lc.comp.append(round_kv_nope(ctx, rows, cfg.nope_head_dim))
-                n_vis = (p + 1) // self.ratio
+        seqs = list(zip(step.seqs, step.slices))
+        if self.ratio:  # the windows each sequence completes, pooled on its own state; then every row at once
+            layers = [seq.cache.layers[self.layer] for seq, _ in seqs]
+            pooled = [self.comp.pool(ctx, lc.comp_state, c[sl], z[sl], seq.start)
+                      for lc, (seq, sl) in zip(layers, seqs)]
+            nope = lambda r: round_kv_nope(ctx, r, cfg.nope_head_dim)  # noqa: E731
+            for lc, rows in zip(layers, _finish_all(ctx, self.comp, pooled, self.rope, nope)):
+                lc.comp.append(rows)
+            if self.kind == "csa":
+                pooled = [self.idx_comp.pool(ctx, lc.index_state, ci[sl], zi[sl], seq.start)
+                          for lc, (seq, sl) in zip(layers, seqs)]
+                for lc, rows in zip(layers, _finish_all(ctx, self.idx_comp, pooled, self.rope,
+                                                        lambda r: self._index_round(ctx, r))):
+                    lc.index_keys.append(rows)
+                scores = [index_scores(ctx, qi[sl], wts[sl], lc.index_keys.view, (pos[sl] + 1) // self.ratio)
+                          for lc, (_, sl) in zip(layers, seqs)]
+                sel = topk(ctx, pad_cat(scores, float("-inf")), cfg.index_topk).split([len(s) for s in scores])
+        keys, valid = [], []
+        for i, (seq, sl) in enumerate(seqs):
+            lc, p = seq.cache.layers[self.layer], pos[sl]
+            k, v = window_keys(lc.ring, seq.start, kv[sl])
+            if self.kind == "csa":
+                ckeys, cvalid = lc.comp.data[sel[i].clamp(min=0)], sel[i] >= 0
+            elif self.ratio:
                 comp = lc.comp.view
-                if self.kind == "csa":
-                    krows = self.idx_comp.rows(ctx, lc.index_state, ci[sl], zi[sl], start, self.rope)
-                    lc.index_keys.append(self._index_round(ctx, krows))
-                    scores = index_scores(ctx, qi[sl], wts[sl], lc.index_keys.view, n_vis)
-                    sel = topk(ctx, scores, cfg.index_topk)
-                    ckeys, cvalid = lc.comp.data[sel.clamp(min=0)], sel >= 0
-                else:
-                    ckeys = comp[None].expand(len(p), -1, -1)
-                    cvalid = torch.arange(comp.shape[0])[None, :] < n_vis[:, None]
-                keys = torch.cat([keys, ckeys.to(keys.dtype)], 1)
-                valid = torch.cat([valid, cvalid.to(valid.device)], 1)
-            out[sl] = sparse_attention(ctx, q[sl], keys, valid, self.sink, d**-0.5)
-            write_ring(lc.ring, start, kv[sl])
+                ckeys = comp[None].expand(len(p), -1, -1)
+                cvalid = torch.arange(comp.shape[0])[None, :] < ((p + 1) // self.ratio)[:, None]
+            if self.ratio:
+                k, v = torch.cat([k, ckeys.to(k.dtype)], 1), torch.cat([v, cvalid.to(v.device)], 1)
+            keys.append(k)
+            valid.append(v)
+            write_ring(lc.ring, seq.start, kv[sl])  # after its window keys were read (a copy)
+        out = sparse_attention(ctx, q, pad_cat(keys, 0.0), pad_cat(valid, False), self.sink, d**-0.5)
         o = ctx.act(rope(ctx, self.rope, ctx.act(out), pos, inverse=True))
         return grouped_output(ctx, o.flatten(1), self.wo_a, self.wo_b, cfg.o_groups)

@@ -24,6 +24,7 @@ from .common import (
     grouped_output,
     index_scores,
     matmul,
+    pad_cat,
     rms_norm,
     rope,
     round_rows,
@@ -33,7 +34,7 @@ from .common import (
     write_ring,
 )
 from .compressor import pool_windows
-from .step import Step, StepSeq
+from .step import Step
 
 
 def candidate_pool(scores: torch.Tensor, n_visible: torch.Tensor, block: int, topk_blocks: int) -> torch.Tensor:
@@ -78,43 +79,50 @@ class AttentionV41:
         if self.ratio:
             self.kv_src, self.idx_src = cfg.kv_source(layer), cfg.index_source(layer)
 
-    def _latent(self, ctx: Ctx, seq: StepSeq, x: torch.Tensor) -> tuple[torch.Tensor, int]:
-        """Normalised compressor output (pre-rope) for the groups this chunk completes, and the first group."""
-        eps = self.cfg.rms_norm_eps
+    def _publish(self, ctx: Ctx, seqs: list, x: torch.Tensor) -> None:
+        """Full layer: append main rows and index keys of the groups each sequence's chunk completes
+        to its storage. Each sequence pools on its own state; the rows of all go through at once."""
+        cfg, eps = self.cfg, self.cfg.rms_norm_eps
         c = matmul(ctx, x.float(), self.c_wkv)
         if self.ratio == 1:
-            return ctx.act(rms_norm(ctx, c, self.c_norm, eps)), seq.start
-        z = matmul(ctx, x.float(), self.c_wgate)
-        st = seq.cache.layers[self.layer].comp_state
-        pooled, first = pool_windows(ctx, st, c, z, seq.start, self.ratio, overlap=False)
-        return ctx.act(rms_norm(ctx, pooled, self.c_norm, eps)), first
-
-    def _publish(self, ctx: Ctx, seq: StepSeq, x: torch.Tensor) -> None:
-        """Full layer: append main rows and index keys of completed groups to this layer's storage."""
-        latent, first = self._latent(ctx, seq, x)
-        pos = (torch.arange(latent.shape[0]) + first) * self.ratio
+            latent = ctx.act(rms_norm(ctx, c, self.c_norm, eps))
+            counts = [sl.stop - sl.start for _, sl in seqs]
+            pos = torch.cat([torch.arange(n) + seq.start for n, (seq, _) in zip(counts, seqs)])
+        else:
+            z = matmul(ctx, x.float(), self.c_wgate)
+            pooled = [pool_windows(ctx, seq.cache.layers[self.layer].comp_state, c[sl], z[sl], seq.start, self.ratio,
+                                   overlap=False) for seq, sl in seqs]
+            counts = [p.shape[0] for p, _ in pooled]
+            latent = ctx.act(rms_norm(ctx, torch.cat([p for p, _ in pooled]), self.c_norm, eps))
+            pos = torch.cat([(torch.arange(p.shape[0]) + first) * self.ratio for p, first in pooled])
         main = ctx.act(rope(ctx, self.rope, latent, pos))
-        key = ctx.act(rms_norm(ctx, matmul(ctx, latent, self.wk), self.k_norm, self.cfg.rms_norm_eps))
+        key = ctx.act(rms_norm(ctx, matmul(ctx, latent, self.wk), self.k_norm, cfg.rms_norm_eps))
         key = ctx.act(rope(ctx, self.rope, key, pos))
         if ctx.quant:
             main, key = ctx.act(round_rows(ctx, main, "nvfp4")), ctx.act(round_rows(ctx, key, "mxfp4"))
-        lc = seq.cache.layers[self.layer]
-        lc.comp.append(main)
-        lc.index_keys.append(key)
+        for (seq, _), m, k in zip(seqs, main.split(counts), key.split(counts)):
+            lc = seq.cache.layers[self.layer]
+            lc.comp.append(m)
+            lc.index_keys.append(k)
 
-    def _select(self, ctx: Ctx, seq: StepSeq, qi, wts, n_vis: torch.Tensor) -> torch.Tensor:
+    def _select(self, ctx: Ctx, seqs: list, qi, wts, pos: torch.Tensor) -> list[torch.Tensor]:
+        """Each sequence's selected compressed rows: its own index scores, one top-k for all."""
         cfg = self.cfg
         if self.kind == "reuse":
-            return seq.scratch[("topk", self.idx_src)]
-        keys = seq.cache.layers[self.kv_src].index_keys.view
-        scores = index_scores(ctx, qi, wts, keys, n_vis)
-        if self.kind == "reindex":
-            scores = scores.masked_fill(~seq.scratch["pool"], float("-inf"))
-        elif self.layer == cfg.candidate_source_layer_id:
-            seq.scratch["pool"] = pick_pool(ctx, scores, n_vis, cfg.candidate_block_size, cfg.candidate_topk_blocks)
-        sel = topk(ctx, scores, cfg.index_topk)
-        seq.scratch[("topk", self.layer)] = sel
-        return sel
+            return [seq.scratch[("topk", self.idx_src)] for seq, _ in seqs]
+        scores = []
+        for seq, sl in seqs:
+            n_vis = (pos[sl] + 1) // self.ratio
+            s = index_scores(ctx, qi[sl], wts[sl], seq.cache.layers[self.kv_src].index_keys.view, n_vis)
+            if self.kind == "reindex":
+                s = s.masked_fill(~seq.scratch["pool"], float("-inf"))
+            elif self.layer == cfg.candidate_source_layer_id:
+                seq.scratch["pool"] = pick_pool(ctx, s, n_vis, cfg.candidate_block_size, cfg.candidate_topk_blocks)
+            scores.append(s)
+        sels = topk(ctx, pad_cat(scores, float("-inf")), cfg.index_topk).split([len(s) for s in scores])
+        for (seq, _), sel in zip(seqs, sels):
+            seq.scratch[("topk", self.layer)] = sel
+        return list(sels)
 
     def __call__(self, ctx: Ctx, x: torch.Tensor, step: Step) -> torch.Tensor:
         cfg, pos = self.cfg, step.positions
@@ -132,19 +140,21 @@ class AttentionV41:
             if ctx.quant:
                 qi = ctx.act(round_rows(ctx, qi, "mxfp4"))
             wts = matmul(ctx, x, self.idx_proj) * (cfg.index_head_dim**-0.5 * cfg.index_n_heads**-0.5)
-        out = torch.empty(t, h, d, dtype=torch.float32, device=x.device)
-        for seq, sl in zip(step.seqs, step.slices):
-            lc, start = seq.cache.layers[self.layer], seq.start
-            keys, valid = window_keys(lc.ring, start, kv[sl])
+        seqs = list(zip(step.seqs, step.slices))
+        if self.kind == "full":
+            self._publish(ctx, seqs, x)
+        sels = self._select(ctx, seqs, qi, wts, pos) if self.ratio else None
+        keys, valid = [], []
+        for i, (seq, sl) in enumerate(seqs):
+            lc = seq.cache.layers[self.layer]
+            k, v = window_keys(lc.ring, seq.start, kv[sl])
             if self.ratio:
-                if self.kind == "full":
-                    self._publish(ctx, seq, x[sl])
-                n_vis = (pos[sl] + 1) // self.ratio
-                sel = self._select(ctx, seq, None if qi is None else qi[sl], None if wts is None else wts[sl], n_vis)
                 comp = seq.cache.layers[self.kv_src].comp.data  # capacity >= 1 row; -1 picks are masked
-                keys = torch.cat([keys, comp[sel.clamp(min=0)].to(keys.dtype)], 1)
-                valid = torch.cat([valid, (sel >= 0).to(valid.device)], 1)
-            out[sl] = sparse_attention(ctx, q[sl], keys, valid, self.sink, d**-0.5)
-            write_ring(lc.ring, start, kv[sl])
+                k = torch.cat([k, comp[sels[i].clamp(min=0)].to(k.dtype)], 1)
+                v = torch.cat([v, (sels[i] >= 0).to(v.device)], 1)
+            keys.append(k)
+            valid.append(v)
+            write_ring(lc.ring, seq.start, kv[sl])  # after its window keys were read (a copy)
+        out = sparse_attention(ctx, q, pad_cat(keys, 0.0), pad_cat(valid, False), self.sink, d**-0.5)
         o = ctx.act(rope(ctx, self.rope, ctx.act(out), pos, inverse=True))
         return grouped_output(ctx, o.flatten(1), self.wo_a, self.wo_b, cfg.o_groups)

@@ -220,6 +220,20 @@ def window_keys(ring: torch.Tensor, start: int, new_rows: torch.Tensor) -> tuple
     return keys, (pos >= 0).to(ring.device)
 
 
+def pad_cat(parts: list[torch.Tensor], fill) -> torch.Tensor:
+    """Each sequence's rows [S_i, L_i, ...] stacked, dim 1 padded to the longest with ``fill``: one call
+    of a row-wise op for a step's sequences (padding at the end changes no row's result)."""
+    width = max(p.shape[1] for p in parts)
+    if all(p.shape[1] == width for p in parts):
+        return torch.cat(parts)
+    out = parts[0].new_full((sum(p.shape[0] for p in parts), width, *parts[0].shape[2:]), fill)
+    at = 0
+    for p in parts:
+        out[at : at + p.shape[0], : p.shape[1]] = p
+        at += p.shape[0]
+    return out
+
+
 def write_ring(ring: torch.Tensor, start: int, new_rows: torch.Tensor) -> None:
     """Store the chunk's rows at slot `pos % W` (only the last W matter)."""
     size = ring.shape[0]
