@@ -66,18 +66,20 @@ class DenseKernels:
     def _linear(self, ctx, x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
         """``gemm`` with an FP32 result where both operands are BF16 values; ``gemm_f32`` (an FP32
         operand split into BF16 hi and lo parts) where one is not: the compressors' FP32 weights,
-        V4's Hadamard matrix, FP32 activations. An operand whose values BF16 holds is passed as
-        BF16 (not split). A weight of a few rows (N not a multiple of 4: a C row is whole 16-byte
-        units) gets zero rows, whose columns are dropped; no rows is an empty result, no launch."""
+        V4's Hadamard matrix, FP32 activations. A BF16 activation (by its dtype) and
+        a weight whose values BF16 holds (checked once a weight) are passed as BF16 (not split). A
+        weight of a few rows (N not a multiple of 4: a C row is whole 16-byte units) gets zero rows,
+        whose columns are dropped; no rows is an empty result, no launch."""
         (n, k), rows = w.shape, x.reshape(-1, x.shape[-1])
         if rows.shape[1] != k or k % 8:
             return NotImplemented  # rows of A / B: whole 16-byte units (a mismatch: the reference says so)
         if rows.shape[0] == 0:
             return torch.zeros(*x.shape[:-1], n, dtype=torch.float32, device=x.device)
-        a, b = rows.to(torch.bfloat16), self._bf16_weight(w)
-        a_bf16 = torch.equal(a.float(), rows.float())
+        # BF16 by its dtype: a check of the values would wait for the GPU at every call, and would let
+        # one row's values choose the kernel of the others (a caller with BF16 values passes BF16)
+        a_bf16, b = rows.dtype == torch.bfloat16, self._bf16_weight(w)
         spec = "gemm" if a_bf16 and b is not None else "gemm_f32"
-        a = a if a_bf16 else rows.float()
+        a = rows if a_bf16 else rows.float()
         b = w.float() if b is None else b
         if n % 4:
             b = torch.cat([b, b.new_zeros(-n % 4, k)])

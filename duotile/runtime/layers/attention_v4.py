@@ -35,8 +35,8 @@ class Compressor:
         self.ratio, self.overlap, self.eps = ratio, overlap, eps
 
     def project(self, ctx: Ctx, x: torch.Tensor, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        c = matmul(ctx, x.float(), self.wkv)
-        z = matmul(ctx, x.float(), self.wgate) + self.ape[positions % self.ratio]
+        c = matmul(ctx, x, self.wkv)
+        z = matmul(ctx, x, self.wgate) + self.ape[positions % self.ratio]
         return c, z
 
     def pool(self, ctx: Ctx, state, c, z, start: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -89,7 +89,7 @@ class AttentionV4:
         """(Q) Hadamard-128 then MXFP4 on index queries / keys."""
         if not ctx.quant:
             return t
-        return ctx.act(round_rows(ctx, matmul(ctx, t.float(), self.hadamard), "mxfp4"))
+        return ctx.act(round_rows(ctx, matmul(ctx, t, self.hadamard), "mxfp4"))
 
     def __call__(self, ctx: Ctx, x: torch.Tensor, step: Step) -> torch.Tensor:
         cfg, pos = self.cfg, step.positions

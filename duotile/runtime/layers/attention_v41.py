@@ -83,13 +83,13 @@ class AttentionV41:
         """Full layer: append main rows and index keys of the groups each sequence's chunk completes
         to its storage. Each sequence pools on its own state; the rows of all go through at once."""
         cfg, eps = self.cfg, self.cfg.rms_norm_eps
-        c = matmul(ctx, x.float(), self.c_wkv)
+        c = matmul(ctx, x, self.c_wkv)
         if self.ratio == 1:
             latent = ctx.act(rms_norm(ctx, c, self.c_norm, eps))
             counts = [sl.stop - sl.start for _, sl in seqs]
             pos = torch.cat([torch.arange(n) + seq.start for n, (seq, _) in zip(counts, seqs)])
         else:
-            z = matmul(ctx, x.float(), self.c_wgate)
+            z = matmul(ctx, x, self.c_wgate)
             pooled = [pool_windows(ctx, seq.cache.layers[self.layer].comp_state, c[sl], z[sl], seq.start, self.ratio,
                                    overlap=False) for seq, sl in seqs]
             counts = [p.shape[0] for p, _ in pooled]

@@ -39,7 +39,8 @@ def rms_norm(ctx: Ctx, x: torch.Tensor, weight: torch.Tensor | None, eps: float)
 
 @model_op("linear")
 def matmul(ctx: Ctx, x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
-    """FP32 ``x @ w.T`` against an unquantised weight."""
+    """FP32 ``x @ w.T`` against an unquantised weight. Pass a BF16 activation as BF16, not upcast:
+    the reference upcasts it, and a generated GEMM takes BF16 operands by their dtype."""
     return ctx.ops.linear(x, w)
 
 

@@ -36,7 +36,7 @@ class MoE:
 
     def route(self, ctx: Ctx, x: torch.Tensor, tokens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Expert ids [T, k] and weights [T, k] (FP32): the gate GEMM, then the choice."""
-        return self.choose(ctx, matmul(ctx, x.float(), self.gate), tokens)
+        return self.choose(ctx, matmul(ctx, x, self.gate), tokens)
 
     @model_op("route")
     def choose(self, ctx: Ctx, logits: torch.Tensor, tokens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
