@@ -62,10 +62,10 @@ class Ours:
 
     def prefill(self, prompts: list[torch.Tensor]) -> tuple[list, list[int]]:
         caches = [self.model.new_cache() for _ in prompts]
-        last = []
-        for at in range(0, len(prompts), max(1, CHUNK // len(prompts[0]))):
-            group = range(at, min(len(prompts), at + max(1, CHUNK // len(prompts[0]))))
-            last += self.model.forward([StepSeq(caches[i], prompts[i]) for i in group])
+        last, per_step = [], max(1, CHUNK // len(prompts[0]))
+        for at in range(0, len(prompts), per_step):
+            last += self.model.forward([StepSeq(c, p) for c, p in zip(caches[at:at + per_step],
+                                                                       prompts[at:at + per_step])])
         return caches, torch.stack(last).argmax(-1).tolist()
 
     def step(self, caches, tokens: list[int]) -> list[int]:

@@ -44,10 +44,11 @@ class RandomCheckpoint(Checkpoint):
         return []  # drawn and encoded here: no file's codes to check
 
     def raw(self, name: str) -> torch.Tensor:
-        stored = {n: spec for spec in self.specs.values() for n in spec.stored(self.config.weight_block_size[0])}
-        if name not in stored:
-            raise KeyError(f"{name}: not a stored tensor of this checkpoint")
-        return self._stored(stored[name])[name]
+        logical = name.removesuffix(".weight").removesuffix(".scale")
+        for spec in (self.specs.get(name), self.specs.get(logical)):
+            if spec is not None and name in spec.stored(self.config.weight_block_size[0]):
+                return self._stored(spec)[name]
+        raise KeyError(f"{name}: not a stored tensor of this checkpoint")
 
     def findings(self) -> list:
         return []

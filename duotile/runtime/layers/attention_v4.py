@@ -10,6 +10,7 @@ from .common import (
     Ctx,
     Rotary,
     WeightSource,
+    attend,
     grouped_output,
     index_scores,
     matmul,
@@ -17,10 +18,7 @@ from .common import (
     rms_norm,
     rope,
     round_rows,
-    sparse_attention,
     topk,
-    window_keys,
-    write_ring,
 )
 from .compressor import pool_windows
 from .step import Step
@@ -59,7 +57,6 @@ def _finish_all(ctx: Ctx, comp: Compressor, pooled: list, rotary: Rotary, round_
     return list(out.split([p.shape[0] for p, _ in pooled]))
 
 
-
 def round_kv_nope(ctx: Ctx, kv: torch.Tensor, nope: int) -> torch.Tensor:
     """(Q) FP8 e4m3 round trip of the nope channels, UE8M0 per 64; rope channels untouched."""
     if not ctx.quant:
@@ -91,6 +88,28 @@ class AttentionV4:
             return t
         return ctx.act(round_rows(ctx, matmul(ctx, t, self.hadamard), "mxfp4"))
 
+    def _compress(self, ctx: Ctx, seqs: list, c, z, index, pos: torch.Tensor) -> list[torch.Tensor] | None:
+        """Append the compressed rows (and, CSA, the index keys) of the windows each sequence's chunk
+        completes, each pooled on its own state and then all rows at once; CSA: each sequence's
+        selected rows (its own index scores, one top-k for all), else None."""
+        cfg = self.cfg
+        layers = [seq.cache.layers[self.layer] for seq, _ in seqs]
+        pooled = [self.comp.pool(ctx, lc.comp_state, c[sl], z[sl], seq.start) for lc, (seq, sl) in zip(layers, seqs)]
+        nope = lambda r: round_kv_nope(ctx, r, cfg.nope_head_dim)  # noqa: E731
+        for lc, rows in zip(layers, _finish_all(ctx, self.comp, pooled, self.rope, nope)):
+            lc.comp.append(rows)
+        if index is None:
+            return None
+        ci, zi, qi, wts = index
+        pooled = [self.idx_comp.pool(ctx, lc.index_state, ci[sl], zi[sl], seq.start)
+                  for lc, (seq, sl) in zip(layers, seqs)]
+        for lc, rows in zip(layers, _finish_all(ctx, self.idx_comp, pooled, self.rope,
+                                                lambda r: self._index_round(ctx, r))):
+            lc.index_keys.append(rows)
+        scores = [index_scores(ctx, qi[sl], wts[sl], lc.index_keys.view, (pos[sl] + 1) // self.ratio)
+                  for lc, (_, sl) in zip(layers, seqs)]
+        return list(topk(ctx, pad_cat(scores, float("-inf")), cfg.index_topk).split([len(s) for s in scores]))
+
     def __call__(self, ctx: Ctx, x: torch.Tensor, step: Step) -> torch.Tensor:
         cfg, pos = self.cfg, step.positions
         t, h, d = x.shape[0], cfg.num_attention_heads, cfg.head_dim
@@ -108,37 +127,17 @@ class AttentionV4:
             qi = self._index_round(ctx, ctx.act(rope(ctx, self.rope, qi, pos)))
             wts = matmul(ctx, x, self.idx_proj) * (cfg.index_head_dim**-0.5 * cfg.index_n_heads**-0.5)
         seqs = list(zip(step.seqs, step.slices))
-        if self.ratio:  # the windows each sequence completes, pooled on its own state; then every row at once
-            layers = [seq.cache.layers[self.layer] for seq, _ in seqs]
-            pooled = [self.comp.pool(ctx, lc.comp_state, c[sl], z[sl], seq.start)
-                      for lc, (seq, sl) in zip(layers, seqs)]
-            nope = lambda r: round_kv_nope(ctx, r, cfg.nope_head_dim)  # noqa: E731
-            for lc, rows in zip(layers, _finish_all(ctx, self.comp, pooled, self.rope, nope)):
-                lc.comp.append(rows)
-            if self.kind == "csa":
-                pooled = [self.idx_comp.pool(ctx, lc.index_state, ci[sl], zi[sl], seq.start)
-                          for lc, (seq, sl) in zip(layers, seqs)]
-                for lc, rows in zip(layers, _finish_all(ctx, self.idx_comp, pooled, self.rope,
-                                                        lambda r: self._index_round(ctx, r))):
-                    lc.index_keys.append(rows)
-                scores = [index_scores(ctx, qi[sl], wts[sl], lc.index_keys.view, (pos[sl] + 1) // self.ratio)
-                          for lc, (_, sl) in zip(layers, seqs)]
-                sel = topk(ctx, pad_cat(scores, float("-inf")), cfg.index_topk).split([len(s) for s in scores])
-        keys, valid = [], []
-        for i, (seq, sl) in enumerate(seqs):
-            lc, p = seq.cache.layers[self.layer], pos[sl]
-            k, v = window_keys(lc.ring, seq.start, kv[sl])
-            if self.kind == "csa":
-                ckeys, cvalid = lc.comp.data[sel[i].clamp(min=0)], sel[i] >= 0
-            elif self.ratio:
-                comp = lc.comp.view
-                ckeys = comp[None].expand(len(p), -1, -1)
-                cvalid = torch.arange(comp.shape[0])[None, :] < ((p + 1) // self.ratio)[:, None]
-            if self.ratio:
-                k, v = torch.cat([k, ckeys.to(k.dtype)], 1), torch.cat([v, cvalid.to(v.device)], 1)
-            keys.append(k)
-            valid.append(v)
-            write_ring(lc.ring, seq.start, kv[sl])  # after its window keys were read (a copy)
-        out = sparse_attention(ctx, q, pad_cat(keys, 0.0), pad_cat(valid, False), self.sink, d**-0.5)
+        compressed = None
+        if self.ratio:
+            sel = self._compress(ctx, seqs, c, z, (ci, zi, qi, wts) if self.kind == "csa" else None, pos)
+
+            def compressed(i, seq, sl):
+                lc = seq.cache.layers[self.layer]
+                if sel is not None:
+                    return lc.comp.data[sel[i].clamp(min=0)], sel[i] >= 0
+                comp, visible = lc.comp.view, (pos[sl] + 1) // self.ratio  # HCA: every row it can see
+                return comp[None].expand(len(visible), -1, -1), torch.arange(comp.shape[0])[None, :] < visible[:, None]
+
+        out = attend(ctx, seqs, self.layer, q, kv, compressed, self.sink, d**-0.5)
         o = ctx.act(rope(ctx, self.rope, ctx.act(out), pos, inverse=True))
         return grouped_output(ctx, o.flatten(1), self.wo_a, self.wo_b, cfg.o_groups)

@@ -21,6 +21,7 @@ from .common import (
     Ctx,
     Rotary,
     WeightSource,
+    attend,
     grouped_output,
     index_scores,
     matmul,
@@ -28,10 +29,7 @@ from .common import (
     rms_norm,
     rope,
     round_rows,
-    sparse_attention,
     topk,
-    window_keys,
-    write_ring,
 )
 from .compressor import pool_windows
 from .step import Step
@@ -144,17 +142,10 @@ class AttentionV41:
         if self.kind == "full":
             self._publish(ctx, seqs, x)
         sels = self._select(ctx, seqs, qi, wts, pos) if self.ratio else None
-        keys, valid = [], []
-        for i, (seq, sl) in enumerate(seqs):
-            lc = seq.cache.layers[self.layer]
-            k, v = window_keys(lc.ring, seq.start, kv[sl])
-            if self.ratio:
-                comp = seq.cache.layers[self.kv_src].comp.data  # capacity >= 1 row; -1 picks are masked
-                k = torch.cat([k, comp[sels[i].clamp(min=0)].to(k.dtype)], 1)
-                v = torch.cat([v, (sels[i] >= 0).to(v.device)], 1)
-            keys.append(k)
-            valid.append(v)
-            write_ring(lc.ring, seq.start, kv[sl])  # after its window keys were read (a copy)
-        out = sparse_attention(ctx, q, pad_cat(keys, 0.0), pad_cat(valid, False), self.sink, d**-0.5)
+
+        def compressed(i, seq, _sl):  # capacity >= 1 row; -1 picks are masked
+            return seq.cache.layers[self.kv_src].comp.data[sels[i].clamp(min=0)], sels[i] >= 0
+
+        out = attend(ctx, seqs, self.layer, q, kv, compressed if self.ratio else None, self.sink, d**-0.5)
         o = ctx.act(rope(ctx, self.rope, ctx.act(out), pos, inverse=True))
         return grouped_output(ctx, o.flatten(1), self.wo_a, self.wo_b, cfg.o_groups)

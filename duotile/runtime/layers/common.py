@@ -235,6 +235,25 @@ def pad_cat(parts: list[torch.Tensor], fill) -> torch.Tensor:
     return out
 
 
+def attend(ctx: Ctx, seqs: list, layer: int, q: torch.Tensor, kv: torch.Tensor, compressed, sink: torch.Tensor,
+           scale: float) -> torch.Tensor:
+    """A layer's sparse attention for a step's sequences (``(StepSeq, slice)`` pairs): each query's
+    window rows, then the compressed rows ``compressed(i, seq, slice)`` gives its sequence as
+    ``(rows [S, L, d], valid [S, L])`` (None: a window-only layer); each sequence's ring written
+    after its rows were read; one ``sparse_attention`` over all queries (rows padded, masked)."""
+    keys, valid = [], []
+    for i, (seq, sl) in enumerate(seqs):
+        ring = seq.cache.layers[layer].ring
+        k, v = window_keys(ring, seq.start, kv[sl])
+        extra = compressed(i, seq, sl) if compressed else None
+        if extra is not None:
+            k, v = torch.cat([k, extra[0].to(k.dtype)], 1), torch.cat([v, extra[1].to(v.device)], 1)
+        keys.append(k)
+        valid.append(v)
+        write_ring(ring, seq.start, kv[sl])  # its window rows above are a copy
+    return sparse_attention(ctx, q, pad_cat(keys, 0.0), pad_cat(valid, False), sink, scale)
+
+
 def write_ring(ring: torch.Tensor, start: int, new_rows: torch.Tensor) -> None:
     """Store the chunk's rows at slot `pos % W` (only the last W matter)."""
     size = ring.shape[0]
