@@ -72,22 +72,55 @@ def test_generated_kernels_keep_batch_invariance_at_batch_64_on_cuda(ckpt_dir, n
     assert te._same(mixed, alone)
 
 
-@pytest.mark.parametrize("kernels", ["generated", "reference"])
-@pytest.mark.parametrize("name", ["v41-tiny", "v4-tiny"])
-def test_a_decode_step_makes_no_host_sync(ckpt_dir, name, kernels):
-    """A decode step of 16 requests (after two warm-up steps) runs with torch's sync debug mode set
-    to raise on any call that waits for the GPU: the forward queues its work and returns."""
-    model = Model(Checkpoint.open(ckpt_dir(name)), device="cuda", kernels=kernels)
-    caches = [model.new_cache() for _ in range(16)]
-    seqs = [tokens(9 + i, model.config.vocab_size, seed=i) for i in range(16)]
-    model.forward([StepSeq(c, s) for c, s in zip(caches, seqs)])
-    for step in range(3):
-        batch = [StepSeq(c, torch.tensor([step + 5])) for c in caches]
-        torch.cuda.synchronize()
-        if step == 2:
-            torch.cuda.set_sync_debug_mode("error")
+def _sync_sites(fn) -> list[str]:
+    """``fn()`` under torch's sync debug mode set to warn: one entry per call that waited for the
+    GPU, with the last frames of its stack outside Python's and torch's own, so that a failure
+    lists every such call at once."""
+    import traceback
+    import warnings
+
+    sites: list[str] = []
+
+    def show(message, *_args, **_kw):
+        frames = [f for f in traceback.extract_stack()[:-1]
+                  if "site-packages" not in f.filename and "/lib/python" not in f.filename]
+        sites.append(f"{str(message).splitlines()[0][:90]}\n" + "".join(traceback.format_list(frames[-4:])))
+
+    torch.cuda.synchronize()
+    with warnings.catch_warnings():
+        warnings.simplefilter("always")
+        warnings.showwarning = show
+        torch.cuda.set_sync_debug_mode("warn")
         try:
-            model.forward(batch)
+            fn()
         finally:
             torch.cuda.set_sync_debug_mode(0)
     torch.cuda.synchronize()
+    return list(dict.fromkeys(sites))
+
+
+def test_sync_sites_lists_each_waiting_call():
+    """The check above can fail: a read of a GPU value and a blocking copy to the GPU are listed."""
+    x = torch.ones(4, device="cuda")
+
+    def waits():
+        x.sum().item()
+        torch.arange(3).to("cuda")
+
+    sites = _sync_sites(waits)
+    assert len(sites) == 2, sites
+
+
+@pytest.mark.parametrize("name", ["v41-tiny", "v4-tiny"])
+def test_a_decode_step_makes_no_host_sync(ckpt_dir, name):
+    """A decode step of 16 requests on the generated kernels (after two warm-up steps) queues its
+    work and returns: no call in it waits for the GPU (torch's sync debug mode)."""
+    model = Model(Checkpoint.open(ckpt_dir(name)), device="cuda", kernels="generated")
+    caches = [model.new_cache() for _ in range(16)]
+    seqs = [tokens(9 + i, model.config.vocab_size, seed=i) for i in range(16)]
+    model.forward([StepSeq(c, s) for c, s in zip(caches, seqs)])
+    for step in range(2):
+        model.forward([StepSeq(c, torch.tensor([step + 5])) for c in caches])
+    batch = [StepSeq(c, torch.tensor([7])) for c in caches]
+    sites = _sync_sites(lambda: model.forward(batch))
+    assert not sites, f"{len(sites)} call(s) waited for the GPU:\n" + "\n".join(sites)
