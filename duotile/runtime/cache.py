@@ -21,19 +21,75 @@ import torch
 from .config import ModelConfig
 
 
+def bank_slot(p: int, ratio: int, banks: int) -> int:
+    """Where position ``p`` sits in a compressor's banked state (kernels_spec/compressor.py)."""
+    return ((p // ratio) % banks) * ratio + p % ratio
+
+
+def _slots(positions, ratio: int, banks: int, device) -> torch.Tensor:
+    from .device import ints
+
+    return ints([bank_slot(p, ratio, banks) for p in positions], device, torch.long)
+
+
 @dataclass
 class CompressorState:
-    """Carry state of one compressor: pending (open-window) values/scores, previous window's A halves."""
+    """Carry state of one compressor, in one of two forms; each op converts what it finds first.
 
-    pending_c: torch.Tensor
-    pending_z: torch.Tensor
+    * lists (the reference's pooling, layers/compressor.py): ``pending_c`` / ``pending_z``, the
+      open window's values and scores (ape added) by position; ``prev_c`` / ``prev_z``, the last
+      complete window's A halves (the overlapping form), None before the first window completes.
+    * banks (the kernels' layout, kernels_spec/compressor.py): ``banked = (c, z)``, each
+      [banks * ratio, width] FP32, position P at ``bank_slot(P)``, updated in place by the
+      kernels: a decode step moves no state. Slots no window will read hold stale values.
+    """
+
+    pending_c: torch.Tensor | None
+    pending_z: torch.Tensor | None
     prev_c: torch.Tensor | None = None
     prev_z: torch.Tensor | None = None
+    banked: tuple[torch.Tensor, torch.Tensor] | None = None
 
     @classmethod
     def empty(cls, width: int, device: torch.device | str) -> CompressorState:
         z = torch.zeros(0, width, device=device)
         return cls(z, z.clone())
+
+    def as_lists(self, start: int, ratio: int, overlap: bool) -> None:
+        """Into the lists form, ``start`` tokens having entered."""
+        if self.banked is None:
+            return
+        c, z = self.banked
+        banks, w0 = 2 if overlap else 1, start // ratio
+        open_slots = _slots(range(w0 * ratio, start), ratio, banks, c.device)
+        self.pending_c, self.pending_z = c[open_slots], z[open_slots]
+        self.prev_c = self.prev_z = None
+        if overlap and w0 > 0:
+            half, last = c.shape[1] // 2, _slots(range((w0 - 1) * ratio, w0 * ratio), ratio, banks, c.device)
+            self.prev_c, self.prev_z = c[last, :half], z[last, :half]
+        self.banked = None
+
+    def as_banks(self, start: int, ratio: int, overlap: bool) -> tuple[torch.Tensor, torch.Tensor]:
+        """Into the banks form, ``start`` tokens having entered; returns ``banked``."""
+        if self.banked is not None:
+            return self.banked
+        banks, width, dev = 2 if overlap else 1, self.pending_c.shape[1], self.pending_c.device
+        c, z = torch.zeros(banks * ratio, width, device=dev), torch.zeros(banks * ratio, width, device=dev)
+        n, w0 = self.pending_c.shape[0], start // ratio
+        if n:
+            at = _slots(range(start - n, start), ratio, banks, dev)
+            c[at], z[at] = self.pending_c, self.pending_z
+        if overlap and self.prev_c is not None:
+            half = width // 2
+            at = _slots(range((w0 - 1) * ratio, w0 * ratio), ratio, banks, dev)
+            c[at, :half], z[at, :half] = self.prev_c, self.prev_z
+        self.banked, self.pending_c, self.pending_z, self.prev_c, self.prev_z = (c, z), None, None, None, None
+        return self.banked
+
+    def tensors(self) -> list[torch.Tensor]:
+        if self.banked is not None:
+            return list(self.banked)
+        return [t for t in (self.pending_c, self.pending_z, self.prev_c, self.prev_z) if t is not None]
 
 
 class Rows:
@@ -101,7 +157,7 @@ class SequenceCache:
             tensors = [lc.ring] + [r.data for r in (lc.comp, lc.index_keys) if r is not None]
             for st in (lc.comp_state, lc.index_state):
                 if st is not None:
-                    tensors += [t for t in (st.pending_c, st.pending_z, st.prev_c, st.prev_z) if t is not None]
+                    tensors += st.tensors()
             total += sum(t.numel() * t.element_size() for t in tensors)
         return total + 8 * len(self.engram_history)
 

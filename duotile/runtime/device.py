@@ -72,3 +72,15 @@ def resolve_device(name: str | torch.device) -> torch.device:
         return torch.device(kind, index if index is not None else 0) if kind != "mps" else torch.device("mps")
     except RuntimeError as err:  # e.g. a torch_npu that did not register the npu device type
         raise DeviceError(f"device: PyTorch does not accept {text!r} ({err}); this machine has {have}") from err
+
+
+def ship(t: torch.Tensor, device: torch.device | str) -> torch.Tensor:
+    """A host tensor (indices, positions: what the host knows of a step) on ``device``, queued
+    without waiting for the GPU: a blocking copy to a GPU waits for the work queued before it, a
+    wait inside every decode step."""
+    return t.to(device, non_blocking=True)
+
+
+def ints(values, device: torch.device | str, dtype: torch.dtype = torch.int32) -> torch.Tensor:
+    """A list of host integers as a tensor on ``device`` (``ship``)."""
+    return ship(torch.tensor(values, dtype=dtype), device)

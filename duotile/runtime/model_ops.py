@@ -35,6 +35,7 @@ OPS: dict[str, str] = {
     "rope": "interleaved rotary embedding of the rope channels (inverse at -P too)",
     "kv_round": "the window / compressed KV row's cache-format round trip",
     "compress": "compressor pooling of completed windows (gated softmax over a window's slots)",
+    "compress_decode": "compressor pooling of a decode step: one new token a sequence, all sequences at once",
     "index_scores": "lightning-indexer scores of the visible compressed rows",
     "candidate_pool": "V4.1 candidate pool: block maxima, newest block forced, top blocks",
     "topk": "top-k selection of the scored rows (ties to the lowest index)",

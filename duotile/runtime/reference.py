@@ -14,7 +14,7 @@ import torch
 
 from .cache import SequenceCache
 from .config import ModelConfig
-from .device import resolve_device
+from .device import resolve_device, ship
 from .layers.attention_v4 import AttentionV4
 from .layers.attention_v41 import AttentionV41
 from .layers.common import Ctx, WeightSource, rms_norm
@@ -199,7 +199,7 @@ class Model:
             h = self.hc_head(ctx, x)
         self._advance(step)
         rows = [torch.arange(sl.start, sl.stop) if all_logits else torch.tensor([sl.stop - 1]) for sl in step.slices]
-        picked = h[torch.cat(rows).to(h.device)]
+        picked = h[ship(torch.cat(rows), h.device)]
         logits = lm_head(ctx, picked, self.norm, self.head, cfg.rms_norm_eps)
         out, at = [], 0
         for r in rows:

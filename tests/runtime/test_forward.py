@@ -76,9 +76,10 @@ def test_chunked_prefill_is_bitwise_the_full_forward_in_invariant_mode(build):
 
 @pytest.mark.parametrize("name", ["v4-tiny", "v41-tiny"])
 def test_a_decode_steps_row_wise_attention_ops_run_once_a_layer_whatever_the_batch(name):
-    """Norms, rotations, roundings, top-k and sparse attention are called as often at batch 8 as at
-    batch 1 (the step's sequences together); pooling and index scores once a sequence (their own state
-    and keys)."""
+    """Norms, rotations, roundings, pooling, top-k and sparse attention are called as often at batch 8
+    as at batch 1 (the step's sequences together); index scores once a sequence (their own keys).
+    Every sequence's token completes a window of every compressor (positions 47 + 16 i), so that
+    no call is left out for want of rows."""
     from duotile.runtime.presets import get_preset
     from duotile.runtime.random_weights import RandomCheckpoint
 
@@ -86,11 +87,10 @@ def test_a_decode_steps_row_wise_attention_ops_run_once_a_layer_whatever_the_bat
     calls = {}
     for batch in (1, 8):
         caches = [model.new_cache() for _ in range(batch)]
-        model.forward([StepSeq(c, torch.arange(3, 3 + 20 + i)) for i, c in enumerate(caches)])
+        model.forward([StepSeq(c, torch.arange(3, 3 + 47 + 16 * i)) for i, c in enumerate(caches)])
         before = model.ctx.tally.snapshot()
         model.forward([StepSeq(c, torch.tensor([5])) for c in caches])
         calls[batch] = {k: g + r for k, (g, r) in model.ctx.tally.since(before).items()}
-    for op in ("sparse_attention", "topk", "rope", "kv_round", "rms_norm"):
-        assert calls[8][op] == calls[1][op], (op, calls)
-    for op in ("compress", "index_scores"):
-        assert calls[8][op] == 8 * calls[1][op], (op, calls)
+    for op in ("sparse_attention", "topk", "rope", "kv_round", "rms_norm", "compress_decode"):
+        assert calls[8][op] == calls[1][op] > 0, (op, calls)
+    assert "compress" not in calls[8] and calls[8]["index_scores"] == 8 * calls[1]["index_scores"], calls

@@ -120,18 +120,31 @@ def _reference_of(op):
             "linear": common.matmul, "lm_head": reference.lm_head, "engram_hash": engram.Engram.rows_of,
             "engram": engram.Engram.__call__, "moe_experts": moe.MoE.experts_out,
             "candidate_pool": attention_v41.pick_pool, "compress": compressor.pool_windows,
+            "compress_decode": compressor.pool_decode,
             "rope": common.rope, "kv_round": common.round_rows}
     return ops[op].__wrapped__
 
 
-def _same_state(a, b) -> bool:
-    """Two compressor states alike: the open window's tokens, and the previous window's A halves."""
+def _same_state(a, b, start: int, ratio: int, overlap: bool) -> bool:
+    """Two compressor states alike after ``start`` tokens (each in whichever form its op left it):
+    the open window's tokens, and the previous window's A halves."""
+    a, b = copy.deepcopy(a), copy.deepcopy(b)
+    a.as_lists(start, ratio, overlap)
+    b.as_lists(start, ratio, overlap)
     pairs = [(a.pending_c, b.pending_c), (a.pending_z, b.pending_z)]
     if a.prev_c is not None or b.prev_c is not None:
         if a.prev_c is None or b.prev_c is None:
             return False
         pairs += [(a.prev_c, b.prev_c), (a.prev_z, b.prev_z)]
-    return all(x.shape == y.shape and torch.equal(x, y) for x, y in pairs)
+    return all(x.shape == y.shape and torch.equal(x, y.to(x.device)) for x, y in pairs)
+
+
+def _same_states(op, args, before) -> bool:
+    """The states a pooling op advanced (``args``) and the reference's (``before``) alike after it."""
+    ratio, overlap = args[5], args[6]
+    if op == "compress":
+        return _same_state(args[1], before, args[4] + args[2].shape[0], ratio, overlap)
+    return all(_same_state(a, b, p + 1, ratio, overlap) for a, b, p in zip(args[1], before, args[4]))
 
 
 def _close(got, want, rtol, atol=1e-6) -> bool:
@@ -143,6 +156,8 @@ def _agree(op, got, want, args) -> bool:
         return got == want
     if op == "compress":  # the pooled rows: FP32 softmax pooling in another order; the window index exact
         return got[1] == want[1] and got[0].shape == want[0].shape and _close(got[0], want[0], 1e-5)
+    if op == "compress_decode":
+        return got.shape == want.shape and _close(got, want, 1e-5)
     if op in ("embed", "topk", "engram_hash", "candidate_pool"):
         return torch.equal(got, want.to(got.device))  # (the reference's Engram rows are on the CPU)
     if op == "rope":  # x c -+ y s of a pair: the reference rounds both products; a GPU build fuses
@@ -231,12 +246,13 @@ def each_op_agrees(llm: LLM, name: str) -> None:
 
     def checked(op, kernel):
         def run(*args, **kw):
-            before = copy.deepcopy(args[1]) if op == "compress" else None  # the state it advances
+            pooling = op in ("compress", "compress_decode")
+            before = copy.deepcopy(args[1]) if pooling else None  # the state(s) it advances
             got = kernel(*args, **kw)
             if got is not NotImplemented:
                 if before is not None:  # the reference from the same state; both states after must match
                     want = _reference_of(op)(args[0], before, *args[2:], **kw)
-                    agree = _agree(op, got, want, args) and _same_state(args[1], before)
+                    agree = _agree(op, got, want, args) and _same_states(op, args, before)
                 else:
                     want = _reference_of(op)(*args, **kw)
                     agree = _agree(op, got, want, args[1:] if op in METHODS else args)
@@ -250,7 +266,8 @@ def each_op_agrees(llm: LLM, name: str) -> None:
     llm.generate([[3, 1, 4, 1, 5, 9, 2, 6], [2, 7]], [SamplingParams(max_tokens=3, ignore_eos=True),
                   SamplingParams(temperature=0.8, seed=5, max_tokens=3, ignore_eos=True)])
     want_ops = {"rms_norm", "embed", "topk", "route", "sparse_attention", "index_scores", "hc_pre",
-                "hc_collapse", "hc_post", "linear_q", "sample", "linear", "lm_head", "compress", "rope", "kv_round"}
+                "hc_collapse", "hc_post", "linear_q", "sample", "linear", "lm_head", "compress", "compress_decode",
+                "rope", "kv_round"}
     want_ops |= {"moe_experts"} | ({"hc_head"} if name == "v4-tiny" else {"engram_hash", "engram", "candidate_pool"})
     assert set(seen) == want_ops, set(seen)
     assert [op for op, v in sorted(seen.items()) if not all(v)] == []

@@ -42,6 +42,7 @@ _OP_OF = {
     "sample": "sample", "gemm": "linear", "engram_hash": "engram_hash", "engram_gate": "engram",
     "moe_permute": "moe_experts", "moe_gemm_mxfp4": "moe_experts", "swiglu_quant": "moe_experts",
     "moe_combine": "moe_experts", "candidate_pool": "candidate_pool", "compressor_prefill": "compress",
+    "compressor_decode": "compress_decode",
     "rope": "rope", "kv_round": "kv_round", "gemm_f32": "linear",
 }
 
@@ -61,7 +62,8 @@ class GeneratedOps(DenseKernels, AttentionKernels, StreamKernels, MoEKernels):
                         "linear_q": self._linear_q, "sample": self._sample, "linear": self._linear,
                         "lm_head": self._lm_head, "engram_hash": self._engram_hash, "engram": self._engram,
                         "moe_experts": self._moe_experts, "candidate_pool": self._candidate_pool,
-                        "compress": self._compress, "rope": self._rope, "kv_round": self._kv_round}
+                        "compress": self._compress, "compress_decode": self._compress_decode,
+                        "rope": self._rope, "kv_round": self._kv_round}
         self._moe_packs: dict[int, tuple] = {}  # id(MoE) -> (the MoE, its weights stacked for the kernels)
         # weight's place -> (weight, version, BF16 copy or None), the most recent BF16_KEPT of them: a
         # weight dequantised for one use (a packed-only layer on the reference path) is not kept long

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import torch
 
+from ..device import ints, ship
+
 # kv_round's formats (runtime/layers/common.py) -> the kv_round spec's constants
 _KV_FORMATS = {"fp8/32": {"FORMAT": "fp8", "BLOCK": 32, "FLOOR": 0.0},
                "fp8/64": {"FORMAT": "fp8", "BLOCK": 64, "FLOOR": 0.0},
@@ -45,7 +47,7 @@ class AttentionKernels:
         if ctx.dtype != torch.bfloat16 or s == 0 or n == 0:
             return NotImplemented
         k = keys.to(torch.bfloat16)[None].expand(s, n, keys.shape[1]).contiguous()
-        pos = (n_visible.to(qi.device) - 1).to(torch.int32)
+        pos = ship((n_visible - 1).to(torch.int32), qi.device)
         logits = torch.empty(s, n, dtype=torch.float32, device=qi.device)
         self._kernel("indexer_logits", qi.device, {"RATIO": 1})(q=qi.to(torch.bfloat16).contiguous(),
                                                                w=wts.float().contiguous(), k=k, pos=pos,
@@ -61,47 +63,48 @@ class AttentionKernels:
         blocks = torch.empty(s, topk_blocks, dtype=torch.int32, device=dev)
         pool = torch.empty(s, n, dtype=torch.uint8, device=dev)
         self._kernel("candidate_pool", dev, {"BLOCK": int(block), "TOPK_BLOCKS": int(topk_blocks)})(
-            scores=scores.float().contiguous(), visible=n_visible.to(dev, torch.int32).contiguous(), blocks=blocks,
+            scores=scores.float().contiguous(), visible=ship(n_visible.to(torch.int32), dev), blocks=blocks,
             pool=pool)
         return pool.bool()
 
     def _compress(self, ctx, st, c: torch.Tensor, z: torch.Tensor, start: int, ratio: int, overlap: bool):
-        """``compressor_prefill`` over the chunk, its banked state laid out from the runtime's
-        carry (the open window's tokens; with ``overlap`` the previous window's A halves in the
-        other bank) and read back into it after."""
+        """``compressor_prefill`` over one sequence's chunk, on its state's banks (``cache.py``),
+        which the kernel updates in place (its carry written over its state)."""
         t, width = c.shape
         if t == 0 or (overlap and width % 2):
             return NotImplemented
         from ...kernels_spec.compressor_prefill import windows_touched
 
-        dev, banks, half = c.device, 2 if overlap else 1, width // 2
-        slot = lambda p: ((p // ratio) % banks) * ratio + p % ratio  # noqa: E731 - compressor.py's layout
-        state_c = torch.zeros(banks * ratio, width, device=dev)
-        state_z = torch.zeros(banks * ratio, width, device=dev)
-        w0 = (start - st.pending_c.shape[0]) // ratio
-        for i in range(st.pending_c.shape[0]):
-            state_c[slot(w0 * ratio + i)], state_z[slot(w0 * ratio + i)] = st.pending_c[i], st.pending_z[i]
-        if overlap and st.prev_c is not None:
-            for j in range(ratio):
-                p = (w0 - 1) * ratio + j
-                state_c[slot(p), :half], state_z[slot(p), :half] = st.prev_c[j], st.prev_z[j]
+        dev = c.device
+        state_c, state_z = st.as_banks(start, ratio, overlap)
         n = windows_touched(t, ratio)
-        out = torch.empty(n, half if overlap else width, device=dev)
+        out = torch.empty(n, width // 2 if overlap else width, device=dev)
         windows = torch.empty(n, dtype=torch.int32, device=dev)
-        carry_c, carry_z = torch.empty_like(state_c), torch.empty_like(state_z)
         self._kernel("compressor_prefill", dev, {"RATIO": ratio, "OVERLAP": bool(overlap)})(
-            c=c.float().contiguous(), z=z.float().contiguous(),
-            start=torch.tensor([start], dtype=torch.int32, device=dev), state_c=state_c, state_z=state_z, out=out,
-            windows=windows, carry_c=carry_c, carry_z=carry_z)
-        done = windows >= 0
-        end = start + t
-        w_end = end // ratio
-        open_slots = [slot(p) for p in range(w_end * ratio, end)]
-        st.pending_c, st.pending_z = carry_c[open_slots].clone(), carry_z[open_slots].clone()
-        if overlap and w_end > w0:
-            last = [slot((w_end - 1) * ratio + j) for j in range(ratio)]
-            st.prev_c, st.prev_z = carry_c[last, :half].clone(), carry_z[last, :half].clone()
-        return out[done], w0
+            c=c.float().contiguous(), z=z.float().contiguous(), start=ints([start], dev), state_c=state_c,
+            state_z=state_z, out=out, windows=windows, carry_c=state_c, carry_z=state_z)
+        # window start // ratio + i completes iff its last token is in the chunk: the first ones do
+        return out[: (start + t) // ratio - start // ratio], start // ratio
+
+    def _compress_decode(self, ctx, states: list, c: torch.Tensor, z: torch.Tensor, starts: list[int], ratio: int,
+                         overlap: bool):
+        """``compressor_decode``: every sequence's new token in one launch, on their states' banks
+        stacked [B, slots, width] (kept stacked: each state's banks become a view of the stack, so
+        the next step with the same sequences in the same order passes the stack as it is)."""
+        b, width = c.shape
+        if b == 0 or (overlap and width % 2):
+            return NotImplemented
+        dev = c.device
+        state_c, state_z = _stacked_banks(states, starts, ratio, overlap)
+        out = torch.empty(b, width // 2 if overlap else width, device=dev)
+        windows = torch.empty(b, dtype=torch.int32, device=dev)
+        self._kernel("compressor_decode", dev, {"RATIO": ratio, "OVERLAP": bool(overlap)})(
+            c=c.float().contiguous(), z=z.float().contiguous(), positions=ints(starts, dev), state_c=state_c,
+            state_z=state_z, out=out, windows=windows)
+        done = [i for i, p in enumerate(starts) if p % ratio == ratio - 1]
+        if len(done) == b:
+            return out
+        return out[ints(done, dev, torch.long)] if done else out[:0]
 
     def _rope(self, ctx, rotary, x: torch.Tensor, positions: torch.Tensor, inverse: bool = False) -> torch.Tensor:
         """``rope`` over the rows' own table rows: the rotary's blocks of 64 positions that the
@@ -115,7 +118,7 @@ class AttentionKernels:
         cos, sin = (torch.cat([blk[i] for blk in blocks]).contiguous() for i in (0, 1))
         rows = x.reshape(x.shape[0], -1, x.shape[-1]).contiguous()  # [T, heads (or 1), C]
         out = torch.empty(rows.shape, dtype=torch.float32, device=x.device)
-        idx = (positions - lo * rotary.BLOCK).to(x.device, torch.int32).contiguous()
+        idx = ship((positions - lo * rotary.BLOCK).to(torch.int32), x.device)
         self._kernel("rope", x.device, {"ROPE": rotary.dim, "INVERSE": bool(inverse)})(
             x=rows, positions=idx, cos=cos.to(x.device), sin=sin.to(x.device), out=out)
         return out.reshape(x.shape)
@@ -133,3 +136,18 @@ class AttentionKernels:
         if rows.numel():
             self._kernel("kv_round", t.device, consts)(x=rows, out=out)
         return out.reshape(t.shape)
+
+
+def _stacked_banks(states: list, starts: list[int], ratio: int, overlap: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """The states' banks as [B, slots, width] tensors: the stack they are views of, in order, or a
+    new stack (one copy) whose views they become."""
+    banks = [st.as_banks(p, ratio, overlap) for st, p in zip(states, starts)]
+    base_c, base_z = banks[0][0]._base, banks[0][1]._base
+    if base_c is not None and base_z is not None and base_c.shape[0] == len(banks) and all(
+            c._base is base_c and z._base is base_z and c.storage_offset() == i * base_c.stride(0)
+            and z.storage_offset() == i * base_z.stride(0) for i, (c, z) in enumerate(banks)):
+        return base_c, base_z
+    base_c, base_z = torch.stack([c for c, _ in banks]), torch.stack([z for _, z in banks])
+    for st, c, z in zip(states, base_c.unbind(0), base_z.unbind(0)):
+        st.banked = (c, z)
+    return base_c, base_z

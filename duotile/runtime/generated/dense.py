@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import torch
 
+from ..device import ints, ship
+
 BF16_KEPT = 4096  # BF16 copies kept: every weight of a model a few layers deep, not every temporary
 
 
@@ -31,7 +33,7 @@ class DenseKernels:
     def _embed(self, ctx, table: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
         if tokens.numel() == 0 or table.dtype not in (torch.bfloat16, torch.float32):
             return NotImplemented
-        idx = tokens.to(table.device, torch.int32).contiguous()
+        idx = ship(tokens.to(torch.int32), table.device)
         out = torch.empty(idx.shape[0], table.shape[1], dtype=table.dtype, device=table.device)
         self._kernel("gather_rows", table.device, {})(table=table.contiguous(), idx=idx, out=out)
         return out
@@ -101,8 +103,7 @@ class DenseKernels:
             return NotImplemented
         dev, b = rows.device, rows.shape[0]
         token = torch.empty(b, dtype=torch.int32, device=dev)
-        temps = torch.tensor([p.temperature for p in params], dtype=torch.float32)
-        self._kernel("sample", dev, {})(logits=rows.float().contiguous(), temperature=temps.to(dev),
-                                        seed=torch.tensor(seeds, dtype=torch.int64).to(dev),
-                                        position=torch.tensor(positions, dtype=torch.int32).to(dev), token=token)
+        temps = ship(torch.tensor([p.temperature for p in params], dtype=torch.float32), dev)
+        self._kernel("sample", dev, {})(logits=rows.float().contiguous(), temperature=temps,
+                                        seed=ints(seeds, dev, torch.int64), position=ints(positions, dev), token=token)
         return token.tolist()

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import torch
 
+from ..device import ship
 from ..quant import FP8_ACT_FLOOR
 
 
@@ -18,7 +19,7 @@ class MoEKernels:
         experts = torch.empty(t, k, dtype=torch.int32, device=logits.device)
         weights = torch.empty(t, k, dtype=torch.float32, device=logits.device)
         if moe.tid2eid is not None:
-            choice = {"tid2eid": moe.tid2eid.to(logits.device), "token_ids": tokens.to(logits.device)}
+            choice = {"tid2eid": moe.tid2eid.to(logits.device), "token_ids": ship(tokens, logits.device)}
         else:
             choice = {"bias": moe.bias.float().contiguous()}
         kernel = self._kernel("router", logits.device, {"TOPK": k, "SCALE": float(moe.scale)})

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import torch
 
+from ..device import ints, ship
+
 
 class StreamKernels:
     """Mixed into ``GeneratedOps``: each method serves one model op (``_serves``)."""
@@ -61,10 +63,13 @@ class StreamKernels:
             return NotImplemented
         dev = engram.table.device
         ids = torch.empty(1, tokens.numel(), engram.primes.numel(), dtype=torch.int32, device=dev)
-        self._kernel("engram_hash", dev, {})(history=torch.tensor([prev], dtype=torch.int32, device=dev),
-                                             tokens=tokens.to(dev, torch.int32).reshape(1, -1),
-                                             mult=engram.mult.to(dev), primes=engram.primes.to(dev),
-                                             offsets=engram.offsets.to(dev), ids=ids)
+        key = ("engram_hash", id(engram), str(dev))  # the layer's hash constants, placed once
+        if key not in self._consts:
+            self._consts[key] = tuple(t.to(dev) for t in (engram.mult, engram.primes, engram.offsets))
+        mult, primes, offsets = self._consts[key]
+        self._kernel("engram_hash", dev, {})(history=ints([prev], dev),
+                                             tokens=ship(tokens.to(torch.int32).reshape(1, -1), dev),
+                                             mult=mult, primes=primes, offsets=offsets, ids=ids)
         return ids[0].long()
 
     def _engram(self, engram, ctx, x: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
@@ -73,7 +78,7 @@ class StreamKernels:
         d = engram.cfg.hidden_size
         if not self._hc_ready(x) or engram.table.dtype not in (torch.bfloat16, torch.float32):
             return NotImplemented
-        dev, flat = x.device, ids.to(x.device, torch.int32).reshape(-1).contiguous()
+        dev, flat = x.device, ship(ids.to(torch.int32).reshape(-1), x.device)
         rows = torch.empty(flat.numel(), engram.table.shape[1], dtype=engram.table.dtype, device=dev)
         self._kernel("gather_rows", dev, {})(table=engram.table.contiguous(), idx=flat, out=rows)
         kv = ctx.act(engram.wkv(ctx, ctx.act(rows.reshape(x.shape[0], -1)))).float()

@@ -6,6 +6,7 @@ import torch
 
 from .. import quant
 from ..config import ModelConfig
+from ..device import ship
 from .common import (
     Ctx,
     Rotary,
@@ -20,7 +21,7 @@ from .common import (
     round_rows,
     topk,
 )
-from .compressor import pool_windows
+from .compressor import pool_all
 from .step import Step
 
 
@@ -34,13 +35,12 @@ class Compressor:
 
     def project(self, ctx: Ctx, x: torch.Tensor, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         c = matmul(ctx, x, self.wkv)
-        z = matmul(ctx, x, self.wgate) + self.ape[positions % self.ratio]
+        z = matmul(ctx, x, self.wgate) + self.ape[ship(positions % self.ratio, self.ape.device)]
         return c, z
 
-    def pool(self, ctx: Ctx, state, c, z, start: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """One sequence's pooled rows of the windows this chunk completes, and their positions."""
-        pooled, first = pool_windows(ctx, state, c, z, start, self.ratio, self.overlap)
-        return pooled, (torch.arange(pooled.shape[0]) + first) * self.ratio
+    def pool(self, ctx: Ctx, states: list, c, z, seqs: list) -> tuple[torch.Tensor, torch.Tensor, list[int]]:
+        """The step's pooled rows of every sequence's completed windows, their positions, the counts."""
+        return pool_all(ctx, states, c, z, seqs, self.ratio, self.overlap)
 
     def finish(self, ctx: Ctx, pooled: torch.Tensor, pos: torch.Tensor, rotary: Rotary) -> torch.Tensor:
         """Normalised, rotated rows (act dtype, unrounded): row by row, so the pooled rows of every
@@ -49,12 +49,17 @@ class Compressor:
         return ctx.act(rope(ctx, rotary, rows, pos))
 
 
-def _finish_all(ctx: Ctx, comp: Compressor, pooled: list, rotary: Rotary, round_fn) -> list[torch.Tensor]:
-    """``comp.finish`` then ``round_fn`` over every sequence's pooled rows in one call each; the rows
-    split back per sequence."""
-    rows = torch.cat([p for p, _ in pooled])
-    out = round_fn(comp.finish(ctx, rows, torch.cat([pos for _, pos in pooled]), rotary))
-    return list(out.split([p.shape[0] for p, _ in pooled]))
+def _append_pooled(ctx: Ctx, comp: Compressor, states: list, c, z, seqs: list, rotary: Rotary, round_fn,
+                   stores: list) -> None:
+    """Pool the step (``comp.pool``), then ``comp.finish`` and ``round_fn`` over every sequence's rows
+    in one call each, each sequence's rows appended to its store (``stores``, `cache.Rows`)."""
+    rows, pos, counts = comp.pool(ctx, states, c, z, seqs)
+    if not rows.shape[0]:
+        return
+    out = round_fn(comp.finish(ctx, rows, pos, rotary))
+    for store, part in zip(stores, out.split(counts)):
+        if part.shape[0]:
+            store.append(part)
 
 
 def round_kv_nope(ctx: Ctx, kv: torch.Tensor, nope: int) -> torch.Tensor:
@@ -94,18 +99,14 @@ class AttentionV4:
         selected rows (its own index scores, one top-k for all), else None."""
         cfg = self.cfg
         layers = [seq.cache.layers[self.layer] for seq, _ in seqs]
-        pooled = [self.comp.pool(ctx, lc.comp_state, c[sl], z[sl], seq.start) for lc, (seq, sl) in zip(layers, seqs)]
         nope = lambda r: round_kv_nope(ctx, r, cfg.nope_head_dim)  # noqa: E731
-        for lc, rows in zip(layers, _finish_all(ctx, self.comp, pooled, self.rope, nope)):
-            lc.comp.append(rows)
+        _append_pooled(ctx, self.comp, [lc.comp_state for lc in layers], c, z, seqs, self.rope, nope,
+                       [lc.comp for lc in layers])
         if index is None:
             return None
         ci, zi, qi, wts = index
-        pooled = [self.idx_comp.pool(ctx, lc.index_state, ci[sl], zi[sl], seq.start)
-                  for lc, (seq, sl) in zip(layers, seqs)]
-        for lc, rows in zip(layers, _finish_all(ctx, self.idx_comp, pooled, self.rope,
-                                                lambda r: self._index_round(ctx, r))):
-            lc.index_keys.append(rows)
+        _append_pooled(ctx, self.idx_comp, [lc.index_state for lc in layers], ci, zi, seqs, self.rope,
+                       lambda r: self._index_round(ctx, r), [lc.index_keys for lc in layers])
         scores = [index_scores(ctx, qi[sl], wts[sl], lc.index_keys.view, (pos[sl] + 1) // self.ratio)
                   for lc, (_, sl) in zip(layers, seqs)]
         return list(topk(ctx, pad_cat(scores, float("-inf")), cfg.index_topk).split([len(s) for s in scores]))

@@ -16,6 +16,7 @@ from __future__ import annotations
 import torch
 
 from ..config import ModelConfig
+from ..device import ship
 from ..model_ops import model_op
 from .common import (
     Ctx,
@@ -31,14 +32,14 @@ from .common import (
     round_rows,
     topk,
 )
-from .compressor import pool_windows
+from .compressor import pool_all
 from .step import Step
 
 
 def candidate_pool(scores: torch.Tensor, n_visible: torch.Tensor, block: int, topk_blocks: int) -> torch.Tensor:
     """Boolean [S, N] pool: top blocks by max score, the newest visible block always kept."""
     s, n = scores.shape
-    n_visible = n_visible.to(scores.device)
+    n_visible = ship(n_visible, scores.device)
     nb = -(-n // block)
     padded = torch.cat([scores, scores.new_full((s, nb * block - n), float("-inf"))], 1)
     block_scores = padded.view(s, nb, block).amax(-1)
@@ -88,20 +89,21 @@ class AttentionV41:
             pos = torch.cat([torch.arange(n) + seq.start for n, (seq, _) in zip(counts, seqs)])
         else:
             z = matmul(ctx, x, self.c_wgate)
-            pooled = [pool_windows(ctx, seq.cache.layers[self.layer].comp_state, c[sl], z[sl], seq.start, self.ratio,
-                                   overlap=False) for seq, sl in seqs]
-            counts = [p.shape[0] for p, _ in pooled]
-            latent = ctx.act(rms_norm(ctx, torch.cat([p for p, _ in pooled]), self.c_norm, eps))
-            pos = torch.cat([(torch.arange(p.shape[0]) + first) * self.ratio for p, first in pooled])
+            states = [seq.cache.layers[self.layer].comp_state for seq, _ in seqs]
+            pooled, pos, counts = pool_all(ctx, states, c, z, seqs, self.ratio, overlap=False)
+            if not pooled.shape[0]:
+                return
+            latent = ctx.act(rms_norm(ctx, pooled, self.c_norm, eps))
         main = ctx.act(rope(ctx, self.rope, latent, pos))
         key = ctx.act(rms_norm(ctx, matmul(ctx, latent, self.wk), self.k_norm, cfg.rms_norm_eps))
         key = ctx.act(rope(ctx, self.rope, key, pos))
         if ctx.quant:
             main, key = ctx.act(round_rows(ctx, main, "nvfp4")), ctx.act(round_rows(ctx, key, "mxfp4"))
         for (seq, _), m, k in zip(seqs, main.split(counts), key.split(counts)):
-            lc = seq.cache.layers[self.layer]
-            lc.comp.append(m)
-            lc.index_keys.append(k)
+            if m.shape[0]:
+                lc = seq.cache.layers[self.layer]
+                lc.comp.append(m)
+                lc.index_keys.append(k)
 
     def _select(self, ctx: Ctx, seqs: list, qi, wts, pos: torch.Tensor) -> list[torch.Tensor]:
         """Each sequence's selected compressed rows: its own index scores, one top-k for all."""

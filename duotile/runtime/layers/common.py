@@ -15,6 +15,7 @@ import torch
 
 from .. import quant
 from ..config import ModelConfig
+from ..device import ship
 from ..model_ops import Tally, model_op
 from ..ops import FastOps
 
@@ -123,7 +124,7 @@ class Rotary:
         """cos, sin [T, rope/2] for integer positions [T] (CPU)."""
         lo, hi = int(positions.min()) // self.BLOCK, int(positions.max()) // self.BLOCK
         tables = [self._block(b) for b in range(lo, hi + 1)]
-        idx = (positions - lo * self.BLOCK).to(self.freqs.device)
+        idx = ship(positions - lo * self.BLOCK, self.freqs.device)
         return torch.cat([c for c, _ in tables])[idx], torch.cat([s for _, s in tables])[idx]
 
     def apply(self, x: torch.Tensor, positions: torch.Tensor, inverse: bool = False) -> torch.Tensor:
@@ -213,12 +214,12 @@ def window_keys(ring: torch.Tensor, start: int, new_rows: torch.Tensor) -> tuple
     """
     size = ring.shape[0]
     prev_pos = torch.arange(start - size + 1, start)
-    prev = ring[prev_pos % size].to(new_rows.dtype)
+    prev = ring[ship(prev_pos % size, ring.device)].to(new_rows.dtype)
     ext = torch.cat([prev, new_rows], 0)  # positions start-W+1 .. start+S-1
     s = new_rows.shape[0]
     keys = ext.unfold(0, size, 1).transpose(1, 2)[:s]  # [S, W, d]
     pos = torch.arange(s)[:, None] + start - size + 1 + torch.arange(size)[None, :]
-    return keys, (pos >= 0).to(ring.device)
+    return keys, ship(pos >= 0, ring.device)
 
 
 def pad_cat(parts: list[torch.Tensor], fill) -> torch.Tensor:
@@ -247,7 +248,7 @@ def attend(ctx: Ctx, seqs: list, layer: int, q: torch.Tensor, kv: torch.Tensor, 
         k, v = window_keys(ring, seq.start, kv[sl])
         extra = compressed(i, seq, sl) if compressed else None
         if extra is not None:
-            k, v = torch.cat([k, extra[0].to(k.dtype)], 1), torch.cat([v, extra[1].to(v.device)], 1)
+            k, v = torch.cat([k, extra[0].to(k.dtype)], 1), torch.cat([v, ship(extra[1], v.device)], 1)
         keys.append(k)
         valid.append(v)
         write_ring(ring, seq.start, kv[sl])  # its window rows above are a copy
@@ -260,7 +261,7 @@ def write_ring(ring: torch.Tensor, start: int, new_rows: torch.Tensor) -> None:
     s = new_rows.shape[0]
     keep = min(s, size)
     pos = torch.arange(start + s - keep, start + s)
-    ring[pos % size] = new_rows[s - keep :].to(ring.dtype)
+    ring[ship(pos % size, ring.device)] = new_rows[s - keep :].to(ring.dtype)
 
 
 def grouped_output(ctx: Ctx, o: torch.Tensor, wo_a: Linear, wo_b: Linear, groups: int) -> torch.Tensor:
@@ -338,4 +339,4 @@ def index_scores(ctx: Ctx, qi: torch.Tensor, wts: torch.Tensor, keys: torch.Tens
     dots = torch.relu(ctx.act(dots).float()) * wts.float()[:, :, None]
     scores = ctx.ops.sum(dots, 1)
     cols = torch.arange(keys.shape[0], device=scores.device)
-    return scores.masked_fill(cols[None, :] >= n_visible[:, None].to(scores.device), float("-inf"))
+    return scores.masked_fill(cols[None, :] >= ship(n_visible[:, None], scores.device), float("-inf"))

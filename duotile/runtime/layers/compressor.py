@@ -25,6 +25,7 @@ def pool_windows(ctx: Ctx, st: CompressorState, c: torch.Tensor, z: torch.Tensor
     Returns the pooled rows of the windows completed by this chunk [nw, width or width/2] and the index
     of the first of them.
     """
+    st.as_lists(start, ratio, overlap)
     c = torch.cat([st.pending_c, c.float()])
     z = torch.cat([st.pending_z, z.float()])
     first = (start - st.pending_c.shape[0]) // ratio
@@ -48,3 +49,30 @@ def pool_windows(ctx: Ctx, st: CompressorState, c: torch.Tensor, z: torch.Tensor
         return c.new_zeros(0, c.shape[-1] // 2), first
     pooled = ctx.ops.sum(ctx.ops.softmax(vz, 1) * vc, 1)
     return pooled, first
+
+
+@model_op("compress_decode")
+def pool_decode(ctx: Ctx, states: list[CompressorState], c: torch.Tensor, z: torch.Tensor, starts: list[int],
+                ratio: int, overlap: bool) -> torch.Tensor:
+    """A decode step's pooling: sequence b's one new token (c[b], z[b]) at position ``starts[b]``
+    enters its state; the rows of the windows that completes (those with ``starts[b] % ratio ==
+    ratio - 1``), in sequence order. The reference: each sequence's ``pool_windows`` body."""
+    rows = [pool_windows.__wrapped__(ctx, st, c[b : b + 1], z[b : b + 1], p, ratio, overlap)[0]
+            for b, (st, p) in enumerate(zip(states, starts))]
+    return torch.cat(rows)
+
+
+def pool_all(ctx: Ctx, states: list[CompressorState], c: torch.Tensor, z: torch.Tensor, seqs: list,
+             ratio: int, overlap: bool) -> tuple[torch.Tensor, torch.Tensor, list[int]]:
+    """Every sequence's pooling of a step (``(StepSeq, slice)`` pairs, ``states`` theirs): the rows
+    of all windows completed, in sequence order, their positions (a window's first token, host)
+    and each sequence's count. A decode step (one token each) pools in one call."""
+    starts = [seq.start for seq, _ in seqs]
+    if all(sl.stop - sl.start == 1 for _, sl in seqs):
+        counts = [int(p % ratio == ratio - 1) for p in starts]
+        rows = pool_decode(ctx, states, c, z, starts, ratio, overlap)
+        pos = torch.tensor([p - ratio + 1 for p, n in zip(starts, counts) if n], dtype=torch.long)
+        return rows, pos, counts
+    pooled = [pool_windows(ctx, st, c[sl], z[sl], seq.start, ratio, overlap) for st, (seq, sl) in zip(states, seqs)]
+    pos = torch.cat([(torch.arange(rows.shape[0]) + first) * ratio for rows, first in pooled])
+    return torch.cat([rows for rows, _ in pooled]), pos, [rows.shape[0] for rows, _ in pooled]

@@ -15,6 +15,7 @@ import numpy as np
 import torch
 
 from ..config import ConfigError, ModelConfig
+from ..device import ship
 from ..model_ops import model_op
 from .common import Ctx, WeightSource
 
@@ -95,7 +96,7 @@ class Engram:
     def __call__(self, ctx: Ctx, x: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
         """x [T, n, D] streams, ids [T, cols] -> updated streams."""
         ops, d, eps = ctx.ops, self.cfg.hidden_size, self.cfg.rms_norm_eps
-        rows = self.table[ids.to(self.table.device)].flatten(1)
+        rows = self.table[ship(ids, self.table.device)].flatten(1)
         kv = ctx.act(self.wkv(ctx, ctx.act(rows))).float()
         key, value = kv[:, : self.n * d].view(-1, self.n, d), kv[:, self.n * d :]
         h = x.float()

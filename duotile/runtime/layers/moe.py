@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 
 from ..config import ModelConfig
+from ..device import ship
 from ..model_ops import model_op
 from .common import Ctx, Linear, act_quant, matmul
 
@@ -45,7 +46,7 @@ class MoE:
         ops = ctx.ops
         s = torch.sqrt(ops.softplus(logits))
         if self.tid2eid is not None:
-            idx = self.tid2eid[tokens.to(self.tid2eid.device)]
+            idx = self.tid2eid[ship(tokens, self.tid2eid.device)]
         else:
             idx = torch.sort(s + self.bias, dim=-1, descending=True, stable=True).indices[:, : self.topk]
         w = s.gather(-1, idx)
