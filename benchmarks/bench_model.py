@@ -242,14 +242,14 @@ def run(args) -> None:
             log(f"{name}: {row}")
             Path(args.out).write_text(json.dumps(out, indent=1))
 
-        if args.profile:
-            profile_step(system, cfg, args)
-            continue
+        before = system.model.ctx.tally.snapshot() if name != "transformers" else None
         workload(system, cfg, args, record)
-        if name == "generated":  # which ops ran where, and the builds in all (ahead and at calls)
-            entry["ops"] = system.model.ctx.tally.snapshot()
+        if name == "generated":  # which ops of the workload ran where, and the builds in all (ahead, at calls)
+            entry["ops"] = system.model.ctx.tally.since(before)
             entry["builds"] = system.model.ctx.ops.builds()
             Path(args.out).write_text(json.dumps(out, indent=1))
+        if args.profile:
+            profile_step(system, cfg, args)
         del system
         gc.collect()
         if gpu:
@@ -275,7 +275,7 @@ def main() -> int:
                         "--no-ahead builds that list alone, and the rest at their calls)")
     p.add_argument("--save-signatures", help="generated: write the signatures met ahead here, each round")
     p.add_argument("--profile", type=int, default=0, metavar="BATCH",
-                   help="profile one decode step at this batch instead of the workload")
+                   help="after the workload, profile one decode step at this batch")
     p.add_argument("--report", nargs="*", help="join these JSON runs into results/NAME (no GPU needed)")
     p.add_argument("--name", default="bench_model")
     args = p.parse_args()
