@@ -228,3 +228,31 @@ def format_bytes(cfg: ModelConfig, num_tokens: int, include_nextn: bool = False)
             state += m * cfg.head_dim * 2 * 4
     history = 8 * (cfg.engram_max_ngram_size - 1) if cfg.engram_layer_ids else 0
     return CacheBytes(window, comp, idx, state, history)
+
+
+def append_each(stores: list[Rows], rows: torch.Tensor, counts: list[int], stack: bool) -> None:
+    """Store i gets the next ``counts[i]`` of ``rows`` (in order). With ``stack`` (a decode step:
+    the same sequences step after step), in one write, the stores kept as views of one stack
+    (``stacked.py``) whose capacity doubles when a store outgrows it; else store by store."""
+    from .device import ints
+    from .stacked import restack, stack_of
+
+    if not sum(counts):
+        return
+    if not stack:
+        for s, part in zip(stores, rows.split(counts)):
+            if part.shape[0]:
+                s.append(part)
+        return
+    need = max(s.n + c for s, c in zip(stores, counts))
+    base = stack_of([s.data for s in stores])
+    cap = base.shape[1] if base is not None else max(s.data.shape[0] for s in stores)
+    if base is None or need > cap:
+        base, views = restack([s.data for s in stores], max(need, 2 * cap) if need > cap else cap)
+        for s, v in zip(stores, views):
+            s.data = v
+    at = [(i, s.n + j) for i, (s, c) in enumerate(zip(stores, counts)) for j in range(c)]
+    where = ints(at, base.device, torch.long)
+    base[where[:, 0], where[:, 1]] = rows.to(base.dtype)
+    for s, c in zip(stores, counts):
+        s.n += c

@@ -205,7 +205,9 @@ def _agree(op, got, want, args) -> bool:
     if op == "sparse_attention":
         return bool(((got - want).abs() <= 2.0 ** -7 * want.abs().amax(-1, keepdim=True) + 1e-6).all())
     qi, wts, keys = args[1], args[2], args[3]
-    terms = (qi.float().abs() @ keys.float().abs().T) * wts.float().abs()[:, :, None]  # |q_h||k| per head
+    k = keys.float().abs()
+    dots = torch.einsum("shc,snc->shn", qi.float().abs(), k) if k.dim() == 3 else qi.float().abs() @ k.T
+    terms = dots * wts.float().abs()[:, :, None]  # |q_h||k| per head
     bound = 2.0 ** -8 * (terms.sum(1) if terms.dim() == 3 else terms) + 1e-6
     fin = torch.isfinite(want)
     return torch.equal(fin, torch.isfinite(got)) and bool(((got - want).abs()[fin] <= bound[fin]).all())

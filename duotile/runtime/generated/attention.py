@@ -7,6 +7,7 @@ from __future__ import annotations
 import torch
 
 from ..device import ints, ship
+from ..stacked import restack, stacked
 
 # kv_round's formats (runtime/layers/common.py) -> the kv_round spec's constants
 _KV_FORMATS = {"fp8/32": {"FORMAT": "fp8", "BLOCK": 32, "FLOOR": 0.0},
@@ -41,12 +42,13 @@ class AttentionKernels:
         return o.float()
 
     def _index_scores(self, ctx, qi, wts, keys, n_visible) -> torch.Tensor:
-        """The indexer over one sequence's key rows, which every query of the chunk reads; the
-        visible prefix as ``pos`` at ratio 1 (visible iff j < pos + 1)."""
-        s, n = qi.shape[0], keys.shape[0]
+        """The indexer over one sequence's key rows, which every query of the chunk reads (or, keys
+        [S, N, c], each query's own); the visible prefix as ``pos`` at ratio 1 (visible iff j < pos + 1)."""
+        s, n = qi.shape[0], keys.shape[-2]
         if ctx.dtype != torch.bfloat16 or s == 0 or n == 0:
             return NotImplemented
-        k = keys.to(torch.bfloat16)[None].expand(s, n, keys.shape[1]).contiguous()
+        k = keys.to(torch.bfloat16)
+        k = k.contiguous() if k.dim() == 3 else k[None].expand(s, n, keys.shape[1]).contiguous()
         pos = ship((n_visible - 1).to(torch.int32), qi.device)
         logits = torch.empty(s, n, dtype=torch.float32, device=qi.device)
         self._kernel("indexer_logits", qi.device, {"RATIO": 1})(q=qi.to(torch.bfloat16).contiguous(),
@@ -139,15 +141,13 @@ class AttentionKernels:
 
 
 def _stacked_banks(states: list, starts: list[int], ratio: int, overlap: bool) -> tuple[torch.Tensor, torch.Tensor]:
-    """The states' banks as [B, slots, width] tensors: the stack they are views of, in order, or a
-    new stack (one copy) whose views they become."""
+    """The states' banks as [B, slots, width] tensors (``stacked.py``): kept as the stack's views."""
     banks = [st.as_banks(p, ratio, overlap) for st, p in zip(states, starts)]
-    base_c, base_z = banks[0][0]._base, banks[0][1]._base
-    if base_c is not None and base_z is not None and base_c.shape[0] == len(banks) and all(
-            c._base is base_c and z._base is base_z and c.storage_offset() == i * base_c.stride(0)
-            and z.storage_offset() == i * base_z.stride(0) for i, (c, z) in enumerate(banks)):
-        return base_c, base_z
-    base_c, base_z = torch.stack([c for c, _ in banks]), torch.stack([z for _, z in banks])
-    for st, c, z in zip(states, base_c.unbind(0), base_z.unbind(0)):
-        st.banked = (c, z)
+    base_c, views_c = stacked([c for c, _ in banks])
+    base_z, views_z = stacked([z for _, z in banks])
+    if views_c is not None or views_z is not None:
+        base_c, views_c = restack([c for c, _ in banks]) if views_c is None else (base_c, views_c)
+        base_z, views_z = restack([z for _, z in banks]) if views_z is None else (base_z, views_z)
+        for st, c, z in zip(states, views_c, views_z):
+            st.banked = (c, z)
     return base_c, base_z

@@ -5,11 +5,15 @@ from __future__ import annotations
 import torch
 
 from .. import quant
+from ..cache import append_each
 from ..config import ModelConfig
 from ..device import ship
+from ..stacked import stacked
 from .common import (
     Ctx,
     Rotary,
+    Selected,
+    Visible,
     WeightSource,
     attend,
     grouped_output,
@@ -56,10 +60,8 @@ def _append_pooled(ctx: Ctx, comp: Compressor, states: list, c, z, seqs: list, r
     rows, pos, counts = comp.pool(ctx, states, c, z, seqs)
     if not rows.shape[0]:
         return
-    out = round_fn(comp.finish(ctx, rows, pos, rotary))
-    for store, part in zip(stores, out.split(counts)):
-        if part.shape[0]:
-            store.append(part)
+    decode = all(sl.stop - sl.start == 1 for _, sl in seqs)
+    append_each(stores, round_fn(comp.finish(ctx, rows, pos, rotary)), counts, stack=decode)
 
 
 def round_kv_nope(ctx: Ctx, kv: torch.Tensor, nope: int) -> torch.Tensor:
@@ -107,6 +109,11 @@ class AttentionV4:
         ci, zi, qi, wts = index
         _append_pooled(ctx, self.idx_comp, [lc.index_state for lc in layers], ci, zi, seqs, self.rope,
                        lambda r: self._index_round(ctx, r), [lc.index_keys for lc in layers])
+        if all(sl.stop - sl.start == 1 for _, sl in seqs):  # a decode step: each query its sequence's keys
+            keys, views = stacked([lc.index_keys.data for lc in layers])
+            for lc, v in zip(layers, views or []):
+                lc.index_keys.data = v
+            return list(topk(ctx, index_scores(ctx, qi, wts, keys, (pos + 1) // self.ratio), cfg.index_topk).split(1))
         scores = [index_scores(ctx, qi[sl], wts[sl], lc.index_keys.view, (pos[sl] + 1) // self.ratio)
                   for lc, (_, sl) in zip(layers, seqs)]
         return list(topk(ctx, pad_cat(scores, float("-inf")), cfg.index_topk).split([len(s) for s in scores]))
@@ -131,14 +138,11 @@ class AttentionV4:
         compressed = None
         if self.ratio:
             sel = self._compress(ctx, seqs, c, z, (ci, zi, qi, wts) if self.kind == "csa" else None, pos)
-
-            def compressed(i, seq, sl):
-                lc = seq.cache.layers[self.layer]
-                if sel is not None:
-                    return lc.comp.data[sel[i].clamp(min=0)], sel[i] >= 0
-                comp, visible = lc.comp.view, (pos[sl] + 1) // self.ratio  # HCA: every row it can see
-                return comp[None].expand(len(visible), -1, -1), torch.arange(comp.shape[0])[None, :] < visible[:, None]
-
+            stores = [seq.cache.layers[self.layer].comp for seq, _ in seqs]
+            if sel is not None:
+                compressed = Selected(stores, sel)
+            else:  # HCA: every row a query can see
+                compressed = Visible(stores, [(pos[sl] + 1) // self.ratio for _, sl in seqs])
         out = attend(ctx, seqs, self.layer, q, kv, compressed, self.sink, d**-0.5)
         o = ctx.act(rope(ctx, self.rope, ctx.act(out), pos, inverse=True))
         return grouped_output(ctx, o.flatten(1), self.wo_a, self.wo_b, cfg.o_groups)

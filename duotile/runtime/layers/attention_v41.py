@@ -15,12 +15,15 @@ from __future__ import annotations
 
 import torch
 
+from ..cache import append_each
 from ..config import ModelConfig
 from ..device import ship
 from ..model_ops import model_op
+from ..stacked import stacked
 from .common import (
     Ctx,
     Rotary,
+    Selected,
     WeightSource,
     attend,
     grouped_output,
@@ -99,17 +102,17 @@ class AttentionV41:
         key = ctx.act(rope(ctx, self.rope, key, pos))
         if ctx.quant:
             main, key = ctx.act(round_rows(ctx, main, "nvfp4")), ctx.act(round_rows(ctx, key, "mxfp4"))
-        for (seq, _), m, k in zip(seqs, main.split(counts), key.split(counts)):
-            if m.shape[0]:
-                lc = seq.cache.layers[self.layer]
-                lc.comp.append(m)
-                lc.index_keys.append(k)
+        lcs, decode = [seq.cache.layers[self.layer] for seq, _ in seqs], all(sl.stop - sl.start == 1 for _, sl in seqs)
+        append_each([lc.comp for lc in lcs], main, counts, stack=decode)
+        append_each([lc.index_keys for lc in lcs], key, counts, stack=decode)
 
     def _select(self, ctx: Ctx, seqs: list, qi, wts, pos: torch.Tensor) -> list[torch.Tensor]:
         """Each sequence's selected compressed rows: its own index scores, one top-k for all."""
         cfg = self.cfg
         if self.kind == "reuse":
             return [seq.scratch[("topk", self.idx_src)] for seq, _ in seqs]
+        if all(sl.stop - sl.start == 1 for _, sl in seqs):
+            return self._select_decode(ctx, seqs, qi, wts, pos)
         scores = []
         for seq, sl in seqs:
             n_vis = (pos[sl] + 1) // self.ratio
@@ -120,6 +123,32 @@ class AttentionV41:
                 seq.scratch["pool"] = pick_pool(ctx, s, n_vis, cfg.candidate_block_size, cfg.candidate_topk_blocks)
             scores.append(s)
         sels = topk(ctx, pad_cat(scores, float("-inf")), cfg.index_topk).split([len(s) for s in scores])
+        for (seq, _), sel in zip(seqs, sels):
+            seq.scratch[("topk", self.layer)] = sel
+        return list(sels)
+
+    def _select_decode(self, ctx: Ctx, seqs: list, qi, wts, pos: torch.Tensor) -> list[torch.Tensor]:
+        """``_select`` for a decode step: every sequence's query against its own index keys in one
+        call (the keys as one stack, `stacked.py`, each row masked past what its sequence sees),
+        the candidate pool likewise (kept per sequence as a row of the step's pool)."""
+        cfg, stores = self.cfg, [seq.cache.layers[self.kv_src].index_keys for seq, _ in seqs]
+        keys, views = stacked([s.data for s in stores])
+        for s, v in zip(stores, views or []):
+            s.data = v
+        n_vis = (pos + 1) // self.ratio
+        scores = index_scores(ctx, qi, wts, keys, n_vis)
+        if self.kind == "reindex":
+            pool = torch.cat([seq.scratch["pool"] for seq, _ in seqs])
+            width = scores.shape[1]  # the pool's store may hold another capacity: past n_vis all False
+            if pool.shape[1] < width:
+                pool = torch.cat([pool, pool.new_zeros(pool.shape[0], width - pool.shape[1])], 1)
+            pool = pool[:, :width]
+            scores = scores.masked_fill(~pool, float("-inf"))
+        elif self.layer == cfg.candidate_source_layer_id:
+            pool = pick_pool(ctx, scores, n_vis, cfg.candidate_block_size, cfg.candidate_topk_blocks)
+            for (seq, _), row in zip(seqs, pool.split(1)):
+                seq.scratch["pool"] = row
+        sels = topk(ctx, scores, cfg.index_topk).split(1)
         for (seq, _), sel in zip(seqs, sels):
             seq.scratch[("topk", self.layer)] = sel
         return list(sels)
@@ -145,9 +174,7 @@ class AttentionV41:
             self._publish(ctx, seqs, x)
         sels = self._select(ctx, seqs, qi, wts, pos) if self.ratio else None
 
-        def compressed(i, seq, _sl):  # capacity >= 1 row; -1 picks are masked
-            return seq.cache.layers[self.kv_src].comp.data[sels[i].clamp(min=0)], sels[i] >= 0
-
-        out = attend(ctx, seqs, self.layer, q, kv, compressed if self.ratio else None, self.sink, d**-0.5)
+        compressed = Selected([seq.cache.layers[self.kv_src].comp for seq, _ in seqs], sels) if self.ratio else None
+        out = attend(ctx, seqs, self.layer, q, kv, compressed, self.sink, d**-0.5)
         o = ctx.act(rope(ctx, self.rope, ctx.act(out), pos, inverse=True))
         return grouped_output(ctx, o.flatten(1), self.wo_a, self.wo_b, cfg.o_groups)

@@ -236,23 +236,82 @@ def pad_cat(parts: list[torch.Tensor], fill) -> torch.Tensor:
     return out
 
 
+@dataclass
+class Selected:
+    """Each query's selected rows of its sequence's compressed store: ``sel[i]`` [S_i, K] row
+    indices into ``stores[i]`` (`cache.Rows`), -1 for none."""
+
+    stores: list
+    sel: list[torch.Tensor]
+
+    def rows(self, i: int) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.stores[i].data[self.sel[i].clamp(min=0)], self.sel[i] >= 0
+
+
+@dataclass
+class Visible:
+    """Every row of its sequence's store a query can see: the first ``n_visible[i]`` [S_i] (host)."""
+
+    stores: list
+    n_visible: list[torch.Tensor]
+
+    def rows(self, i: int) -> tuple[torch.Tensor, torch.Tensor]:
+        rows, visible = self.stores[i].view, self.n_visible[i]
+        return rows[None].expand(len(visible), -1, -1), torch.arange(rows.shape[0])[None, :] < visible[:, None]
+
+
 def attend(ctx: Ctx, seqs: list, layer: int, q: torch.Tensor, kv: torch.Tensor, compressed, sink: torch.Tensor,
            scale: float) -> torch.Tensor:
     """A layer's sparse attention for a step's sequences (``(StepSeq, slice)`` pairs): each query's
-    window rows, then the compressed rows ``compressed(i, seq, slice)`` gives its sequence as
-    ``(rows [S, L, d], valid [S, L])`` (None: a window-only layer); each sequence's ring written
-    after its rows were read; one ``sparse_attention`` over all queries (rows padded, masked)."""
+    window rows, then its compressed rows (``Selected`` or ``Visible``; None: a window-only
+    layer); each sequence's ring written after its rows were read; one ``sparse_attention`` over
+    all queries (rows padded, masked). A decode step gathers every sequence's rows at once."""
+    if all(sl.stop - sl.start == 1 for _, sl in seqs) and seqs[0][0].cache.layers[layer].ring.dtype == kv.dtype:
+        keys, valid = _decode_keys(seqs, layer, kv, compressed)
+        return sparse_attention(ctx, q, keys, valid, sink, scale)
     keys, valid = [], []
     for i, (seq, sl) in enumerate(seqs):
         ring = seq.cache.layers[layer].ring
         k, v = window_keys(ring, seq.start, kv[sl])
-        extra = compressed(i, seq, sl) if compressed else None
-        if extra is not None:
+        if compressed is not None:
+            extra = compressed.rows(i)
             k, v = torch.cat([k, extra[0].to(k.dtype)], 1), torch.cat([v, ship(extra[1], v.device)], 1)
         keys.append(k)
         valid.append(v)
         write_ring(ring, seq.start, kv[sl])  # its window rows above are a copy
     return sparse_attention(ctx, q, pad_cat(keys, 0.0), pad_cat(valid, False), sink, scale)
+
+
+def _decode_keys(seqs: list, layer: int, kv: torch.Tensor, compressed) -> tuple[torch.Tensor, torch.Tensor]:
+    """``attend``'s rows when each sequence brings one token: the rings as one stack (`stacked.py`),
+    the new rows written first (slot P mod W held position P - W, outside P's window), then each
+    query's W window rows in position order, and its compressed rows, by one gather each; the
+    same rows, padding and validity as the per-sequence path."""
+    from ..stacked import stacked
+
+    lcs = [seq.cache.layers[layer] for seq, _ in seqs]
+    rings, views = stacked([lc.ring for lc in lcs])
+    for lc, v in zip(lcs, views or []):
+        lc.ring = v
+    b, size, dev = len(seqs), rings.shape[1], rings.device
+    pos = ship(torch.tensor([seq.start for seq, _ in seqs]), dev)
+    each = torch.arange(b, device=dev)
+    rings[each, pos % size] = kv.to(rings.dtype)
+    window = pos[:, None] - size + 1 + torch.arange(size, device=dev)[None, :]  # positions P - W + 1 .. P
+    keys, valid = rings[each[:, None], window % size].to(kv.dtype), window >= 0
+    if compressed is None:
+        return keys, valid
+    store, views = stacked([s.data for s in compressed.stores])
+    for s, v in zip(compressed.stores, views or []):
+        s.data = v
+    if isinstance(compressed, Selected):
+        sel = torch.cat(compressed.sel)
+        rows, seen = store[each[:, None], sel.clamp(min=0)], sel >= 0
+    else:
+        n = max(s.n for s in compressed.stores)
+        rows = store[:, :n]
+        seen = torch.arange(n, device=dev)[None, :] < ship(torch.cat(compressed.n_visible), dev)[:, None]
+    return torch.cat([keys, rows.to(keys.dtype)], 1), torch.cat([valid, seen], 1)
 
 
 def write_ring(ring: torch.Tensor, start: int, new_rows: torch.Tensor) -> None:
@@ -329,14 +388,19 @@ def index_scores(ctx: Ctx, qi: torch.Tensor, wts: torch.Tensor, keys: torch.Tens
                  n_visible: torch.Tensor) -> torch.Tensor:
     """Lightning-indexer scores s[i, j] = sum_h wts[i,h] * relu(qi[i,h] . k_j), -inf where j >= n_visible[i].
 
-    The q.k product is rounded to the activation dtype before the ReLU (the reference's BF16 einsum).
+    ``keys`` [N, c] (one sequence's, every query reads them) or [S, N, c] (each query its own: a
+    decode step's sequences at once). The q.k product is rounded to the activation dtype before the
+    ReLU (the reference's BF16 einsum).
     """
     qi, keys = qi.float(), keys.float()
+    each = keys if keys.dim() == 3 else keys[None]
     if ctx.ops.invariant:
-        dots = ctx.ops.sum(qi[:, :, None, :] * keys[None, None, :, :], -1)
+        dots = ctx.ops.sum(qi[:, :, None, :] * each[:, None, :, :], -1)
+    elif keys.dim() == 3:
+        dots = torch.einsum("shc,snc->shn", qi, keys)
     else:
         dots = torch.einsum("shc,nc->shn", qi, keys)
     dots = torch.relu(ctx.act(dots).float()) * wts.float()[:, :, None]
     scores = ctx.ops.sum(dots, 1)
-    cols = torch.arange(keys.shape[0], device=scores.device)
+    cols = torch.arange(keys.shape[-2], device=scores.device)
     return scores.masked_fill(cols[None, :] >= ship(n_visible[:, None], scores.device), float("-inf"))
