@@ -196,6 +196,7 @@ def build(name: str, cfg, ckpt, args, log):
 
         if not args.ahead and not args.signatures:
             return system  # every build made at its first call
+        sigs = []
         if args.signatures and Path(args.signatures).is_file():  # a list met before: built at once
             sigs = prebuild.load(args.signatures)
             t0 = time.perf_counter()
@@ -209,7 +210,7 @@ def build(name: str, cfg, ckpt, args, log):
         short = argparse.Namespace(**{**vars(args), "steps": 1, "repeats": 0})
         save = (lambda sigs: prebuild.save(sigs, args.save_signatures)) if args.save_signatures else None
         report = build_ahead(system.model.ctx.ops, lambda: workload(system, cfg, short), args.jobs, log=log,
-                             save=save)
+                             save=save, built=sigs)
         system.label += f" ({report.built} builds made ahead in {len(report.rounds)} rounds)"
     return system
 

@@ -61,6 +61,15 @@ def build_key(kernel, sig: Signature) -> tuple:
     return sig.spec, kernel.kernel.bind(sig.meta_tensors()).key(), sig.constants
 
 
+def key_of(sig: Signature) -> tuple:
+    """``build_key`` of a signature of a registered spec (a list read back, say)."""
+    from types import SimpleNamespace
+
+    from ..kernels_spec import get
+
+    return build_key(SimpleNamespace(kernel=get(sig.spec).kernel), sig)
+
+
 def call_signature(kernel, tensors: dict) -> tuple[tuple, Signature]:
     """(build key, signature) of a call of the ``CompiledKernel`` ``kernel`` with ``tensors`` (padded
     as the call pads them), without building anything."""

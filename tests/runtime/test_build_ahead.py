@@ -63,3 +63,24 @@ def test_a_round_that_meets_nothing_new_ends_it_and_a_workload_that_keeps_meetin
     else:
         raise AssertionError("an endless workload was not stopped")
     assert ops._ahead is None
+
+
+def test_signatures_built_before_run_at_once_and_are_saved_with_the_new_ones():
+    """A list prebuilt (``built``): its calls run on their kernels in the first round; only what
+    the list lacks is deferred, and ``save`` gets the list and the new signatures."""
+    linear, x = _linear()
+    first = Ctx(GeneratedOps(FastOps()))
+    linear(first, x)  # no building ahead: both kernels built at their calls
+    listed = [s for s in first.ops.signatures() if s.spec == "quantize"]
+    ctx, seen, saved = Ctx(GeneratedOps(FastOps())), [], []
+
+    def workload():
+        before = ctx.tally.snapshot()
+        linear(ctx, x)
+        seen.append(ctx.tally.since(before)["linear_q"])
+
+    report = build_ahead(ctx.ops, workload, jobs=1, built=listed, save=saved.append)
+    assert [r.signatures for r in report.rounds] == [1, 0]  # gemm_blockscaled only
+    assert seen == [(0, 1), (1, 0)]
+    assert [s.spec for s in saved[-1]] == ["quantize", "gemm_blockscaled"]
+    assert prebuild.key_of(listed[0]) in report.keys

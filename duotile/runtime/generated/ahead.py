@@ -76,11 +76,14 @@ class Report:
 
 def build_ahead(ops, workload: Callable[[], object], jobs: int, rounds: int = 12,
                 log: Callable[[str], None] | None = None,
-                save: Callable[[list[prebuild.Signature]], None] | None = None) -> Report:
+                save: Callable[[list[prebuild.Signature]], None] | None = None,
+                built: list[prebuild.Signature] = ()) -> Report:
     """Run ``workload`` on ``ops`` (a `GeneratedOps`) until it meets no signature not built; build
-    each round's new ones in ``jobs`` processes. ``save`` gets every signature met so far after each
-    round (for ``duotile build --signatures`` elsewhere)."""
-    ahead, done, met = Ahead(), [], []
+    each round's new ones in ``jobs`` processes. ``built``: signatures built already (a list
+    prebuilt), whose calls run at once. ``save`` gets them and every signature met so far after
+    each round (for ``duotile build --signatures`` elsewhere)."""
+    ahead, done, met = Ahead(), [], list(built)
+    ahead.ready.update(prebuild.key_of(sig) for sig in built)
     ops._ahead = ahead
     try:
         for _ in range(rounds):
