@@ -211,7 +211,8 @@ def build(name: str, cfg, ckpt, args, log):
         save = (lambda sigs: prebuild.save(sigs, args.save_signatures)) if args.save_signatures else None
         report = build_ahead(system.model.ctx.ops, lambda: workload(system, cfg, short), args.jobs, log=log,
                              save=save, built=sigs)
-        system.label += f" ({report.built} builds made ahead in {len(report.rounds)} rounds)"
+        listed = f"{len(sigs)} builds from a list, " if sigs else ""
+        system.label += f" ({listed}{report.built} built ahead in {len(report.rounds)} rounds)"
     return system
 
 

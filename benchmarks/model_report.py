@@ -45,6 +45,11 @@ def write_report(runs: list[dict], name: str, out: Path | None = None) -> Path:
         notes.append(f"- {run['model']} on {run['layers']} layers ({', '.join(run['kinds'])}), {run['device']}, "
                      f"{run['date']}; copy bandwidth {run['copy_tbs']:.2f} TB/s; set-up: " +
                      ", ".join(f"{s['system']} {s['setup_s']:.0f} s" for s in run["systems"]))
+        for s in run["systems"]:
+            if s.get("ops"):  # the workload's model-op calls: (generated, reference) per op
+                gen, ref = (sum(v[i] for v in s["ops"].values()) for i in (0, 1))
+                notes.append(f"  - {s['system']}: {gen:,} model-op calls on generated kernels, {ref:,} on the "
+                             f"reference, over the workload")
     text = "\n".join([f"# Model benchmark ({name})", "", *notes, "", *table(runs)]) + "\n"
     (out / f"{name}.md").write_text(text)
     return out / f"{name}.md"
