@@ -17,8 +17,9 @@ step (time to first token: that step and its greedy token on the host; prefill t
 then for each batch of ``--batches``, that many requests of ``--context`` prompt tokens each,
 prefilled, then ``--steps`` greedy decode steps timed one by one (median; each step ends with its
 tokens on the host, as a serving loop's does). The floor of a decode step is the weight bytes it
-reads (every weight but the routed experts and the embedding, plus the experts a batch of that size
-routes to, counted for uniform routing) over the copy bandwidth measured in the run.
+reads (every weight but the routed experts and the tables it gathers a few rows of: the embedding,
+V4.1's Engram table, V4's hash routing table; plus the experts a batch of that size routes to,
+counted for uniform routing) over the copy bandwidth measured in the run.
 
 Each system's rows go to ``--out`` (JSON) as they are measured; ``--report A.json B.json ...
 --name NAME`` joins runs made in separate processes into ``results/NAME.{md,json}``.
@@ -171,7 +172,8 @@ def floor_bytes(cfg, batch: int) -> int:
     block, per_expert, total = cfg.weight_block_size[0], 0, 0
     for spec in tensor_specs(cfg):
         size = sum(torch.Size(s).numel() * d.itemsize for s, d in spec.stored(block).values())
-        if spec.name.startswith("mtp.") or spec.name == "embed.weight" or ".gate.tid2eid" in spec.name:
+        if (spec.name.startswith("mtp.") or spec.name == "embed.weight" or ".gate.tid2eid" in spec.name
+                or spec.name.endswith(".engram.embed")):  # tables a step reads a few rows of
             continue
         if ".experts." in spec.name and ".shared_experts." not in spec.name:
             per_expert += size if ".experts.0." in spec.name and spec.name.startswith("layers.0.") else 0

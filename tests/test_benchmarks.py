@@ -241,3 +241,20 @@ def test_model_benchmark_floor_counts_the_experts_a_batch_reaches():
                  for s, d in specs[f"layers.0.ffn.experts.0.{w}"].stored(cfg.weight_block_size[0]).values())
     k = cfg.num_experts_per_tok
     assert all_of_them - one == pytest.approx(cfg.num_hidden_layers * (cfg.n_routed_experts - k) * expert, rel=1e-6)
+
+
+def test_model_benchmark_floor_leaves_out_the_tables_a_step_gathers_rows_of():
+    """V4.1's Engram table (like the embedding) is read a few rows a token: not in the floor."""
+    from benchmarks.bench_model import floor_bytes
+    from duotile.runtime.inventory import tensor_specs
+    from duotile.runtime.presets import get_preset
+
+    cfg = get_preset("v41-tiny")
+    specs = {sp.name: sp for sp in tensor_specs(cfg)}
+    tables = [n for n in specs if n.endswith(".engram.embed")]
+    assert tables
+    total = sum(torch.Size(s).numel() * d.itemsize for sp in specs.values() if not sp.name.startswith("mtp.")
+                and ".experts." not in sp.name for s, d in sp.stored(cfg.weight_block_size[0]).values())
+    table_bytes = sum(torch.Size(s).numel() * d.itemsize for n in tables + ["embed.weight"]
+                      for s, d in specs[n].stored(cfg.weight_block_size[0]).values())
+    assert floor_bytes(cfg, 0) == total - table_bytes  # batch 0: no routed expert reached
