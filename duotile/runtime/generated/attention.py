@@ -117,7 +117,7 @@ class AttentionKernels:
             return torch.empty(x.shape, dtype=torch.float32, device=x.device)
         lo, hi = int(positions.min()) // rotary.BLOCK, int(positions.max()) // rotary.BLOCK
         blocks = [rotary._block(b) for b in range(lo, hi + 1)]
-        cos, sin = (torch.cat([blk[i] for blk in blocks]).contiguous() for i in (0, 1))
+        cos, sin = blocks[0] if len(blocks) == 1 else (torch.cat([blk[i] for blk in blocks]) for i in (0, 1))
         rows = x.reshape(x.shape[0], -1, x.shape[-1]).contiguous()  # [T, heads (or 1), C]
         out = torch.empty(rows.shape, dtype=torch.float32, device=x.device)
         idx = ship((positions - lo * rotary.BLOCK).to(torch.int32), x.device)
