@@ -28,6 +28,11 @@ from .rewrite import Rewriter
 
 _SIMPLIFIED: dict = {}  # sympy.simplify by expression: configs and shapes repeat the dynamic ones
 _SIMPLIFIED_MAX = 50_000
+# bound expressions by substitution, then by expression: the config searches bind every tile config
+# of a call to the same sizes, and most of a module's offsets and extents recur from one to the next
+_BOUND: dict[frozenset, dict] = {}
+_BOUND_MAX = 64  # substitutions kept (each a call's sizes)
+_BOUND_EXPRS_MAX = 50_000  # expressions kept per substitution
 
 
 def _simplify(e):
@@ -39,36 +44,56 @@ def _simplify(e):
     return out
 
 
+def _bound_exprs(subs: dict) -> dict:
+    """The kept bound expressions of one substitution (a fresh table for a new one)."""
+    key = frozenset(subs.items())
+    seen = _BOUND.get(key)
+    if seen is None or len(seen) >= _BOUND_EXPRS_MAX:
+        if len(_BOUND) >= _BOUND_MAX:
+            _BOUND.clear()
+        seen = _BOUND[key] = {}
+    return seen
+
+
+def _bind(e, subs: dict, symbols: set):
+    """``e`` with the sizes of ``subs`` put in, simplified; a number where it becomes one."""
+    if not e.free_symbols & symbols:
+        return e
+    out = e.xreplace(subs)  # sizes for symbols; sympy evaluates what becomes numeric (subs: 20% slower)
+    if not out.is_number:  # simplify is the slow part, and a number is already simple
+        out = _simplify(out)
+    return sympy.Float(out) if out.is_number and not out.is_Integer and not out.is_infinite else out
+
+
 def bind_shapes(module: Module, shapes: dict[str, int], dynamic: tuple[str, ...] = ()) -> Module:
     """Sizes in ``dynamic`` stay symbolic (as ``dynamic_symbol(name)``); every other size must be given."""
-    symbols = {s for p in module.params for d in p.shape for s in d.free_symbols}
+    names = {s: str(s) for p in module.params for d in p.shape for s in d.free_symbols}  # each printed once
+    symbols = set(names)
     # a size only optional tensors carry is unknown where the call leaves them out: the kernel
     # reads no such tensor, and a target that declares every parameter declares it with size 1
     required = {s for p in module.params if not p.optional for d in p.shape for s in d.free_symbols}
-    absent = {s for s in symbols if s not in required and str(s) not in shapes and str(s) not in dynamic}
+    absent = {s for s in symbols if s not in required and names[s] not in shapes and names[s] not in dynamic}
     symbols -= absent
-    missing = sorted(str(s) for s in symbols if str(s) not in shapes and str(s) not in dynamic)
+    missing = sorted(names[s] for s in symbols if names[s] not in shapes and names[s] not in dynamic)
     if missing:
         raise DslError(f"{module.name}: no size given for {', '.join(missing)}")
-    subs = {s: (dynamic_symbol(str(s)) if str(s) in dynamic else sympy.Integer(shapes[str(s)])) for s in symbols}
+    subs = {s: (dynamic_symbol(names[s]) if names[s] in dynamic else sympy.Integer(shapes[names[s]]))
+            for s in symbols}
     subs.update({s: sympy.Integer(1) for s in absent})
     symbols |= absent
 
-    seen: dict = {}  # a module repeats its offsets and extents: each expression is bound once
+    seen = _bound_exprs(subs)  # each expression is bound once for these sizes
 
     def expr(e):
-        if e in seen:
-            return seen[e]
-        if not e.free_symbols & symbols:
+        if e.is_Number:  # most tile dimensions: nothing to bind
             return e
-        out = e.xreplace(subs)  # sizes for symbols; sympy evaluates what becomes numeric (subs: 20% slower)
-        if not out.is_number:  # simplify is the slow part, and a number is already simple
-            out = _simplify(out)
-        seen[e] = out = sympy.Float(out) if out.is_number and not out.is_Integer and not out.is_infinite else out
+        out = seen.get(e)
+        if out is None:
+            out = seen[e] = _bind(e, subs, symbols)
         return out
 
-    static = {str(s): shapes[str(s)] for s in sorted(symbols - absent, key=str) if str(s) not in dynamic}
-    left = tuple(sorted(str(s) for s in symbols if str(s) in dynamic))
+    static = {names[s]: shapes[names[s]] for s in sorted(symbols - absent, key=names.get) if names[s] not in dynamic}
+    left = tuple(sorted(names[s] for s in symbols if names[s] in dynamic))
     bound = Rewriter(expr).module(module, shapes=static, dynamic=left)
     for op in bound.walk():
         if op.result is not None:

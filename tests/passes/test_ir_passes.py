@@ -32,6 +32,22 @@ def test_bind_shapes_specialises_sizes_and_grid():
     assert "shapes {D=7, N=10}" in str(m)
 
 
+def test_bind_shapes_gives_each_call_its_own_sizes_when_binds_alternate(monkeypatch):
+    """Bound expressions are kept by the sizes they were bound to: binding one trace at two sizes
+    in turn, or a dynamic size, gives what a first bind at each gives."""
+    from duotile.passes import bind_shapes as pass_module
+
+    trace = softmax_rows.trace(config={"BN": 4})
+    calls = [({"N": 10, "D": 7}, ()), ({"N": 64, "D": 5}, ()), ({"D": 7}, ("N",))]
+    fresh = []
+    for sizes, dynamic in calls:
+        monkeypatch.setattr(pass_module, "_BOUND", {})
+        fresh.append(str(bind_shapes(trace, sizes, dynamic)))
+    for _ in range(2):
+        assert [str(bind_shapes(trace, sizes, dynamic)) for sizes, dynamic in calls] == fresh
+    assert "n_N" in fresh[2] and fresh[0] != fresh[1]
+
+
 def test_bind_shapes_names_missing_sizes():
     with pytest.raises(DslError, match="no size given for D"):
         bind_shapes(softmax_rows.trace(), {"N": 3})
