@@ -13,14 +13,14 @@ from .rewrite import Rewriter
 
 
 def split_phases(module: Module) -> list[Module]:
-    grids = module.body.ops
-    if len(grids) == 1:
+    if len(module.body.ops) == 1:
         return [module]
-    return [_phase(module, i) for i in range(len(grids))]
+    # each a copy: passes may rewrite it in place
+    return [Rewriter().module(one, name=f"{module.name}_p{i}", phase=i) for i, one in enumerate(phase_views(module))]
 
 
-def _phase(module: Module, i: int) -> Module:
-    """Phase ``i`` as a module of its own (a copy: passes may rewrite it in place)."""
-    one = Module(module.name, module.params, Block([module.body.ops[i]]), module.config, module.constants,
-                 module.shapes, module.dynamic, module.batch_dim, module.source_file)
-    return Rewriter().module(one, name=f"{module.name}_p{i}", phase=i)
+def phase_views(module: Module) -> list[Module]:
+    """Each grid of ``module`` as a module of its own under ``module``'s name, sharing its ops and
+    parameters (not copies: for a pass that writes a new module, such as ``bind_shapes``)."""
+    return [Module(module.name, module.params, Block([grid]), module.config, module.constants, module.shapes,
+                   module.dynamic, module.batch_dim, module.source_file) for grid in module.body.ops]

@@ -23,6 +23,7 @@ A pruned config keeps every reason.
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -36,8 +37,7 @@ from ...dsl.ir import Module
 from ...dsl.kernel import KernelDef, Signature
 from ..bind_shapes import bind_shapes
 from ..fuse_elementwise import fuse_elementwise
-from ..rewrite import Rewriter
-from ..split_phases import split_phases
+from ..split_phases import phase_views
 from .usage import TileUsage, estimate_usage
 
 
@@ -132,6 +132,7 @@ class Verdict:
     reasons: list[str] = field(default_factory=list)
     usage: dict[str, int] = field(default_factory=dict)  # memory -> needed (its unit), the most of any phase
     phases: list[Module] = field(default_factory=list)  # the fused module of each phase (what the model reads)
+    usages: list[TileUsage] = field(default_factory=list)  # the estimated usage of each of those phases
 
 
 class Constraints:
@@ -144,13 +145,20 @@ class Constraints:
         self.relations = [parse_relation(r) for r in relations]
         self.owners = owners or {}
         self._cache: dict[tuple, Verdict] = {}
-        # by the kernel's tunables: the bound module, its fused phases and their estimated usage
-        self._traced: dict[tuple, tuple[Module, list[Module], list[TileUsage]]] = {}
+        # by the kernel's tunables: the fused phases of the bound module and their estimated usage
+        self._traced: dict[tuple, tuple[list[Module], list[TileUsage]]] = {}
 
     def bound(self, config: dict[str, Any]) -> Module:
         """The traced module of a config with its shapes bound: the one trace every check reads."""
+        return bind_shapes(self._symbolic(config), self.sig.shapes)
+
+    def bound_phases(self, config: dict[str, Any]) -> list[Module]:
+        """``split_phases(self.bound(config))``: each phase a new module that a pass may rewrite."""
+        return bind_phases(self._symbolic(config), self.sig.shapes)
+
+    def _symbolic(self, config: dict[str, Any]) -> Module:
         kern = {k: v for k, v in config.items() if k in self.kernel.tunables}
-        return bind_shapes(_symbolic_trace(self.kernel, self.sig, kern, self.constants), self.sig.shapes)
+        return _symbolic_trace(self.kernel, self.sig, kern, self.constants)
 
     def check(self, config: dict[str, Any], full: bool = True) -> Verdict:
         """The verdict on ``config``; ``full=False`` skips the target's own lowering and capacity
@@ -163,7 +171,7 @@ class Constraints:
     def _check(self, config: dict[str, Any], full: bool = True) -> Verdict:
         reasons = self._relations(config)
         try:
-            bound, phases, usages, knobs, tgt = self._trace(config)
+            phases, usages, knobs, tgt = self._trace(config)
         except DslError as err:
             return Verdict(False, reasons + [f"does not trace: {err}"])
         exempt = {self.kernel.batch_dim} if self.kernel.batch_dim else set()
@@ -178,8 +186,8 @@ class Constraints:
                 needed[lim.memory] = max(needed.get(lim.memory, 0), int(lim.needed))
         reasons = list(dict.fromkeys(reasons))
         if not reasons and full:
-            reasons += self._target_capacity(bound, knobs)
-        return Verdict(not reasons, reasons, needed, phases)
+            reasons += self._target_capacity(config, knobs)
+        return Verdict(not reasons, reasons, needed, phases, usages)
 
     def law(self, config: dict[str, Any]) -> list[str]:
         """Why a build would refuse ``config`` (empty: it would not): the user's relations, tracing,
@@ -187,19 +195,19 @@ class Constraints:
         (registers, waste) are left out: they filter a search, they do not forbid a build."""
         reasons = self._relations(config)
         try:
-            bound, _, usages, knobs, tgt = self._trace(config)
+            _, usages, knobs, tgt = self._trace(config)
         except DslError as err:
             return reasons + [f"does not trace: {err}"]
         reasons += [r for usage in usages for r in mma_reasons(usage, self.target, tgt.mma_atom)]
-        return reasons or self._target_capacity(bound, knobs)
+        return reasons or self._target_capacity(config, knobs)
 
     def _relations(self, config: dict[str, Any]) -> list[str]:
         values = {**self.sig.shapes, **config}
         return [f"violates {r.text}" for r in self.relations if not r(values)]
 
     def _trace(self, config: dict[str, Any]):
-        """The bound module, a fused copy of each of its phases (what the estimator reads), their
-        estimated usage, the target knobs and the target. All but the knobs depend on the kernel's
+        """The fused bound phases (what the estimator reads), their estimated usage, the target
+        knobs and the target. All but the knobs depend on the kernel's
         tunables only, so configs that differ in target knobs alone share one trace: the config
         search tries many such neighbours. A trace error is not kept (it is raised again)."""
         kern = tuple(sorted((k, repr(v)) for k, v in config.items() if k in self.kernel.tunables))
@@ -208,15 +216,15 @@ class Constraints:
         knobs = {k: v for k, v in config.items() if k not in self.kernel.tunables}
         return *self._traced[kern], knobs, get_target(self.target)
 
-    def _target_capacity(self, bound: Module, knobs: dict[str, Any]) -> list[str]:
+    def _target_capacity(self, config: dict[str, Any], knobs: dict[str, Any]) -> list[str]:
         """The target's own pipeline and capacity model (what its build would reject), still before
         any compiler runs: the estimator above is a quick filter, the target's check is the law.
-        ``tgt.lower`` may rewrite a module in place, so it gets a copy of the shared ``bound``."""
+        ``tgt.lower`` may rewrite a module in place, so it gets phases bound anew."""
         from ...dsl.errors import CapacityError, UnsupportedError
 
         tgt = get_target(self.target)
         try:
-            for phase in _own_phases(bound):
+            for phase in self.bound_phases(config):
                 tgt.lower(phase, tgt.phase_knobs(phase, {**tgt.default_knobs(), **knobs}))
         except CapacityError as err:
             return [f"{err.memory}: needs {err.needed / 1024:.1f} KiB > capacity {err.capacity / 1024:.1f} KiB "
@@ -227,23 +235,27 @@ class Constraints:
 
 
 # Traces kept for every Constraints of the process, each beside its kernel (an id is not reused while
-# the kernel lives). Nothing changes a kept trace: bind_shapes writes a new module, the checks lower copies.
+# the kernel lives). Nothing changes a kept trace: bind_shapes writes a new module, the checks lower
+# phases bound anew.
 _TRACES_MAX = 1024
 # symbolic traces (shapes not yet bound) by call and tile config: a trace does not depend on the
 # sizes, so the config searches of every shape of a spec share them (a model's 30 GEMM shapes, each
 # searching the same tiles)
 _SYMBOLIC: dict[tuple, tuple] = {}
-# bound traces, their fused phases and usage, by call, shapes and tile config: the trace does not
+# the fused phases of bound traces and their usage, by call, shapes and tile config: the trace does not
 # depend on the target, so a shape's config searches on sm90, sm100 and ascend950 (and a dynamic
 # batch's sizes, and a tuning sweep after the choice of a default) share them
 _TRACES: dict[tuple, tuple] = {}
 
 
-def _own_phases(module: Module) -> list[Module]:
-    """The phases of ``module`` as copies a pass may rewrite in place, ``module`` untouched: the
-    phases of a split kernel are copies already (``split_phases``), a single phase is copied once."""
-    phases = split_phases(module)
-    return [Rewriter().module(module)] if len(phases) == 1 and phases[0] is module else phases
+def bind_phases(module: Module, shapes: dict[str, int]) -> list[Module]:
+    """``split_phases(bind_shapes(module, shapes))`` with one copy instead of two: each phase of
+    the unbound ``module`` is bound on its own (``bind_shapes`` writes a new module), then named as
+    ``split_phases`` names it. ``module`` is untouched."""
+    if len(module.body.ops) == 1:
+        return [bind_shapes(module, shapes)]
+    return [dataclasses.replace(bind_shapes(view, shapes), name=f"{module.name}_p{i}", phase=i)
+            for i, view in enumerate(phase_views(module))]
 
 
 def _call_key(kernel: KernelDef, sig: Signature, constants: dict | None, kern) -> tuple:
@@ -270,9 +282,8 @@ def _symbolic_trace(kernel: KernelDef, sig: Signature, kern: dict[str, Any], con
 
 def _shared_trace(cons: Constraints, kern: tuple, config: dict[str, Any]):
     def make():
-        bound = cons.bound(config)
-        phases = [fuse_elementwise(p) for p in _own_phases(bound)]
-        return bound, phases, [estimate_usage(p) for p in phases]
+        phases = [fuse_elementwise(p) for p in cons.bound_phases(config)]
+        return phases, [estimate_usage(p) for p in phases]
 
     key = (*_call_key(cons.kernel, cons.sig, cons.constants, kern), tuple(sorted(cons.sig.shapes.items())))
     return _kept(_TRACES, key, cons.kernel, make)

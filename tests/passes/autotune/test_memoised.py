@@ -69,9 +69,9 @@ def test_a_limit_of_integers_is_judged_as_sympy_judges_it():
 
 
 def test_the_fused_phases_of_a_shared_trace_are_those_of_a_copy(monkeypatch):
-    """A split kernel's phases are copies already and are fused as they come; a single phase is
-    fused on a copy. Either way the kept bound module is untouched and the fused phases are those
-    of fusing a fresh copy of each phase."""
+    """Each phase of the symbolic trace is bound on its own and fused as it comes: the fused phases
+    are those of fusing a fresh copy of each phase of the bound module, and the kept symbolic trace
+    is untouched."""
     from duotile.passes.autotune import constraints
     from duotile.passes.fuse_elementwise import fuse_elementwise
     from duotile.passes.rewrite import Rewriter
@@ -84,11 +84,12 @@ def test_the_fused_phases_of_a_shared_trace_are_those_of_a_copy(monkeypatch):
         cons = constraints.Constraints(spec.kernel, spec.kernel.bind(spec.meta_inputs(case)), "sm90",
                                        spec.constants_of(case))
         config = cons.kernel.resolve_config(None)
-        bound, phases, _ = constraints._shared_trace(cons, (), config)
+        symbolic = format_module(cons._symbolic(config))
+        phases, _ = constraints._shared_trace(cons, (), config)
         fresh = cons.bound(config)
-        assert format_module(bound) == format_module(fresh)
         want = [format_module(fuse_elementwise(Rewriter().module(p))) for p in split_phases(fresh)]
         assert [format_module(p) for p in phases] == want and len(want) == (2 if name == "gemm_splitk" else 1)
+        assert format_module(cons._symbolic(config)) == symbolic
 
 
 def test_numbers_and_plain_attrs_take_the_short_paths_unchanged():
@@ -102,3 +103,25 @@ def test_numbers_and_plain_attrs_take_the_short_paths_unchanged():
     attrs = {"a": 1, "b": "s", "c": None, "d": True, "e": 2.0, "f": (x, [x + 1, 4], {"g": x})}
     got = map_expr(attrs, lambda e: e.subs(x, 3))
     assert got == {"a": 1, "b": "s", "c": None, "d": True, "e": 2.0, "f": (3, [4, 4], {"g": 3})}
+
+
+def test_binding_each_phase_is_binding_then_splitting():
+    """``bind_phases`` binds each phase of the unbound trace on its own: the same modules, names and
+    phase numbers as ``split_phases(bind_shapes(...))``, the trace untouched, and a single phase is
+    a new module too."""
+    from duotile.passes.autotune.constraints import bind_phases
+    from duotile.passes.bind_shapes import bind_shapes
+    from duotile.passes.split_phases import split_phases
+
+    for name in ("gemm_splitk", "rmsnorm"):
+        spec = registry.get(name)
+        case = next(iter(spec.cases.values()))
+        sig = spec.kernel.bind(spec.meta_inputs(case))
+        trace = spec.kernel.trace(sig.dtypes, sig.present, None, spec.constants_of(case))
+        before = format_module(trace)
+        got, want = bind_phases(trace, sig.shapes), split_phases(bind_shapes(trace, sig.shapes))
+        assert [format_module(p) for p in got] == [format_module(p) for p in want]
+        assert [(p.name, p.phase, p.shapes, p.params) for p in got] == [(p.name, p.phase, p.shapes, p.params)
+                                                                         for p in want]
+        assert len(got) == (2 if name == "gemm_splitk" else 1) and all(p is not trace for p in got)
+        assert format_module(trace) == before
