@@ -210,14 +210,33 @@ def _choose(kernel: KernelDef, target: str, sig: Signature, constants: dict | No
         else ranked[0]
 
 
+_SPACES: dict[tuple, tuple] = {}  # _space's answers, by kernel, target, dtypes, present tensors and constants
+_SPACES_MAX = 1024
+
+
 def _space(kernel: KernelDef, target: str, sig: Signature, constants: dict | None):
-    """(the traced module if it is one launch else None, the kernel's config space on the target)."""
+    """(the traced module if it is one launch else None, the kernel's config space on the target,
+    the target's start points for that module). None depends on the sizes (a trace is symbolic),
+    so each is kept for the process and every shape of a kernel shares it; none is changed by
+    its readers."""
+    key = (id(kernel), target, tuple(sorted((k, v.name) for k, v in sig.dtypes.items())),
+           tuple(sorted(sig.present.items())), tuple(sorted((k, repr(v)) for k, v in (constants or {}).items())))
+    hit = _SPACES.get(key)
+    if hit is None or hit[0] is not kernel:  # the kernel is kept beside its answer: an id is not reused
+        if len(_SPACES) >= _SPACES_MAX:
+            _SPACES.clear()
+        hit = _SPACES[key] = (kernel, *_make_space(kernel, target, sig, constants))
+    return hit[1:]
+
+
+def _make_space(kernel: KernelDef, target: str, sig: Signature, constants: dict | None):
     from ..passes.autotune.space import ConfigSpace
     from .target import get_target
 
+    tgt = get_target(target)
     traced = kernel.trace(sig.dtypes, sig.present, None, constants)
     one = traced if len(traced.body.ops) == 1 else None  # the knob filter reads a single launch
-    return one, ConfigSpace.from_kernel(kernel, get_target(target), module=one)
+    return one, ConfigSpace.from_kernel(kernel, tgt, module=one), (tgt.start_points(one) if one is not None else [])
 
 
 def ranked_configs(kernel: KernelDef, target: str, sig: Signature, constants: dict | None = None,
@@ -244,11 +263,11 @@ def ranked_configs(kernel: KernelDef, target: str, sig: Signature, constants: di
         machine = None
     if machine is None:  # a target the cost model does not know (the interpreter): its defaults
         return []
-    one, space = _space(kernel, target, sig, constants)
+    _, space, starts = _space(kernel, target, sig, constants)
     default = space.default()
     pool = [default]
     if knobs is None:
-        for partial in (tgt.start_points(one) if one is not None else []):
+        for partial in starts:
             pool.append({**default, **partial})
         if tgt.modelled:  # knobs move too there, one step from each start (the search below walks tunables)
             for base in list(pool):
@@ -270,7 +289,8 @@ def ranked_configs(kernel: KernelDef, target: str, sig: Signature, constants: di
         if k not in scores:
             verdict = cons.check(c, full=False)
             knobs = {n: v for n, v in c.items() if n not in kernel.tunables}
-            scores[k] = (estimate_phases(verdict.phases, machine, knobs).time_s if verdict.ok else math.inf)
+            scores[k] = (estimate_phases(verdict.phases, machine, knobs, verdict.usages).time_s if verdict.ok
+                         else math.inf)
             seen[k] = c
         return scores[k]
 

@@ -183,10 +183,12 @@ def estimate(module: Module, m: Machine, knobs: dict[str, Any] | None = None,
     return Estimate(waves * program_time, flops, dram, programs, resident, waves, wave_eff, bound)
 
 
-def estimate_phases(phases: list[Module], m: Machine, knobs: dict[str, Any] | None = None) -> Estimate:
+def estimate_phases(phases: list[Module], m: Machine, knobs: dict[str, Any] | None = None,
+                    usages: list[TileUsage] | None = None) -> Estimate:
     """A kernel of several phases runs them one after another: their times, work and traffic add
-    up; the rest is the longest phase's."""
-    parts = [estimate(p, m, knobs) for p in phases]
+    up; the rest is the longest phase's. ``usages``: each phase's ``estimate_usage``, where the
+    caller has it already (a ``Verdict``'s)."""
+    parts = [estimate(p, m, knobs, u) for p, u in zip(phases, usages or [None] * len(phases))]
     if len(parts) == 1:
         return parts[0]
     main = max(parts, key=lambda e: e.time_s)
