@@ -62,22 +62,32 @@ class _Fuser:
         self.index_only = index_only
         self.pos = {op.result.id: i for i, op in enumerate(self.ops) if op.result is not None}
         self.inlined: set[int] = set()
+        self.writers: dict[int, list[int]] = {}  # buffer id -> positions of the ops writing it, ascending
+        for i, op in enumerate(self.ops):
+            for b in op.written_ids():
+                self.writers.setdefault(b, []).append(i)
+        self.leaves: dict[int, set[int]] = {}  # position -> ids of the values its inlined tree reads
 
     def inlinable(self, v: Value, user_pos: int) -> bool:
+        """Whether ``v`` is one elementwise use away from its user at ``user_pos``, with no op in
+        between writing a value its tree reads."""
         i = self.pos.get(v.id)
         if i is None or self.ops[i].name not in FUSIBLE or self.uses[v.id] != 1:
             return False
-        read = {leaf.id for leaf in self.leaf_values(self.ops[i])}
-        written = set().union(*(o.written_ids() for o in self.ops[i + 1:user_pos])) if user_pos > i + 1 else set()
-        return not (read & written)
+        return not any(i < j < user_pos for b in self.leaf_ids(i) for j in self.writers.get(b, ()))
 
-    def leaf_values(self, op: Op):
-        for a in op.values():
-            j = self.pos.get(a.id)
-            if j is not None and self.ops[j].name in FUSIBLE and self.uses[a.id] == 1:
-                yield from self.leaf_values(self.ops[j])
-            else:
-                yield a
+    def leaf_ids(self, i: int) -> set[int]:
+        """Ids of the values the op at ``i`` reads once its single-use elementwise inputs are inlined."""
+        if i not in self.leaves:
+            ids = set()
+            for a in self.ops[i].values():
+                j = self.pos.get(a.id)
+                if j is not None and self.ops[j].name in FUSIBLE and self.uses[a.id] == 1:
+                    ids |= self.leaf_ids(j)
+                else:
+                    ids.add(a.id)
+            self.leaves[i] = ids
+        return self.leaves[i]
 
     def tree(self, op: Op, user_pos: int, inputs: list[Value]) -> Node:
         t = op.result.type
