@@ -90,10 +90,20 @@ class Estimate:
         return self.time_s * 1e3
 
 
+_NUMS: dict[tuple, float] = {}  # _num of an expression by expression and env: a phase shared by the
+_NUMS_MAX = 50_000  # targets' searches (and by configs that differ in knobs alone) is estimated again
+
+
 def _num(e, env: dict) -> float:
     if isinstance(e, (int, float, sympy.Number)):  # a number substitutes nothing
         return float(e)
-    return float(sympy.sympify(e).subs(env))
+    key = (e, tuple(env.items()))
+    out = _NUMS.get(key)
+    if out is None:
+        if len(_NUMS) >= _NUMS_MAX:
+            _NUMS.clear()
+        out = _NUMS[key] = float(sympy.sympify(e).subs(env))
+    return out
 
 
 def _walk(block, trips: float, env: dict, acc: dict, loop_depth: int, main: list, mma_m: int):

@@ -125,3 +125,12 @@ def test_binding_each_phase_is_binding_then_splitting():
                                                                          for p in want]
         assert len(got) == (2 if name == "gemm_splitk" else 1) and all(p is not trace for p in got)
         assert format_module(trace) == before
+
+
+def test_a_kept_number_is_kept_by_its_expression_and_env():
+    from duotile.passes.autotune.cost_model import _num
+
+    x, y = sympy.Symbol("x"), sympy.Symbol("y")
+    for _ in range(2):
+        assert _num(x + 1, {x: 2.0}) == 3.0 and _num(x + 1, {x: 5.0}) == 6.0
+        assert _num(x + y, {x: 1.0, y: 2.0}) == 3.0 and _num(x + y, {x: 1.0, y: 7.0}) == 8.0
