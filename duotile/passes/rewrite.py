@@ -54,21 +54,21 @@ class Rewriter:
         self.values: dict[int, Value] = {}
 
     def value(self, v: Value) -> Value:
-        if v.id not in self.values:
+        new = self.values.get(v.id)
+        if new is None:
             t = v.type
-            new_type = TileType(tuple(self.expr(d) for d in t.shape), t.dtype, t.role)
-            self.values[v.id] = Value(new_type, v.mutable, v.hint, v.id)
-        return self.values[v.id]
+            new_type = TileType(tuple([self.expr(d) for d in t.shape]), t.dtype, t.role)
+            new = self.values[v.id] = Value(new_type, v.mutable, v.hint, v.id)
+        return new
 
     def arg(self, a):
         return self.value(a) if isinstance(a, Value) else map_expr(a, self.expr)
 
     def op(self, op: Op) -> Op:
-        attrs = {k: self.value(v) if isinstance(v, Value) else map_expr(v, self.expr)
-                 for k, v in op.attrs.items()}
-        return Op(op.name, tuple(self.arg(a) for a in op.args), attrs,
+        arg = self.arg
+        return Op(op.name, tuple([arg(a) for a in op.args]), {k: arg(v) for k, v in op.attrs.items()},
                   self.value(op.result) if op.result is not None else None,
-                  [self.block(r) for r in op.regions], op.loc)
+                  [self.block(r) for r in op.regions] if op.regions else [], op.loc)
 
     def block(self, block: Block) -> Block:
         return Block([self.op(o) for o in block.ops])
