@@ -215,3 +215,33 @@ def test_the_v41_router_and_the_compressor_sharing_its_bucket_take_their_own_ent
         assert source == "table", shape
         got[shape] = (config["BM"], config["BN"])
     assert got == {"v41/router/prefill4096": (64, 192), "v41/compressor_ratio1/prefill4096": (64, 256)}
+
+
+# the cost model's choice at a few model shapes, one per kernel kind and target: a change that
+# means to keep every choice (a faster search, cached passes) must keep these
+PINNED_CHOICES = [
+    ("gemm", "v4/compressor_csa/decode16", "sm90",
+     {"BK": 128, "BM": 64, "BN": 128, "SPLIT": 8, "STAGES": 3, "cluster": 1, "full_row": False,
+      "persistent": False, "raster": 0, "threads": 256, "tma_store": False, "warp_specialize": "auto"}),
+    ("gemm", "v4/compressor_csa/decode16", "sm100",
+     {"BK": 128, "BM": 128, "BN": 32, "SPLIT": 2, "STAGES": 4, "raster": 0, "threads": 256}),
+    ("gemm", "v4/compressor_csa/decode64", "ascend950",
+     {"BK": 128, "BM": 64, "BN": 256, "SPLIT": 4, "STAGES": 3, "cores": 32, "threads": 128, "vector_split": False}),
+    ("flash_attention", "v4/d128/s1024_causal", "sm90",
+     {"BM": 128, "BN": 192, "STAGES": 2, "cluster": 1, "overlap": False, "persistent": False, "raster": 0,
+      "threads": 256, "tma_store": False, "warp_specialize": "auto"}),
+    ("flash_attention", "v4/d128/s1024_causal", "ascend950",
+     {"BM": 128, "BN": 128, "STAGES": 1, "cores": 32, "threads": 128, "vector_split": False}),
+    ("indexer_logits", "v4/r4_ctx1m/decode16", "sm100", {"BN": 64, "NB": 8, "STAGES": 2, "raster": 0, "threads": 256}),
+    ("rmsnorm", "v4/hidden/decode16", "sm90", {"ALIGN": 2048, "ROWS": 4, "raster": 0, "threads": 256}),
+    ("topk", "v4/r4_ctx1m/decode16", "ascend950",
+     {"CHUNK": 8192, "RT": 16, "cores": 32, "threads": 128, "vector_split": False}),
+]
+
+
+def test_the_model_choice_at_pinned_shapes_is_unchanged():
+    for name, shape, target, want in PINNED_CHOICES:
+        spec = get(name)
+        case = spec.model_shapes[shape]
+        sig = cc.at_choice_batch(spec.kernel, spec.kernel.bind(spec.meta_inputs(case)))
+        assert cc._choose(spec.kernel, target, sig, spec.constants_of(case)) == want, (name, shape, target)
