@@ -445,3 +445,11 @@ def test_generated_logits_stay_within_twice_the_references_own_spread(ckpt_dir, 
     served = generated.model.ctx.tally.snapshot()
     assert all(served[op][0] > 0 and served[op][1] == 0 for op in ("linear", "sparse_attention", "moe_experts"))
     assert (got - ref).abs().max().item() <= 2 * spread
+
+
+def test_a_kernel_is_made_once_whatever_the_order_of_its_constants():
+    ops, dev = GeneratedOps(FastOps()), torch.device("cpu")
+    first = ops._kernel("kv_round", dev, {"FORMAT": "fp8", "BLOCK": 64, "FLOOR": 0.0})
+    assert ops._kernel("kv_round", dev, {"BLOCK": 64, "FLOOR": 0.0, "FORMAT": "fp8"}) is first
+    assert ops._kernel("kv_round", dev, {"FORMAT": "fp8", "BLOCK": 32, "FLOOR": 0.0}) is not first
+    assert len(ops._kernels) == 2

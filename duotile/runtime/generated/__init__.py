@@ -54,6 +54,7 @@ class GeneratedOps(DenseKernels, AttentionKernels, StreamKernels, MoEKernels):
         self.base = base
         self.invariant = base.invariant
         self._kernels: dict[tuple, Any] = {}
+        self._by_call: dict[tuple, Any] = {}  # the same kernels by the calls' own (unsorted) keys
         self._consts: dict[tuple, Any] = {}  # small constant tensors by what and device (a norm's unit weight)
         self._serves = {"rms_norm": self._rms_norm, "embed": self._embed, "topk": self._topk,
                         "route": self._route, "sparse_attention": self._sparse_attention,
@@ -97,6 +98,17 @@ class GeneratedOps(DenseKernels, AttentionKernels, StreamKernels, MoEKernels):
         return signatures_of(self._kernels.values())
 
     def _kernel(self, spec_name: str, device: torch.device, constants: dict) -> Any:
+        # a call's own form of the key first (no sorting, no device name: a few us a call, and a
+        # decode step makes hundreds), then the canonical one
+        kernel = self._by_call.get((spec_name, device, *constants.items()))
+        if kernel is None:
+            kernel = self._by_call[(spec_name, device, *constants.items())] = self._compiled(spec_name, device,
+                                                                                              constants)
+        if self._ahead is not None:
+            return DeferringKernel(kernel, self._ahead)
+        return kernel
+
+    def _compiled(self, spec_name: str, device: torch.device, constants: dict) -> Any:
         from ... import codegen
         from ...kernels_spec import get
 
@@ -105,8 +117,6 @@ class GeneratedOps(DenseKernels, AttentionKernels, StreamKernels, MoEKernels):
             sm90 = device.type == "cuda" and torch.cuda.get_device_capability(device) == (9, 0)
             self._kernels[key] = codegen.compile(get(spec_name).kernel, "sm90" if sm90 else "interpret",
                                                  constants=constants)
-        if self._ahead is not None:
-            return DeferringKernel(self._kernels[key], self._ahead)
         return self._kernels[key]
 
 
