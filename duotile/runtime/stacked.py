@@ -46,3 +46,12 @@ def stacked(parts: list[torch.Tensor], rows: int | None = None) -> tuple[torch.T
     if base is not None and (rows is None or base.shape[1] >= rows):
         return base, None
     return restack(parts, rows)
+
+
+def stack_attr(owners: list, name: str) -> torch.Tensor:
+    """The stack of each owner's tensor ``name`` (``stacked``); where it is new, each owner's
+    tensor becomes its view."""
+    base, views = stacked([getattr(o, name) for o in owners])
+    for o, v in zip(owners, views or []):
+        setattr(o, name, v)
+    return base

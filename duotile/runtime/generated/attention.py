@@ -7,7 +7,7 @@ from __future__ import annotations
 import torch
 
 from ..device import ints, ship
-from ..stacked import restack, stacked
+from ..stacked import restack, stack_of
 
 # kv_round's formats (runtime/layers/common.py) -> the kv_round spec's constants
 _KV_FORMATS = {"fp8/32": {"FORMAT": "fp8", "BLOCK": 32, "FLOOR": 0.0},
@@ -143,11 +143,10 @@ class AttentionKernels:
 def _stacked_banks(states: list, starts: list[int], ratio: int, overlap: bool) -> tuple[torch.Tensor, torch.Tensor]:
     """The states' banks as [B, slots, width] tensors (``stacked.py``): kept as the stack's views."""
     banks = [st.as_banks(p, ratio, overlap) for st, p in zip(states, starts)]
-    base_c, views_c = stacked([c for c, _ in banks])
-    base_z, views_z = stacked([z for _, z in banks])
-    if views_c is not None or views_z is not None:
-        base_c, views_c = restack([c for c, _ in banks]) if views_c is None else (base_c, views_c)
-        base_z, views_z = restack([z for _, z in banks]) if views_z is None else (base_z, views_z)
+    cs, zs = [c for c, _ in banks], [z for _, z in banks]
+    base_c, base_z = stack_of(cs), stack_of(zs)
+    if base_c is None or base_z is None:
+        (base_c, views_c), (base_z, views_z) = restack(cs), restack(zs)
         for st, c, z in zip(states, views_c, views_z):
             st.banked = (c, z)
     return base_c, base_z

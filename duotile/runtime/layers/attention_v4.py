@@ -8,7 +8,7 @@ from .. import quant
 from ..cache import append_each
 from ..config import ModelConfig
 from ..device import ship
-from ..stacked import stacked
+from ..stacked import stack_attr
 from .common import (
     Ctx,
     Rotary,
@@ -26,7 +26,7 @@ from .common import (
     topk,
 )
 from .compressor import pool_all
-from .step import Step
+from .step import Step, one_token_each
 
 
 class Compressor:
@@ -60,8 +60,7 @@ def _append_pooled(ctx: Ctx, comp: Compressor, states: list, c, z, seqs: list, r
     rows, pos, counts = comp.pool(ctx, states, c, z, seqs)
     if not rows.shape[0]:
         return
-    decode = all(sl.stop - sl.start == 1 for _, sl in seqs)
-    append_each(stores, round_fn(comp.finish(ctx, rows, pos, rotary)), counts, stack=decode)
+    append_each(stores, round_fn(comp.finish(ctx, rows, pos, rotary)), counts, stack=one_token_each(seqs))
 
 
 def round_kv_nope(ctx: Ctx, kv: torch.Tensor, nope: int) -> torch.Tensor:
@@ -109,10 +108,8 @@ class AttentionV4:
         ci, zi, qi, wts = index
         _append_pooled(ctx, self.idx_comp, [lc.index_state for lc in layers], ci, zi, seqs, self.rope,
                        lambda r: self._index_round(ctx, r), [lc.index_keys for lc in layers])
-        if all(sl.stop - sl.start == 1 for _, sl in seqs):  # a decode step: each query its sequence's keys
-            keys, views = stacked([lc.index_keys.data for lc in layers])
-            for lc, v in zip(layers, views or []):
-                lc.index_keys.data = v
+        if one_token_each(seqs):  # a decode step: each query its sequence's keys
+            keys = stack_attr([lc.index_keys for lc in layers], "data")
             return list(topk(ctx, index_scores(ctx, qi, wts, keys, (pos + 1) // self.ratio), cfg.index_topk).split(1))
         scores = [index_scores(ctx, qi[sl], wts[sl], lc.index_keys.view, (pos[sl] + 1) // self.ratio)
                   for lc, (_, sl) in zip(layers, seqs)]

@@ -19,7 +19,7 @@ from ..cache import append_each
 from ..config import ModelConfig
 from ..device import ship
 from ..model_ops import model_op
-from ..stacked import stacked
+from ..stacked import stack_attr
 from .common import (
     Ctx,
     Rotary,
@@ -36,7 +36,7 @@ from .common import (
     topk,
 )
 from .compressor import pool_all
-from .step import Step
+from .step import Step, one_token_each
 
 
 def candidate_pool(scores: torch.Tensor, n_visible: torch.Tensor, block: int, topk_blocks: int) -> torch.Tensor:
@@ -102,7 +102,7 @@ class AttentionV41:
         key = ctx.act(rope(ctx, self.rope, key, pos))
         if ctx.quant:
             main, key = ctx.act(round_rows(ctx, main, "nvfp4")), ctx.act(round_rows(ctx, key, "mxfp4"))
-        lcs, decode = [seq.cache.layers[self.layer] for seq, _ in seqs], all(sl.stop - sl.start == 1 for _, sl in seqs)
+        lcs, decode = [seq.cache.layers[self.layer] for seq, _ in seqs], one_token_each(seqs)
         append_each([lc.comp for lc in lcs], main, counts, stack=decode)
         append_each([lc.index_keys for lc in lcs], key, counts, stack=decode)
 
@@ -111,7 +111,7 @@ class AttentionV41:
         cfg = self.cfg
         if self.kind == "reuse":
             return [seq.scratch[("topk", self.idx_src)] for seq, _ in seqs]
-        if all(sl.stop - sl.start == 1 for _, sl in seqs):
+        if one_token_each(seqs):
             return self._select_decode(ctx, seqs, qi, wts, pos)
         scores = []
         for seq, sl in seqs:
@@ -132,9 +132,7 @@ class AttentionV41:
         call (the keys as one stack, `stacked.py`, each row masked past what its sequence sees),
         the candidate pool likewise (kept per sequence as a row of the step's pool)."""
         cfg, stores = self.cfg, [seq.cache.layers[self.kv_src].index_keys for seq, _ in seqs]
-        keys, views = stacked([s.data for s in stores])
-        for s, v in zip(stores, views or []):
-            s.data = v
+        keys = stack_attr(stores, "data")
         n_vis = (pos + 1) // self.ratio
         scores = index_scores(ctx, qi, wts, keys, n_vis)
         if self.kind == "reindex":

@@ -18,6 +18,7 @@ from ..config import ModelConfig
 from ..device import ship
 from ..model_ops import Tally, model_op
 from ..ops import FastOps
+from .step import one_token_each
 
 
 @dataclass
@@ -266,7 +267,7 @@ def attend(ctx: Ctx, seqs: list, layer: int, q: torch.Tensor, kv: torch.Tensor, 
     window rows, then its compressed rows (``Selected`` or ``Visible``; None: a window-only
     layer); each sequence's ring written after its rows were read; one ``sparse_attention`` over
     all queries (rows padded, masked). A decode step gathers every sequence's rows at once."""
-    if all(sl.stop - sl.start == 1 for _, sl in seqs) and seqs[0][0].cache.layers[layer].ring.dtype == kv.dtype:
+    if one_token_each(seqs) and seqs[0][0].cache.layers[layer].ring.dtype == kv.dtype:
         keys, valid = _decode_keys(seqs, layer, kv, compressed)
         return sparse_attention(ctx, q, keys, valid, sink, scale)
     keys, valid = [], []
@@ -287,12 +288,9 @@ def _decode_keys(seqs: list, layer: int, kv: torch.Tensor, compressed) -> tuple[
     the new rows written first (slot P mod W held position P - W, outside P's window), then each
     query's W window rows in position order, and its compressed rows, by one gather each; the
     same rows, padding and validity as the per-sequence path."""
-    from ..stacked import stacked
+    from ..stacked import stack_attr
 
-    lcs = [seq.cache.layers[layer] for seq, _ in seqs]
-    rings, views = stacked([lc.ring for lc in lcs])
-    for lc, v in zip(lcs, views or []):
-        lc.ring = v
+    rings = stack_attr([seq.cache.layers[layer] for seq, _ in seqs], "ring")
     b, size, dev = len(seqs), rings.shape[1], rings.device
     pos = ship(torch.tensor([seq.start for seq, _ in seqs]), dev)
     each = torch.arange(b, device=dev)
@@ -301,9 +299,7 @@ def _decode_keys(seqs: list, layer: int, kv: torch.Tensor, compressed) -> tuple[
     keys, valid = rings[each[:, None], window % size].to(kv.dtype), window >= 0
     if compressed is None:
         return keys, valid
-    store, views = stacked([s.data for s in compressed.stores])
-    for s, v in zip(compressed.stores, views or []):
-        s.data = v
+    store = stack_attr(compressed.stores, "data")
     if isinstance(compressed, Selected):
         sel = torch.cat(compressed.sel)
         rows, seen = store[each[:, None], sel.clamp(min=0)], sel >= 0

@@ -15,6 +15,7 @@ import torch
 from ..cache import CompressorState
 from ..model_ops import model_op
 from .common import Ctx
+from .step import one_token_each
 
 
 @model_op("compress")
@@ -68,7 +69,7 @@ def pool_all(ctx: Ctx, states: list[CompressorState], c: torch.Tensor, z: torch.
     of all windows completed, in sequence order, their positions (a window's first token, host)
     and each sequence's count. A decode step (one token each) pools in one call."""
     starts = [seq.start for seq, _ in seqs]
-    if all(sl.stop - sl.start == 1 for _, sl in seqs):
+    if one_token_each(seqs):
         counts = [int(p % ratio == ratio - 1) for p in starts]
         rows = pool_decode(ctx, states, c, z, starts, ratio, overlap)
         pos = torch.tensor([p - ratio + 1 for p, n in zip(starts, counts) if n], dtype=torch.long)

@@ -36,3 +36,9 @@ class Step:
         for s in self.seqs:
             self.slices.append(slice(at, at + len(s.tokens)))
             at += len(s.tokens)
+
+
+def one_token_each(seqs: list) -> bool:
+    """Whether a step's ``(StepSeq, slice)`` pairs bring one token each (a decode step): its cache
+    work runs once for all sequences, on stacked caches (``stacked.py``)."""
+    return all(sl.stop - sl.start == 1 for _, sl in seqs)
