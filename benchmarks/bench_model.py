@@ -246,7 +246,7 @@ def run(args) -> None:
             log(f"{name}: {row}")
             Path(args.out).write_text(json.dumps(out, indent=1))
 
-        before = system.model.ctx.tally.snapshot() if name != "transformers" else None
+        before = system.model.ctx.tally.snapshot() if name == "generated" else None
         workload(system, cfg, args, record)
         if name == "generated":  # which ops of the workload ran where, and the builds in all (ahead, at calls)
             entry["ops"] = system.model.ctx.tally.since(before)
