@@ -258,3 +258,36 @@ def test_model_benchmark_floor_leaves_out_the_tables_a_step_gathers_rows_of():
     table_bytes = sum(torch.Size(s).numel() * d.itemsize for n in tables + ["embed.weight"]
                       for s, d in specs[n].stored(cfg.weight_block_size[0]).values())
     assert floor_bytes(cfg, 0) == total - table_bytes  # batch 0: no routed expert reached
+
+
+SASS = """
+        Function : k_p0
+        /*0000*/                   MOV R1, c[0x0][0x28] ;
+        /*0010*/                   LDS.U8 R2, [R3] ;
+        /*0020*/               @P0 BRA 0x10 ;
+        /*0030*/                   EXIT ;
+        Function : k_p1
+        /*0000*/                   MOV R1, c[0x0][0x28] ;
+        /*0010*/                   LDS.U8 R2, [R3] ;
+        /*0020*/                   LOP3.LUT R4, R2, 0x7, RZ, 0xc0, !PT ;
+        /*0030*/                   HGMMA.64x64x16.F32.BF16 R24, gdesc[UR4], R24 ;
+        /*0040*/              @!P1 BRA 0x10 ;
+        /*0050*/                   IADD3 R5, R5, 0x1, RZ ;
+        /*0060*/                   BRA 0x50 ;
+        /*0070*/               @P2 BRA 0x0 ;
+"""
+
+
+def test_sass_loop_takes_the_loop_that_holds_the_tensor_core_instructions():
+    from benchmarks import sass_loop
+
+    fns = sass_loop.functions(SASS)
+    assert list(fns) == ["k_p0", "k_p1"]
+    assert sass_loop.opcode("@!P1 BRA 0x10") == "BRA" and sass_loop.opcode("LDS.U8 R2, [R3]") == "LDS.U8"
+    assert sass_loop.main_loop(fns["k_p0"]) == ["LDS.U8 R2, [R3]", "@P0 BRA 0x10"]  # no MMA: the largest loop
+    # the loop at 0x10..0x40 holds the HGMMA; the larger one at 0x0..0x70 does too and wins, the
+    # unconditional jump (not a loop's branch) is passed over
+    body = sass_loop.main_loop(fns["k_p1"])
+    assert len(body) == 8 and body[0].startswith("MOV")
+    lines = sass_loop.describe("k_p1", fns["k_p1"], top=3)
+    assert "main loop 8 a trip a thread (1 tensor-core instructions)" in lines[2]

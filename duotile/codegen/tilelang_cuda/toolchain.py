@@ -129,17 +129,22 @@ def ptxas_stats(report: str) -> dict[str, int]:
 
 
 def cuobjdump() -> str | None:
-    """A cuobjdump to read SASS with: the toolkit's, or the one Triton's wheel ships."""
+    """A cuobjdump to read SASS with: the toolkit's, the one Triton's wheel ships, or NVIDIA's
+    ``nvidia-cuda-cuobjdump`` wheel's (``pip install nvidia-cuda-cuobjdump``, for a machine whose
+    toolkit has nvcc but no cuobjdump)."""
     found = shutil.which("cuobjdump")
     if found:
         return found
-    try:
-        import triton
-
-        cand = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuobjdump"
-        return str(cand) if cand.exists() else None
-    except ImportError:
-        return None
+    for package, parts in (("triton", ("backends", "nvidia", "bin")), ("nvidia", ("cu13", "bin"))):
+        try:
+            module = importlib.import_module(package)
+        except ImportError:
+            continue
+        for root in getattr(module, "__path__", ()):  # a package (nvidia is a namespace package)
+            cand = Path(root).joinpath(*parts, "cuobjdump")
+            if cand.exists():
+                return str(cand)
+    return None
 
 
 def sass(cubin_path: str) -> str | None:
