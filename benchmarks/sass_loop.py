@@ -6,6 +6,7 @@ about as fast as that count allows, so two variants can be compared offline.
 
     python3 benchmarks/sass_loop.py moe_gemm_mxfp4:v4/e256_w13/decode64 [--config BM=16] [--target sm100]
     python3 benchmarks/sass_loop.py moe_gemm_mxfp4:v4/e256_w13/decode64 --out sass_loop_moe
+    python3 benchmarks/sass_loop.py --file benchmarks/prototypes/moe_p2_e2m1_helper.py:moe_gemm_mxfp4_p2_kernel
 
 Needs nvcc and cuobjdump (the CUDA toolkit's, Triton's, or the ``nvidia-cuda-cuobjdump`` wheel's:
 `codegen/tilelang_cuda/toolchain.py` looks in that order). ``--out NAME`` writes
@@ -88,16 +89,43 @@ def report(arg: str, overrides: dict, target: str, top: int) -> str:
     return "\n".join(lines)
 
 
+def report_file(arg: str, top: int) -> str:
+    """The same for a TileLang source file (a prototype edited by hand): ``PATH:FUNCTION``, built
+    for sm_90a with the pass options the file asks for (its ``PASS_CONFIGS``)."""
+    import tempfile
+
+    from duotile.codegen.tilelang_cuda import toolchain
+
+    path, _, name = arg.rpartition(":")
+    func, configs = toolchain.load_generated(str(Path(path).resolve()), name)
+    with tempfile.TemporaryDirectory() as tmp:
+        cu, cubin = Path(tmp) / "kernel.cu", Path(tmp) / "kernel.cubin"
+        cu.write_text(toolchain.lower_to_cuda(func, "sm_90a", configs))
+        toolchain.nvcc(str(cu), "sm_90a", str(cubin), "cubin", toolchain.device_flags(configs))
+        sass = toolchain.sass(str(cubin))
+    if sass is None:
+        raise SystemExit("no cuobjdump found (see the module docstring)")
+    lines = [f"## {path}:{name} on sm90", ""]
+    for fn, instrs in functions(sass).items():
+        lines += describe(fn, instrs, top)
+    return "\n".join(lines)
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("shapes", nargs="+", help="SPEC:SHAPE, a model shape or build case of the spec")
+    p.add_argument("shapes", nargs="*", help="SPEC:SHAPE, a model shape or build case of the spec")
+    p.add_argument("--file", action="append", default=[], metavar="PATH:FUNCTION",
+                   help="a TileLang source file's prim_func instead (repeatable)")
     p.add_argument("--config", nargs="*", default=[], help="NAME=VALUE over the chosen config")
     p.add_argument("--target", default="sm90", choices=("sm90", "sm100"))
     p.add_argument("--top", type=int, default=16, help="opcodes listed a loop")
     p.add_argument("--out", help="write results/OUT.md")
     args = p.parse_args(argv)
     overrides = dict(map(_assignment, args.config))
-    text = "\n".join(report(a, overrides, args.target, args.top) for a in args.shapes)
+    if not args.shapes and not args.file:
+        p.error("name a SPEC:SHAPE or a --file PATH:FUNCTION")
+    text = "\n".join([*(report(a, overrides, args.target, args.top) for a in args.shapes),
+                      *(report_file(f, args.top) for f in args.file)])
     head = (f"# Main-loop instructions from SASS ({time.strftime('%Y-%m-%d')})\n\n"
             f"`python3 benchmarks/sass_loop.py {' '.join(sys.argv[1:] if argv is None else argv)}`\n\n")
     print(head + text)
