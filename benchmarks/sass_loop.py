@@ -6,7 +6,7 @@ about as fast as that count allows, so two variants can be compared offline.
 
     python3 benchmarks/sass_loop.py moe_gemm_mxfp4:v4/e256_w13/decode64 [--config BM=16] [--target sm100]
     python3 benchmarks/sass_loop.py moe_gemm_mxfp4:v4/e256_w13/decode64 --out sass_loop_moe
-    python3 benchmarks/sass_loop.py --file benchmarks/prototypes/moe_p2_e2m1_helper.py:moe_gemm_mxfp4_p2_kernel
+    python3 benchmarks/sass_loop.py --file my_edit.py:moe_gemm_mxfp4_p2_kernel   # a hand-edited TileLang file
 
 Needs nvcc and cuobjdump (the CUDA toolkit's, Triton's, or the ``nvidia-cuda-cuobjdump`` wheel's:
 `codegen/tilelang_cuda/toolchain.py` looks in that order). ``--out NAME`` writes

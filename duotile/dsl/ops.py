@@ -484,6 +484,35 @@ def bitcast(x: Tile, dtype: DType) -> Tile:
     return Tile(builder.current().emit(op))
 
 
+MXFP4_BLOCK = 32  # values a UE8M0 scale covers in MXFP4 (model.md 1.4, 4.1)
+
+
+def mxfp4_values(packed: Tile, codes: Tile) -> Tile:
+    """The values of MXFP4 weights (model.md 4.1) as a bf16 tile in natural order: ``packed``, a
+    (R, C) u8 tile of e2m1 codes two a byte, element 2j in the low nibble of byte j and 2j + 1 in
+    the high one; ``codes``, a (R, 2C / 32) u8 tile of UE8M0 scale codes, one a 32 values. Value
+    (r, c) is e2m1(r, c) x 2^(codes[r, c // 32] - 127): exact where it is a bf16 number, +-Inf
+    beyond, NaN for code 255. Both tiles are loaded ones (the GPU targets read them from shared
+    memory)."""
+    for name, t in (("packed", packed), ("codes", codes)):
+        if not isinstance(t, Tile):
+            raise builder.error(f"dsl.mxfp4_values: {name} must be a tile, got {type(t).__name__}")
+        if t.dtype != dtypes.u8 or len(t.shape) != 2:
+            raise builder.error(f"dsl.mxfp4_values: {name} must be a 2-d u8 tile, got {t.dtype} "
+                                f"{_fmt(t.shape)}")
+    rows, cols = packed.shape
+    if (2 * cols) % MXFP4_BLOCK:
+        raise builder.error(f"dsl.mxfp4_values: {_fmt(packed.shape)} packed bytes hold {2 * cols} values a row, "
+                            f"not whole blocks of {MXFP4_BLOCK}")
+    want = (rows, 2 * cols // MXFP4_BLOCK)
+    if tuple(codes.shape) != want:
+        raise builder.error(f"dsl.mxfp4_values: codes must be {_fmt(want)} (one a {MXFP4_BLOCK} values of "
+                            f"each row), got {_fmt(codes.shape)}")
+    t = TileType((rows, 2 * cols), dtypes.bf16, Role.OPERAND)
+    op = Op("mxfp4", args=(packed.value, codes.value), result=Value(t, hint="fp4"))
+    return Tile(builder.current().emit(op))
+
+
 def logical_or_bitwise(fn: str, a, b) -> Tile:
     """``&`` / ``|``: logical on boolean tiles (conditions), bitwise on integer tiles."""
     tiles = [x for x in (a, b) if isinstance(x, Tile)]

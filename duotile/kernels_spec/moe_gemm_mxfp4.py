@@ -37,26 +37,23 @@ of one token (R = 6) 7, of which 6 hold a row.
 **The arithmetic.** Hopper has no FP4 tensor cores (model.md 2.7), so the weights are expanded on
 CUDA cores. Each K step of BK columns:
 
-* reads the step's weight bytes as one plain (BN, BK / 2) tile (an operand: TMA into shared
-  memory, ``STAGES`` steps ahead). Byte j holds columns col + 2j (low nibble) and col + 2j + 1
-  (high nibble), so the step is two gemms over BK / 2 columns each: the low nibbles against the
-  activations' even columns, the high nibbles against the odd ones (a column gather of stride 2);
-  the order of a sum's terms is fixed, whatever R is;
-* makes each e2m1 code its value (from bits) times its block's scale 2^(code - 127) (from bits, as
-  ``gemm_blockscaled`` decodes UE8M0), in bf16: exact, as e2m1 values have two significant bits,
-  for weight codes 2..252, where every product is a normal, finite number; at codes 0 and 1 a
-  value below 2^-126 is flushed to zero by CUDA builds (ftz), at 253 and 254 one beyond the range
-  is +-Inf, and code 255 (NaN) gives NaN. A byte column's code is that of its 32-column block
-  (both of its columns lie in one), the step's blocks read as (BN, 1) tiles;
-* makes the activations ``a x sa`` in bf16, exact (e4m3 has four significant bits) for codes
-  10..246, where every e4m3 value times the scale is normal and finite (the quantiser writes codes
-  from 105, its amax floor of 1e-4, up);
-* runs the two bf16 tensor-core gemms into the fp32 accumulator. The products are exact in fp32;
-  the sums are the only roundings.
+* reads the step's weight bytes as one (BN, BK / 2) tile and their UE8M0 codes as a (BN, BK / 32)
+  tile (operands: in shared memory, ``STAGES`` steps ahead);
+* makes them the step's (BN, BK) weight values in their natural column order with
+  ``dsl.mxfp4_values``: e2m1 value x 2^(code - 127) in bf16, exact wherever that is a bf16 number,
+  +-Inf beyond (codes 253 and 254 at the largest values), NaN for code 255 (the CUDA targets
+  decode eight values at a time as BF16 pairs with a device helper: about five instructions a
+  value, where decoding each value as an elementwise map took about eleven and a second gemm a
+  step, 2026-12-04, ``benchmarks/sass_loop.py``);
+* reads the activations as one contiguous (BM, BK) tile and makes them ``a x sa`` in bf16, exact
+  (e4m3 has four significant bits) for codes 10..246, where every e4m3 value times the scale is
+  normal and finite (the quantiser writes codes from 105, its amax floor of 1e-4, up);
+* runs one bf16 tensor-core gemm into the fp32 accumulator. The products are exact in fp32; the
+  sums are the only roundings, in an order fixed whatever R is.
 
 Both scales are folded into the operands, so no promotion (an fp32 partial scaled and added, as in
 ``gemm_blockscaled``) follows a gemm. For the weight scale that is forced: it varies along the
-output columns, and the stored [E, N, K/32] layout gives a tile's codes as a (BN, 1) column, which
+output columns, and the stored [E, N, K/32] layout gives a tile's codes as (BN, *) columns, which
 the DSL cannot turn into the (1, BN) row a promotion of a (BM, BN) partial needs (a load lays tile
 axes onto the tensor's trailing axes in order; there is no transpose). With it folded, promoting
 the activation scale would only add BM x BN work a scale block, where folding costs BM x BK a
@@ -74,48 +71,26 @@ import torch
 from .. import dsl
 from ..dsl.builder import error
 from . import model_shapes as shapes
-from .gemm_blockscaled import CODE0_BITS, NAN_BITS, _pow2, ue8m0_values
+from .gemm_blockscaled import _pow2, ue8m0_values
 from .registry import Dim, OneOf, Spec, register
 
 WBLOCK = 32  # input channels a weight scale covers (MXFP4)
 FP8_MAX = 448.0
-HALF_BITS = 0x3F000000  # 0.5 as f32 bits
 FP4_GRID = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0)  # e2m1 magnitudes by code & 7 (model.md 4.1)
 UNWRITTEN = 2.0 ** 100  # what ``out`` holds before a call in the cases: rows no expert covers keep it
 
 
-def _weights(nib, code):
-    """The weight values of a tile of e2m1 codes (``nib()``: the 4-bit codes as an i32 tile, traced
-    afresh at each use so that the whole expansion fuses into one map, no register tile for each
-    intermediate) and their UE8M0 codes (broadcasting): e2m1 value x 2^(code - 127) in bf16. The
-    value comes from bits: magnitude index 2e + m >= 2 is 2^(e - 1) x (1 + m / 2), the f32 with
-    exponent field 126 + e and mantissa m x 2^22, i.e. the bits ``index << 22`` plus those of 0.5;
-    index 1 is 0.5 itself, index 0 is zero; bit 3 of the code is the sign bit."""
-    mag = lambda: nib() & 7
-    bits = dsl.where(mag() >= 2, (mag() << 22) + HALF_BITS, mag() * HALF_BITS) | ((nib() >> 3) << 31)
-    c = lambda: code.to(dsl.i32)
-    scale = dsl.where(c().eq(255), NAN_BITS, dsl.where(c().eq(0), CODE0_BITS, c() << 23))  # gemm_blockscaled._pow2
-    return (bits.bitcast(dsl.f32) * scale.bitcast(dsl.f32)).to(dsl.bf16)
-
-
-def _low(byte):
-    return lambda: (byte & 15).to(dsl.i32)
-
-
-def _high(byte):
-    return lambda: (byte >> 4).to(dsl.i32)
-
-
-def _step_codes(scales, lead, first, rows, half, BK, BLOCK):
-    """The scale codes of a K step's packed columns ``half`` (a (1, BK / 2) tile: byte j holds
-    columns col + 2j and col + 2j + 1, which lie in one block, as blocks are even), read from
-    ``scales[*lead, first + j]`` for the step's blocks j as (rows, 1) tiles: (rows, 1) where the
-    step lies in one block, else (rows, BK / 2), each byte column taking its block's code (the
-    step's blocks unrolled)."""
-    codes = dsl.load(scales[(*lead, first)], (rows, 1))
-    for j in range(1, BK // BLOCK):
-        codes = dsl.where((half // (BLOCK // 2)).eq(j), dsl.load(scales[(*lead, first + j)], (rows, 1)), codes)
-    return codes
+def _activation_scales(a_scale, r0, k, BM, BK, ABLOCK):
+    """The f32 scales of a K step's activations, broadcasting against its (BM, BK) tile: (BM, 1)
+    where the step lies in one activation block, else (BM, BK), each column taking its block's
+    scale (the step's blocks unrolled)."""
+    if BK <= ABLOCK:
+        return _pow2(dsl.load(a_scale[r0, (k * BK) // ABLOCK], (BM, 1)))
+    block = dsl.arange(BK)[None, :] // ABLOCK
+    codes = dsl.load(a_scale[r0, k * (BK // ABLOCK)], (BM, 1))
+    for j in range(1, BK // ABLOCK):
+        codes = dsl.where(block.eq(j), dsl.load(a_scale[r0, k * (BK // ABLOCK) + j], (BM, 1)), codes)
+    return _pow2(codes)
 
 
 FAR = 1 << 30  # a tile table entry past the experts: never at or before a row tile
@@ -129,7 +104,7 @@ def moe_gemm_mxfp4(a: dsl.Tensor["R", "K", dsl.f8e4m3], a_scale: dsl.Tensor["R",
                    ABLOCK: dsl.Const = 128,
                    BM: dsl.Tunable = dsl.choice(64, 16, 32, 128),
                    BN: dsl.Tunable = dsl.choice(128, 64, 32),
-                   BK: dsl.Tunable = dsl.choice(128, 64, 32),
+                   BK: dsl.Tunable = dsl.choice(128, 64, 32),  # whole 32-value scale blocks
                    STAGES: dsl.Tunable = dsl.int_range(1, 3, default=2),
                    BE: dsl.Tunable = dsl.choice(128, 64, 256)):
     if BK % ABLOCK and ABLOCK % BK:
@@ -173,21 +148,14 @@ def moe_gemm_mxfp4(a: dsl.Tensor["R", "K", dsl.f8e4m3], a_scale: dsl.Tensor["R",
         # its rows are read in place (a short tile's tail reads the next expert's rows, or zeros
         # past R, whose outputs the store by ``rows`` drops)
         r0 = dsl.scalar(dsl.where(live, first, 0))
-        half = dsl.arange(BK // 2)[None, :]  # a step's packed columns
         acc = dsl.zeros((BM, BN), dsl.f32, role="accumulator")
         steps = dsl.where(live, dsl.cdiv(a.K, BK), 0).to(dsl.i32)  # a block past the tiles runs no K step
         for k in dsl.pipelined(dsl.cdiv(a.K, BK), stages=STAGES, stop=steps):
-            col = k * BK
             byte = dsl.load(w[e, n * BN, k * (BK // 2)], (BN, BK // 2), role="operand")
-            code = _step_codes(w_scale, (e, n * BN), k * (BK // WBLOCK), BN, half, BK, WBLOCK)
-            if BK <= ABLOCK:  # the step lies in one activation scale block
-                sa = _pow2(dsl.load(a_scale[r0, col // ABLOCK], (BM, 1)))
-            else:
-                sa = _pow2(_step_codes(a_scale, (r0,), k * (BK // ABLOCK), BM, half, BK, ABLOCK))
-            # the even columns against the low nibbles, the odd ones against the high nibbles
-            for nib, parity in ((_low(byte), 0), (_high(byte), 1)):
-                x = dsl.load(a[r0, col + 2 * dsl.arange(BK // 2) + parity], (BM, BK // 2))
-                dsl.gemm((x.to(dsl.f32) * sa).to(dsl.bf16), _weights(nib, code), acc, transpose_b=True)
+            codes = dsl.load(w_scale[e, n * BN, k * (BK // WBLOCK)], (BN, BK // WBLOCK), role="operand")
+            x = dsl.load(a[r0, k * BK], (BM, BK), role="operand")
+            sa = _activation_scales(a_scale, r0, k, BM, BK, ABLOCK)
+            dsl.gemm((x.to(dsl.f32) * sa).to(dsl.bf16), dsl.mxfp4_values(byte, codes), acc, transpose_b=True)
         dsl.store(out[rows, n * BN], acc.to(dsl.bf16))
 
 

@@ -11,7 +11,9 @@ It changes nothing. It raises DslError, naming the op's source line, when:
 - a bit operation (``& | ^ << >>`` on integers, ``bitcast``) breaks its type rule: bitwise
   operands are integer (not boolean) tiles, a shift count is a constant in ``[0, bits)``, a
   bitcast joins two types of one width (``f32 <-> i32``); checked on ``ew`` ops and inside the
-  expression trees of fused ``map`` ops alike.
+  expression trees of fused ``map`` ops alike;
+- an ``mxfp4`` op's operands are not u8 (R, C) packed codes and u8 (R, 2C / 32) scale codes, or its
+  result not the bf16 (R, 2C) values.
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ from ..dsl import dtypes
 from ..dsl.errors import DslError
 from ..dsl.expr import Node
 from ..dsl.ir import Block, Module, Op, Value
-from ..dsl.ops import BITCASTS, BITWISE, SHIFTS
+from ..dsl.ops import BITCASTS, BITWISE, MXFP4_BLOCK, SHIFTS
 
 STORES = ("store", "scatter")  # the ops that write a tensor (a scatter: rows named by an index tile)
 
@@ -59,6 +61,8 @@ def _check_block(block: Block, module: Module, visible: set[int], symbols: set, 
         _check_writes(op)
         _check_symbols(op, symbols)
         _check_bit_ops(op)
+        if op.name == "mxfp4":
+            _check_mxfp4(op, bound)
         if op.result is not None:
             _check_dims(op, bound)
             visible.add(op.result.id)
@@ -117,6 +121,19 @@ def _check_dims(op: Op, bound: bool):
     for d in op.result.type.shape:
         if bound and not (d.is_Integer and int(d) > 0):
             raise DslError(f"{op.name} produces a tile with dimension {d}, not a positive int", op.loc)
+
+
+def _check_mxfp4(op: Op, bound: bool):
+    packed, codes = (a.type for a in op.args)
+    out = op.result.type
+    if packed.dtype != dtypes.u8 or codes.dtype != dtypes.u8 or out.dtype != dtypes.bf16:
+        raise DslError(f"mxfp4 takes u8 packed codes and u8 scale codes to bf16, got {packed.dtype}, "
+                       f"{codes.dtype} -> {out.dtype}", op.loc)
+    if bound:
+        (r, c), (rc, nc), (ro, co) = ([int(d) for d in t.shape] for t in (packed, codes, out))
+        if not (r == rc == ro and co == 2 * c and co % MXFP4_BLOCK == 0 and nc == co // MXFP4_BLOCK):
+            raise DslError(f"mxfp4 shapes {packed.shape}, {codes.shape} -> {out.shape} are not (R, C), "
+                           f"(R, 2C / {MXFP4_BLOCK}) -> (R, 2C)", op.loc)
 
 
 def _check_bit_ops(op: Op):

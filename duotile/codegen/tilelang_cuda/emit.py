@@ -15,6 +15,7 @@ from ...passes.fold_bounds import grid_env, interval
 from ..handlers import OpHandlers
 from . import overlap, tma_store
 from .arch import Arch
+from .device_helpers import MXFP4_X8
 from .exprs import ElementPrinter, index, literal
 from .linear_grid import linear_head, needs_linear_grid
 from .manual_ws import PRODUCER_THREADS, ManualWarpSpecialization
@@ -368,6 +369,30 @@ def _gather(e: Emitter, op: Op):
     e.src.line(f"for {', '.join(lv)} in T.Parallel({', '.join(str(int(d)) for d in shape)}{hint}):", op.loc)
     e.src.line(f"    {name}[{', '.join(lv)}] = T.if_then_else({_tl_and(' and '.join(conds))}, "
                f"{p.name}[{', '.join(gidx)}], {other})", op.loc)
+
+
+@handles("mxfp4")
+def _mxfp4(e: Emitter, op: Op):
+    """``dsl.mxfp4_values``: eight values a call of the device helper (``device_helpers.MXFP4_X8``),
+    four packed bytes read from shared memory and sixteen bytes written into the shared result;
+    the loop over (rows, eighths) spreads over every thread (no register tile in it)."""
+    packed, codes = op.args
+    for name, v in (("packed codes", packed), ("scale codes", codes)):
+        if e.plan.scope.get(v.id) != "shared":
+            raise UnsupportedError(f"{e.arch.name}: dsl.mxfp4_values reads its {name} from shared memory: pass a "
+                                   "tile made by dsl.load", op.loc)
+    e.src.helper("MXFP4_X8", MXFP4_X8)
+    rows, cols = (int(d) for d in op.result.type.shape)
+    src, dst, scales = e.name(packed), e.name(op.result), e.name(codes)
+    # the helper's reads and writes are opaque to TileLang's barrier planning: one barrier before
+    # the loop (a gemm may still read the tile the last trip wrote) and one after it (every
+    # thread's values are written before anything reads them). Pointers TileLang could see
+    # (T.access_ptr) made it put a barrier before every call, eight a 128-wide step.
+    e.src.line("T.sync_threads()", op.loc)
+    e.src.line(f"for i0, i1 in T.Parallel({rows}, {cols // 8}):", op.loc)
+    e.src.line(f'    T.call_extern("handle", "duotile_mxfp4x8_bf16", T.address_of({src}[i0, 4 * i1]), '
+               f'T.address_of({dst}[i0, 8 * i1]), T.cast({scales}[i0, i1 // 4], "int32"))', op.loc)
+    e.src.line("T.sync_threads()", op.loc)
 
 
 @handles("store")

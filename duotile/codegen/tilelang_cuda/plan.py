@@ -13,6 +13,10 @@ Rules (each a target lowering rule any kernel can hit, never a kernel special ca
   warning about a hoisted barrier; sparse decode: 64 KB by 2 threads, about 20 us a 64-row
   block on an H200). A buffer holding copies of loaded index tiles (one read a step ahead by
   ``passes/prefetch_loads.py``) counts as loaded.
+- ``dsl.mxfp4_values``' result lives in shared memory (its helper writes 16-byte runs of the
+  layout a gemm reads), and so do the loaded tiles it reads (packed codes and scale codes): as
+  (BN, 1)-shaped register tiles laid out on 128 threads, TileLang ran the expansion loop on one
+  of two consumer warp groups (the MoE prototype, benchmarks/prototypes/).
 - an ``accumulator`` buffer is a fragment on sm90. On sm100 it lives in TMEM, drained through
   a fragment before vector work reads it, unless vector ops also write it (``map ... into``):
   then it stays a fragment and each gemm into it goes through a fresh TMEM tile that is added in.
@@ -140,6 +144,10 @@ def _share_gather_indices(ops: list[Op], plan: Plan) -> None:
             rows = op.args[0]
             if rows.id in loaded and plan.scope.get(rows.id) == "fragment":
                 plan.scope[rows.id] = "shared"
+        if op.name == "mxfp4":  # its helper reads 4-byte words of codes and their scale codes
+            for a in op.args:
+                if a.id in loaded and plan.scope.get(a.id) == "fragment":
+                    plan.scope[a.id] = "shared"
 
 
 def spreads_evenly(n: int, threads: int) -> bool:
@@ -261,6 +269,8 @@ def _scope(op: Op, v: Value, arch: Arch, plan: Plan, feeds_b: bool, feeds_a: boo
     if op.name == "alloc" and role is Role.ACCUMULATOR:
         return "tmem" if arch.has_tmem and v.id not in plan.mutated else "fragment"
     if op.name in ("load", "gather") and (role is Role.OPERAND or feeds_b or (feeds_a and arch.has_tmem)):
+        return "shared"
+    if op.name == "mxfp4":  # written 16 bytes at a time by its helper, into the layout a gemm reads
         return "shared"
     return "fragment"
 

@@ -16,6 +16,13 @@ class Source:
         self.declared: set[str] = set()
         self.body: list[str] = []
         self.depth = 0
+        self.helpers: dict[str, str] = {}  # module-level device source the kernel imports, by name
+
+    def helper(self, name: str, source: str) -> None:
+        """Import the device functions ``source`` (``device_helpers.py``) into the kernel once."""
+        if name not in self.helpers:
+            self.helpers[name] = source
+            self.decl(f"T.import_source({name})")
 
     def decl(self, text: str) -> None:
         name = text.split("=", 1)[0].strip()
@@ -49,6 +56,8 @@ class Source:
             "import tilelang.language as T",
             *([f"PASS_CONFIGS = {pass_configs!r}  # TileLang pass options for this kernel"] if pass_configs else []),
             *(f'n_{d} = T.dynamic("n_{d}")  # the size {d}: one build serves every value' for d in module.dynamic),
+            *(f"{name} = r\"\"\"{text}\"\"\"  # device functions (codegen/tilelang_cuda/device_helpers.py)"
+              for name, text in self.helpers.items()),
             "",
             "",
             "@T.prim_func",
