@@ -42,7 +42,7 @@ CUDA cores. Each K step of BK columns:
 * makes them the step's (BN, BK) weight values in their natural column order with
   ``dsl.mxfp4_values``: e2m1 value x 2^(code - 127) in bf16, exact wherever that is a bf16 number,
   +-Inf beyond (codes 253 and 254 at the largest values), NaN for code 255 (the CUDA targets
-  decode eight values at a time as BF16 pairs with a device helper: about five instructions a
+  decode eight values at a time as BF16 pairs with a device helper: about four instructions a
   value, where decoding each value as an elementwise map took about eleven and a second gemm a
   step, 2026-12-04, ``benchmarks/sass_loop.py``);
 * reads the activations as one contiguous (BM, BK) tile and makes them ``a x sa`` in bf16, exact
@@ -87,10 +87,10 @@ def _activation_scales(a_scale, r0, k, BM, BK, ABLOCK):
     if BK <= ABLOCK:
         return _pow2(dsl.load(a_scale[r0, (k * BK) // ABLOCK], (BM, 1)))
     block = dsl.arange(BK)[None, :] // ABLOCK
-    codes = dsl.load(a_scale[r0, k * (BK // ABLOCK)], (BM, 1))
+    scales = _pow2(dsl.load(a_scale[r0, k * (BK // ABLOCK)], (BM, 1)))
     for j in range(1, BK // ABLOCK):
-        codes = dsl.where(block.eq(j), dsl.load(a_scale[r0, k * (BK // ABLOCK) + j], (BM, 1)), codes)
-    return _pow2(codes)
+        scales = dsl.where(block.eq(j), _pow2(dsl.load(a_scale[r0, k * (BK // ABLOCK) + j], (BM, 1))), scales)
+    return scales
 
 
 FAR = 1 << 30  # a tile table entry past the experts: never at or before a row tile
