@@ -86,6 +86,10 @@ def report(arg: str, overrides: dict, target: str, top: int) -> str:
                              "build came from a cache made without it (set DUOTILE_CACHE to a fresh folder)")
         for name, instrs in functions(sass).items():
             lines += describe(name, instrs, top)
+        ptxas = art.meta.get("ptxas") or {}
+        if ptxas:  # what ptxas reported for the phase: a spill or a stack frame costs memory traffic
+            lines[-1:-1] = [f"ptxas: {ptxas.get('registers')} registers, {ptxas.get('spill_stores', 0)} bytes "
+                            f"spilled, {ptxas.get('stack', 0)} bytes of stack", ""]
     return "\n".join(lines)
 
 
