@@ -46,5 +46,3 @@ __device__ __forceinline__ void duotile_mxfp4x8_bf16(const void* packed, void* o
   *reinterpret_cast<uint4*>(out) = o;
 }
 """
-
-HELPERS = {"MXFP4_X8": MXFP4_X8}
