@@ -16,7 +16,7 @@ Rules (each a target lowering rule any kernel can hit, never a kernel special ca
 - ``dsl.mxfp4_values``' result lives in shared memory (its helper writes 16-byte runs of the
   layout a gemm reads), and so do the loaded tiles it reads (packed codes and scale codes): as
   (BN, 1)-shaped register tiles laid out on 128 threads, TileLang ran the expansion loop on one
-  of two consumer warp groups (the MoE prototype, benchmarks/prototypes/).
+  of two consumer warp groups (a hand-edited MoE main phase, 2026-12-04: docs/ffn_path.md).
 - an ``accumulator`` buffer is a fragment on sm90. On sm100 it lives in TMEM, drained through
   a fragment before vector work reads it, unless vector ops also write it (``map ... into``):
   then it stays a fragment and each gemm into it goes through a fresh TMEM tile that is added in.
