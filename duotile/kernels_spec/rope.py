@@ -7,15 +7,18 @@ in ``kv_insert``.
     a' = a cos - b sin,   b' = a sin + b cos                 (inverse: sin -> -sin)
 
 ``x`` (T x H x D, bf16 or f32) are T tokens' H heads, ``positions`` (T) their table rows, ``cos`` /
-``sin`` (P x ROPE / 2, f32) the layer's tables (plain or YaRN, ``runtime/layers/common.py``'s
-``Rotary``), ``out`` (T x H x D, f32) the rotated rows, the nope channels copied. A program
-takes BH heads of one token, a whole row a tile (one store: no channel is written twice). A
-pair's partner channel is read as a column gather (``x[t, h, c ^ 1]``; D is even) and a
-channel's cos / sin out of the table row by a one-hot max over the pairs (exact: one hit; a nope
-channel has none, and takes its own value), as ``kv_insert`` does; even
-channels take ``a cos - b sin``, odd ones ``b cos + a sin``: the reference's f32 operations, so
-the interpreter is bit-exact. Elsewhere a target may fuse a multiply and an add: one f32
-rounding apart (the tolerance).
+``sin`` (P x ROPE / 2 values, f32, row by row: flattened) the layer's tables (plain or YaRN,
+``runtime/layers/common.py``'s ``Rotary``), ``out`` (T x H x D, f32) the rotated rows, the nope
+channels copied. A program takes BH heads of one token, a whole row a tile (one store: no channel
+is written twice). A pair's partner channel is read as a column gather (``x[t, h, c ^ 1]``; D is
+even) and a channel's cos / sin as a gather of the flattened table at ``p * ROPE / 2 + pair``
+(a nope channel reads whatever lies there and keeps its own value). The tables are flat so that
+one index tile names both the row and the column (a load takes one index tile; before, a one-hot
+max over the pairs picked each channel's entry out of the row: ROPE / 2 compare-selects a
+channel, 29 us a call at 64 decode tokens on an H200, 2026-12-04). Even channels take
+``a cos - b sin``, odd ones ``b cos + a sin``: the reference's f32 operations, so the interpreter
+is bit-exact. Elsewhere a target may fuse a multiply and an add: one f32 rounding apart (the
+tolerance).
 
 Decode path: every token is computed alone: batch dimension T, dynamic.
 """
@@ -28,12 +31,10 @@ from .. import dsl
 from . import model_shapes as shapes
 from .registry import Dim, OneOf, Spec, register
 
-NEG_INF = float("-inf")
-
 
 @dsl.kernel(batch_dim="T", dynamic=("T",))
 def rope(x: dsl.Tensor["T", "H", "D", dsl.bf16 | dsl.f32], positions: dsl.Tensor["T", dsl.i32 | dsl.i64],
-         cos: dsl.Tensor["P", "R", dsl.f32], sin: dsl.Tensor["P", "R", dsl.f32],
+         cos: dsl.Tensor["PR", dsl.f32], sin: dsl.Tensor["PR", dsl.f32],
          out: dsl.Tensor["T", "H", "D", dsl.f32], *,
          ROPE: dsl.Const = 64, INVERSE: dsl.Const = False,
          BH: dsl.Tunable = dsl.choice(8, 1, 2, 4, 16)):
@@ -45,9 +46,9 @@ def rope(x: dsl.Tensor["T", "H", "D", dsl.bf16 | dsl.f32], positions: dsl.Tensor
         k = dsl.arange(width)  # the whole row a tile (the padding reads zeros, the store clips it)
         y = dsl.load(x[t, h * BH, 0], (BH, width)).to(dsl.f32)
         partner = dsl.load(x[t, h * BH, k ^ 1], (BH, width)).to(dsl.f32)
-        pair = ((k - nope) >> 1)[:, None].eq(dsl.arange(half)[None, :])  # no pair: a nope channel
-        c = dsl.where(pair, dsl.load(cos[p, 0], (1, half)), NEG_INF).max(axis=1)[None, :]
-        s = dsl.where(pair, dsl.load(sin[p, 0], (1, half)), NEG_INF).max(axis=1)[None, :]
+        at = p * half + ((k - nope) >> 1)  # the channel's pair in the flat table (a nope channel: unused)
+        c = dsl.load(cos[at], (width,))[None, :]
+        s = dsl.load(sin[at], (width,))[None, :]
         if INVERSE:
             s = -s
         even = (k & 1).eq(0)[None, :]
@@ -58,6 +59,7 @@ def rope(x: dsl.Tensor["T", "H", "D", dsl.bf16 | dsl.f32], positions: dsl.Tensor
 def rope_reference(x, positions, cos, sin, ROPE: int = 64, INVERSE: bool = False) -> dict:
     """model.md 2.4 in f32: the pairs of the last ROPE channels rotated by table row p."""
     x = x.float()
+    cos, sin = cos.reshape(-1, ROPE // 2), sin.reshape(-1, ROPE // 2)  # the flat tables' rows
     c, s = cos[positions.long()][:, None, :], sin[positions.long()][:, None, :]
     if INVERSE:
         s = -s
@@ -80,14 +82,15 @@ def _inputs(case, device, seed):
     if device.type == "meta":
         return {"x": torch.empty(t, h, d, dtype=dtype, device=device),
                 "positions": torch.empty(t, dtype=torch.int32, device=device),
-                "cos": torch.empty(n, r // 2, device=device), "sin": torch.empty(n, r // 2, device=device), "out": out}
+                "cos": torch.empty(n * (r // 2), device=device), "sin": torch.empty(n * (r // 2), device=device),
+                "out": out}
     g = torch.Generator().manual_seed(seed)
     cos, sin = _tables(n, r)
     x = torch.randn(t, h, d, generator=g).to(dtype)
     positions = torch.randint(0, n, (t,), generator=g, dtype=torch.int32)
     positions[0] = n - 1  # the table's last row
-    return {"x": x.to(device), "positions": positions.to(device), "cos": cos.to(device), "sin": sin.to(device),
-            "out": out}
+    return {"x": x.to(device), "positions": positions.to(device), "cos": cos.reshape(-1).to(device),
+            "sin": sin.reshape(-1).to(device), "out": out}
 
 
 def rope_shapes(m: shapes.ModelDims, decode_t=shapes.DECODE_SAMPLE) -> dict[str, shapes.Case]:

@@ -122,7 +122,7 @@ class AttentionKernels:
         out = torch.empty(rows.shape, dtype=torch.float32, device=x.device)
         idx = ship((positions - lo * rotary.BLOCK).to(torch.int32), x.device)
         self._kernel("rope", x.device, {"ROPE": rotary.dim, "INVERSE": bool(inverse)})(
-            x=rows, positions=idx, cos=cos.to(x.device), sin=sin.to(x.device), out=out)
+            x=rows, positions=idx, cos=cos.to(x.device).reshape(-1), sin=sin.to(x.device).reshape(-1), out=out)
         return out.reshape(x.shape)
 
     def _kv_round(self, ctx, t: torch.Tensor, fmt: str) -> torch.Tensor:
