@@ -42,8 +42,9 @@ def teacher_forced(model, seq: torch.Tensor) -> torch.Tensor:
     return model.forward([StepSeq(model.new_cache(), seq)], all_logits=True)[0].float()
 
 
-def nudged(fn, seed: int = 0):
-    """``fn()`` with every floating linear output moved by NUDGE relative, a random sign each."""
+def nudged(fn, seed: int = 0, ops: tuple[str, ...] = ("linear", "linear_q")):
+    """``fn()`` with every floating output of the model ops ``ops`` moved by NUDGE relative, a
+    random sign each (drawn on the CPU from ``seed``)."""
     from duotile.runtime import model_ops
 
     noise = torch.Generator().manual_seed(seed)
@@ -51,7 +52,7 @@ def nudged(fn, seed: int = 0):
 
     def moved(ctx, name, op, args, kw):
         out = dispatch(ctx, name, op, args, kw)
-        if name in ("linear", "linear_q") and out.is_floating_point():
+        if name in ops and out.is_floating_point():
             sign = torch.randn(out.shape, generator=noise).sign().to(out.device)
             return (out.float() * (1 + NUDGE * sign)).to(out.dtype)
         return out

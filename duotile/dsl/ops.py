@@ -485,6 +485,7 @@ def bitcast(x: Tile, dtype: DType) -> Tile:
 
 
 MXFP4_BLOCK = 32  # values a UE8M0 scale covers in MXFP4 (model.md 1.4, 4.1)
+E2M1_MAGNITUDES = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0)  # an e2m1 code's magnitude by its low 3 bits (model.md 4.1)
 
 
 def mxfp4_values(packed: Tile, codes: Tile) -> Tile:

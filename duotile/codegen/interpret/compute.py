@@ -7,6 +7,7 @@ import torch
 
 from ...dsl.expr import Node
 from ...dsl.ir import Op
+from ...dsl.ops import E2M1_MAGNITUDES, MXFP4_BLOCK
 from .machine import Interpreter, handles, lift, programs_of
 
 
@@ -145,19 +146,17 @@ def _expand(it: Interpreter, op: Op):
     it.put(op.result, lift(x, len(op.result.type.shape) - 1).unsqueeze(op.attrs["axis"] + 1))
 
 
-E2M1 = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0)  # magnitudes by code & 7 (model.md 4.1)
-
-
 @handles("mxfp4")
 def _mxfp4(it: Interpreter, op: Op):
     """e2m1 codes two a byte (element 2j in byte j's low nibble) times 2^(code - 127) of their
-    32-value block, in float32 (exact: two significant bits times a power of two) rounded to bf16."""
+    MXFP4_BLOCK-value block, in float32 (exact: two significant bits times a power of two) rounded
+    to bf16."""
     packed, codes = (it.get(a).to(torch.int32) for a in op.args)
     nibbles = torch.stack((packed & 15, packed >> 4), dim=-1).flatten(-2)
-    table = torch.tensor(E2M1, dtype=torch.float32, device=it.device)
+    table = torch.tensor(E2M1_MAGNITUDES, dtype=torch.float32, device=it.device)
     values = torch.where(nibbles >= 8, -table[nibbles & 7], table[nibbles & 7])
     scale = torch.ldexp(torch.ones_like(codes, dtype=torch.float32), codes - 127)
-    scale = torch.where(codes == 255, torch.nan, scale).repeat_interleave(32, dim=-1)
+    scale = torch.where(codes == 255, torch.nan, scale).repeat_interleave(MXFP4_BLOCK, dim=-1)
     it.put(op.result, (values * scale).to(torch.bfloat16))
 
 

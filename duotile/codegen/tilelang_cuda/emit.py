@@ -11,6 +11,7 @@ import sympy
 
 from ...dsl.errors import UnsupportedError
 from ...dsl.ir import Module, Op, Value
+from ...dsl.ops import MXFP4_BLOCK
 from ...passes.fold_bounds import grid_env, interval
 from ..handlers import OpHandlers
 from . import overlap, tma_store
@@ -391,7 +392,7 @@ def _mxfp4(e: Emitter, op: Op):
     e.src.line("T.sync_threads()", op.loc)
     e.src.line(f"for i0, i1 in T.Parallel({rows}, {cols // 8}):", op.loc)
     e.src.line(f'    T.call_extern("handle", "duotile_mxfp4x8_bf16", T.address_of({src}[i0, 4 * i1]), '
-               f'T.address_of({dst}[i0, 8 * i1]), T.cast({scales}[i0, i1 // 4], "int32"))', op.loc)
+               f'T.address_of({dst}[i0, 8 * i1]), T.cast({scales}[i0, i1 // {MXFP4_BLOCK // 8}], "int32"))', op.loc)
     e.src.line("T.sync_threads()", op.loc)
 
 

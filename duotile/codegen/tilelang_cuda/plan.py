@@ -115,7 +115,7 @@ def make_plan(module: Module, arch: Arch, threads: int | None = None) -> Plan:
         if op.name != "load" and plan.scope[v.id] == "fragment":
             if v.id in gemm_b or (v.id in gemm_a and (arch.has_tmem or plan.col_split)):
                 plan.staged.add(v.id)
-    _share_gather_indices(ops, plan)
+    _share_loaded_inputs(ops, plan)
     _find_gemm_clears(module, plan)
     if threads:
         for op in ops:
@@ -127,10 +127,12 @@ def make_plan(module: Module, arch: Arch, threads: int | None = None) -> Plan:
     return plan
 
 
-def _share_gather_indices(ops: list[Op], plan: Plan) -> None:
-    """A loaded index tile of a gather into shared memory lives in shared memory too (the module
-    docstring): every thread of the gather's loop reads the rows it copies. So does a buffer that
-    holds copies of loaded tiles only (``prefetch_loads``: the index tile read one step ahead)."""
+def _share_loaded_inputs(ops: list[Op], plan: Plan) -> None:
+    """The loaded tiles whose readers want them in shared memory (the module docstring): the index
+    tile of a gather into shared memory (every thread of the gather's loop reads the rows it
+    copies) and the inputs of an ``mxfp4`` op (its helper reads 4-byte words of them). A buffer
+    that holds copies of loaded tiles only (``prefetch_loads``: one read a step ahead) counts as
+    loaded."""
     loaded = {op.result.id for op in ops if op.name == "load" and op.result is not None}
     writes: dict[int, list[bool]] = {}
     for op in ops:
