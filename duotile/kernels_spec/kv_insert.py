@@ -33,8 +33,9 @@ is e4m3's subnormal step 2^-9). A block holding a NaN or an Inf gets scale code 
 bytes 0x7F (e4m3's NaN).
 
 RoPE: the DSL reads a pair's partner channel as a column gather (``kv[b, c ^ 1]``, normed alike,
-so its bits are those of y[c ^ 1]) and a channel's cos / sin out of the table row by a one-hot
-max over the pairs (exact: one hit); each channel is computed where it is stored, in order, so
+so its bits are those of y[c ^ 1]) and a channel's cos / sin as a column gather of the table's row
+P (``dsl.scalar``: the row read from data) at the channel's pair (a one-hot max over the row's
+pairs, as before, took about seven times the instructions in ``rope.py``, 2026-12-04); each channel is computed where it is stored, in order, so
 the e4m3 bytes (V4.1) and the bf16 bytes (V4, each channel's value read at its two byte columns)
 are stored at a corner. The ring slot is a scatter store (``cache[b, slot, col]`` with ``slot`` a
 one-element tile). Even channels take ``a cos - b sin``, odd ones ``b cos + a sin``: the same f32
@@ -61,7 +62,6 @@ from .registry import Dim, OneOf, Spec, register
 from .ue8m0 import fp8_block_code
 
 FORMATS = {"fp8": 32, "fp8_nope": 64}  # format -> channels a UE8M0 scale covers
-NEG_INF = float("-inf")
 E4M3_MIN_NORMAL_BITS = 0x3C800000  # 2^-6 as f32 bits
 E4M3_SUBNORMAL_ADD = 16384.0  # 2^14: f32 values near it lie 2^-9 apart, e4m3's subnormal step
 E4M3_BIAS_SHIFT = (127 - 7) << 3  # f32 exponent bias minus e4m3's, in units of e4m3's 3-bit mantissa
@@ -103,7 +103,7 @@ def kv_insert(kv: dsl.Tensor["B", "D", dsl.bf16 | dsl.f32], weight: dsl.Tensor["
         raise dsl.DslError(f"ROPE {ROPE!r} must be a positive multiple of the {block}-channel block")
     if not 2.0 ** -118 <= FLOOR <= FP8_MAX:
         raise dsl.DslError(f"FLOOR {FLOOR} out of range: the scale codes assume 2^-118 <= FLOOR <= 448")
-    floor, half, d = f32_bits(FLOOR), ROPE // 2, kv.D
+    floor, d = f32_bits(FLOOR), kv.D
     nope = d - ROPE
     scales = d if FORMAT == "fp8" else nope + 2 * ROPE  # the row's first scale byte
     for b in dsl.grid(kv.B):
@@ -117,11 +117,10 @@ def kv_insert(kv: dsl.Tensor["B", "D", dsl.bf16 | dsl.f32], weight: dsl.Tensor["
             ws = dsl.load(weight[cols], (n,)).to(dsl.f32)
             return (xs * r[:, None] * ws[None, :]).to(dsl.bf16).to(dsl.f32)
 
-        def rotated(k, n, p=p):  # rope channels ``k`` (an index tile, 0 .. ROPE - 1) of the rotated row
+        def rotated(k, n, row=dsl.scalar(p)):  # rope channels ``k`` (an index tile, 0 .. ROPE - 1) of the rotated row
             y, partner = normed(nope + k, n), normed(nope + (k ^ 1), n)
-            pair = (k >> 1)[:, None].eq(dsl.arange(half)[None, :])
-            c = dsl.where(pair, dsl.load(cos[p, 0], (1, half)), NEG_INF).max(axis=1)[None, :]
-            s = dsl.where(pair, dsl.load(sin[p, 0], (1, half)), NEG_INF).max(axis=1)[None, :]
+            c = dsl.load(cos[row, k >> 1], (1, n))  # the channel's pair in the table's row P
+            s = dsl.load(sin[row, k >> 1], (1, n))
             even = (k & 1).eq(0)[None, :]
             return dsl.where(even, y * c - partner * s, y * c + partner * s).to(dsl.bf16).to(dsl.f32)
 
