@@ -514,6 +514,38 @@ def mxfp4_values(packed: Tile, codes: Tile) -> Tile:
     return Tile(builder.current().emit(op))
 
 
+def mxfp8_values(values: Tile, codes: Tile) -> Tile:
+    """Block-scaled FP8 values (model.md 2.10's activations) as a bf16 tile: ``values``, a (R, C)
+    e4m3 tile; ``codes``, a (R, G) u8 tile of UE8M0 scale codes, each scaling C / G consecutive
+    columns (G divides C; 1 x 32 and 1 x 128 blocks, or one code for a tile inside a larger block).
+    Value (r, c) is bf16(f32(values[r, c]) x 2^(codes[r, c // (C / G)] - 127)), NaN for code 255:
+    exact for codes 10..246, where every e4m3 value times the scale is a normal bf16 number. Both
+    tiles are loaded ones. On a target with a block-scaled MMA a gemm of such operands (this and
+    ``mxfp4_values``) may keep the FP8 values and apply the codes in the MMA instead: the products
+    are then exact at every code."""
+    for name, t, dtype in (("values", values, dtypes.f8e4m3), ("codes", codes, dtypes.u8)):
+        if not isinstance(t, Tile):
+            raise builder.error(f"dsl.mxfp8_values: {name} must be a tile, got {type(t).__name__}")
+        if t.dtype != dtype or len(t.shape) != 2:
+            raise builder.error(f"dsl.mxfp8_values: {name} must be a 2-d {dtype} tile, got {t.dtype} "
+                                f"{_fmt(t.shape)}")
+    (rows, cols), (crows, groups) = values.shape, codes.shape
+    if crows != rows or _divides(groups, cols) is False:
+        raise builder.error(f"dsl.mxfp8_values: codes {_fmt(codes.shape)} do not split values {_fmt(values.shape)} "
+                            f"into blocks: (R, G) with G dividing the {cols} columns")
+    t = TileType((rows, cols), dtypes.bf16, Role.OPERAND)
+    op = Op("mxfp8", args=(values.value, codes.value), result=Value(t, hint="fp8"))
+    return Tile(builder.current().emit(op))
+
+
+def _divides(d, n) -> bool | None:
+    """Whether ``d`` divides ``n``; None while either is a symbol."""
+    d, n = sympy.sympify(d), sympy.sympify(n)
+    if not (d.is_Integer and n.is_Integer):
+        return None
+    return int(d) > 0 and int(n) % int(d) == 0
+
+
 def logical_or_bitwise(fn: str, a, b) -> Tile:
     """``&`` / ``|``: logical on boolean tiles (conditions), bitwise on integer tiles."""
     tiles = [x for x in (a, b) if isinstance(x, Tile)]

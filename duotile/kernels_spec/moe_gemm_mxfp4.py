@@ -34,31 +34,32 @@ reads the next expert's rows, or zeros past R, and the store by row index drops 
 at a 4,096-token prefill chunk (R = 24,576, 256 experts, BM = 64) runs 640 row tiles; the decode
 of one token (R = 6) 7, of which 6 hold a row.
 
-**The arithmetic.** Hopper has no FP4 tensor cores (model.md 2.7), so the weights are expanded on
-CUDA cores. Each K step of BK columns:
+**The arithmetic.** Each K step of BK columns reads the step's weight bytes as one (BN, BK / 2)
+tile and their UE8M0 codes as a (BN, BK / 32) tile, the activations as one contiguous (BM, BK)
+e4m3 tile and their codes as a (BM, BK / ABLOCK) tile (or the one code of the block the step lies
+in); all four are operands, in shared memory ``STAGES`` steps ahead. It then runs one gemm of
+``dsl.mxfp8_values(x, sa)`` by ``dsl.mxfp4_values(byte, codes)``: block-scaled values on both
+sides, lowered per target (docs/ffn_path.md):
 
-* reads the step's weight bytes as one (BN, BK / 2) tile and their UE8M0 codes as a (BN, BK / 32)
-  tile (operands: in shared memory, ``STAGES`` steps ahead);
-* makes them the step's (BN, BK) weight values in their natural column order with
-  ``dsl.mxfp4_values``: e2m1 value x 2^(code - 127) in bf16, exact wherever that is a bf16 number,
-  +-Inf beyond (codes 253 and 254 at the largest values), NaN for code 255 (the CUDA targets
-  decode eight values at a time as BF16 pairs with a device helper: about four instructions a
-  value, where decoding each value as an elementwise map took about eleven and a second gemm a
-  step, 2026-12-04, ``benchmarks/sass_loop.py``);
-* reads the activations as one contiguous (BM, BK) tile and makes them ``a x sa`` in bf16, exact
-  (e4m3 has four significant bits) for codes 10..246, where every e4m3 value times the scale is
-  normal and finite (the quantiser writes codes from 105, its amax floor of 1e-4, up);
-* runs one bf16 tensor-core gemm into the fp32 accumulator. The products are exact in fp32; the
-  sums are the only roundings, in an order fixed whatever R is.
+* on a target whose tensor cores apply UE8M0 block scales, the generator's block-scaled rule
+  takes this gemm at a tile that MMA takes (the shipped config's BM 128, BN 128, BK 128): the
+  activations stay e4m3, the e2m1 weights become e4m3 bytes (exact), and the tensor cores apply
+  both sides' codes, one a 32-column atom, at the FP8 rate. The products are exact at every code.
+* elsewhere (no FP4 or block-scaled tensor cores, model.md 2.7) the values are made in bf16 on
+  CUDA cores, the weights eight at a time by a device helper (about four instructions a value),
+  the activations as e4m3 x 2^(code - 127) rounded to bf16, exact (e4m3 has four significant
+  bits) for codes 10..246, where every such product is a normal bf16 number (the quantiser
+  writes codes from 105, its amax floor of 1e-4, up); weights likewise wherever the value is a
+  bf16 number, +-Inf beyond, NaN for code 255. One bf16 tensor-core gemm a step, the products
+  exact in fp32.
 
-Both scales are folded into the operands, so no promotion (an fp32 partial scaled and added, as in
-``gemm_blockscaled``) follows a gemm. For the weight scale that is forced: it varies along the
-output columns, and the stored [E, N, K/32] layout gives a tile's codes as (BN, *) columns, which
-the DSL cannot turn into the (1, BN) row a promotion of a (BM, BN) partial needs (a load lays tile
-axes onto the tensor's trailing axes in order; there is no transpose). With it folded, promoting
-the activation scale would only add BM x BN work a scale block, where folding costs BM x BK a
-step. The price is bf16 tensor cores at half the fp8 rate; fp8 operands with promotion (the e2m1
-values are exact in e4m3) would need that (1, BN) row, or the scales stored transposed.
+The sums are the only roundings, in an order fixed whatever R is. No promotion (an fp32 partial
+scaled and added, as in ``gemm_blockscaled``) follows a gemm: in the bf16 form both scales are
+folded into the operands. For the weight scale that is forced: it varies along the output columns, and
+the stored [E, N, K/32] layout gives a tile's codes as (BN, *) columns, which the DSL cannot turn
+into the (1, BN) row a promotion of a (BM, BN) partial needs (a load lays tile axes onto the
+tensor's trailing axes in order; there is no transpose). The price of the bf16 form is tensor
+cores at half the fp8 rate.
 
 Decode path: a row's sum runs over the same K steps in the same order whatever R is and wherever
 the row sits in its tile (batch dimension R, dynamic: one build serves every token count).
@@ -71,26 +72,13 @@ import torch
 from .. import dsl
 from ..dsl.builder import error
 from . import model_shapes as shapes
-from .gemm_blockscaled import _pow2, ue8m0_values
+from .gemm_blockscaled import ue8m0_values
 from .registry import Dim, OneOf, Spec, register
 
 WBLOCK = 32  # input channels a weight scale covers (MXFP4)
 FP8_MAX = 448.0
 FP4_GRID = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0)  # e2m1 magnitudes by code & 7 (model.md 4.1)
 UNWRITTEN = 2.0 ** 100  # what ``out`` holds before a call in the cases: rows no expert covers keep it
-
-
-def _activation_scales(a_scale, r0, k, BM, BK, ABLOCK):
-    """The f32 scales of a K step's activations, broadcasting against its (BM, BK) tile: (BM, 1)
-    where the step lies in one activation block, else (BM, BK), each column taking its block's
-    scale (the step's blocks unrolled)."""
-    if BK <= ABLOCK:
-        return _pow2(dsl.load(a_scale[r0, (k * BK) // ABLOCK], (BM, 1)))
-    block = dsl.arange(BK)[None, :] // ABLOCK
-    scales = _pow2(dsl.load(a_scale[r0, k * (BK // ABLOCK)], (BM, 1)))
-    for j in range(1, BK // ABLOCK):
-        scales = dsl.where(block.eq(j), _pow2(dsl.load(a_scale[r0, k * (BK // ABLOCK) + j], (BM, 1))), scales)
-    return scales
 
 
 FAR = 1 << 30  # a tile table entry past the experts: never at or before a row tile
@@ -154,8 +142,9 @@ def moe_gemm_mxfp4(a: dsl.Tensor["R", "K", dsl.f8e4m3], a_scale: dsl.Tensor["R",
             byte = dsl.load(w[e, n * BN, k * (BK // 2)], (BN, BK // 2), role="operand")
             codes = dsl.load(w_scale[e, n * BN, k * (BK // WBLOCK)], (BN, BK // WBLOCK), role="operand")
             x = dsl.load(a[r0, k * BK], (BM, BK), role="operand")
-            sa = _activation_scales(a_scale, r0, k, BM, BK, ABLOCK)
-            dsl.gemm((x.to(dsl.f32) * sa).to(dsl.bf16), dsl.mxfp4_values(byte, codes), acc, transpose_b=True)
+            # the step's activation codes: one a block, or the one block the step lies in
+            sa = dsl.load(a_scale[r0, (k * BK) // ABLOCK], (BM, BK // ABLOCK or 1), role="operand")
+            dsl.gemm(dsl.mxfp8_values(x, sa), dsl.mxfp4_values(byte, codes), acc, transpose_b=True)
         dsl.store(out[rows, n * BN], acc.to(dsl.bf16))
 
 

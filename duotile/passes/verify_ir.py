@@ -13,7 +13,8 @@ It changes nothing. It raises DslError, naming the op's source line, when:
   bitcast joins two types of one width (``f32 <-> i32``); checked on ``ew`` ops and inside the
   expression trees of fused ``map`` ops alike;
 - an ``mxfp4`` op's operands are not u8 (R, C) packed codes and u8 (R, 2C / 32) scale codes, or its
-  result not the bf16 (R, 2C) values.
+  result not the bf16 (R, 2C) values; an ``mxfp8`` op's are not e4m3 (R, C) values and u8 (R, G)
+  scale codes with G dividing C, or its result not the bf16 (R, C) values.
 """
 
 from __future__ import annotations
@@ -61,8 +62,8 @@ def _check_block(block: Block, module: Module, visible: set[int], symbols: set, 
         _check_writes(op)
         _check_symbols(op, symbols)
         _check_bit_ops(op)
-        if op.name == "mxfp4":
-            _check_mxfp4(op, bound)
+        if op.name in SCALED_VALUES:
+            _check_scaled_values(op, bound)
         if op.result is not None:
             _check_dims(op, bound)
             visible.add(op.result.id)
@@ -123,17 +124,27 @@ def _check_dims(op: Op, bound: bool):
             raise DslError(f"{op.name} produces a tile with dimension {d}, not a positive int", op.loc)
 
 
-def _check_mxfp4(op: Op, bound: bool):
-    packed, codes = (a.type for a in op.args)
+# the block-scaled value ops: the first operand's dtype and name, and the shape rule over
+# (values or packed (R, C), codes (R, G), result (R', C')) with its text
+SCALED_VALUES = {
+    "mxfp4": (dtypes.u8, "u8 packed codes",
+              lambda r, c, rc, g, ro, co: r == rc == ro and co == 2 * c and co % MXFP4_BLOCK == 0
+              and g == co // MXFP4_BLOCK, f"(R, C), (R, 2C / {MXFP4_BLOCK}) -> (R, 2C)"),
+    "mxfp8": (dtypes.f8e4m3, "e4m3 values",
+              lambda r, c, rc, g, ro, co: r == rc == ro and c == co and g > 0 and c % g == 0,
+              "(R, C), (R, G) -> (R, C) with G dividing C"),
+}
+
+
+def _check_scaled_values(op: Op, bound: bool):
+    first_dtype, first, fits, rule = SCALED_VALUES[op.name]
+    x, codes = (a.type for a in op.args)
     out = op.result.type
-    if packed.dtype != dtypes.u8 or codes.dtype != dtypes.u8 or out.dtype != dtypes.bf16:
-        raise DslError(f"mxfp4 takes u8 packed codes and u8 scale codes to bf16, got {packed.dtype}, "
+    if x.dtype != first_dtype or codes.dtype != dtypes.u8 or out.dtype != dtypes.bf16:
+        raise DslError(f"{op.name} takes {first} and u8 scale codes to bf16, got {x.dtype}, "
                        f"{codes.dtype} -> {out.dtype}", op.loc)
-    if bound:
-        (r, c), (rc, nc), (ro, co) = ([int(d) for d in t.shape] for t in (packed, codes, out))
-        if not (r == rc == ro and co == 2 * c and co % MXFP4_BLOCK == 0 and nc == co // MXFP4_BLOCK):
-            raise DslError(f"mxfp4 shapes {packed.shape}, {codes.shape} -> {out.shape} are not (R, C), "
-                           f"(R, 2C / {MXFP4_BLOCK}) -> (R, 2C)", op.loc)
+    if bound and not fits(*(int(d) for t in (x, codes, out) for d in t.shape)):
+        raise DslError(f"{op.name} shapes {x.shape}, {codes.shape} -> {out.shape} are not {rule}", op.loc)
 
 
 def _check_bit_ops(op: Op):

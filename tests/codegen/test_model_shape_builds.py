@@ -102,6 +102,34 @@ def test_summary_table_counts_every_shape():
         assert f"| {name} | sm90 | {count} of {count} | - |" in table
 
 
+# the specs whose gemms take sm100's block-scaled MMA (codegen/tilelang_cuda/block_scaled.py) with the
+# config a user gets, at every model shape: the MoE's W4A8 grouped GEMM
+BLOCK_SCALED = ("moe_gemm_mxfp4",)
+BLOCK_SCALED_SHAPES = [(n, s) for n, s in SHAPES if n in BLOCK_SCALED]
+
+
+@pytest.mark.parametrize("name,shape", BLOCK_SCALED_SHAPES, ids=[f"{n}:{s}" for n, s in BLOCK_SCALED_SHAPES])
+def test_block_scaled_specs_take_the_block_scaled_mma_on_sm100(name, shape):
+    row = generated(name, shape, "sm100")
+    assert row.status == "generated", row.error
+    assert any("T.gemm_blockscaled(" in src for src in row.sources), f"{name} {shape}: lowered to the bf16 MMA"
+
+
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="needs nvcc")
+@pytest.mark.parametrize("name", BLOCK_SCALED)
+def test_block_scaled_representatives_hold_the_block_scaled_mma_in_ptx(name):
+    """Both models' representative shapes, built for sm_100a with the config a user gets: the PTX
+    holds ``tcgen05.mma ... kind::mxf8f6f4.block_scale`` and the scale copies to TMEM."""
+    from duotile.codegen.driver import build_case
+
+    for shape in REPRESENTATIVE[name].values():
+        r = build_case(SPECS[name], shape, SPECS[name].model_shapes[shape], "sm100")
+        assert r.ok, r.error
+        ptx = "".join(a.stages.get("ptx", "") for a in r.artifacts)
+        assert re.search(r"tcgen05\.mma\.cta_group::1\.kind::mxf8f6f4\.block_scale", ptx), shape
+        assert "tcgen05.cp.cta_group::1.32x128b.warpx4" in ptx, shape
+
+
 # CI builds the default model's representative shape of each spec in full (nvcc / Ascend C);
 # `python3 -m benchmarks.model_shape_builds --build` builds both models' (a few minutes a spec)
 CI_MODEL = "v41-flash"

@@ -19,6 +19,8 @@ from duotile.dsl.ir import TileType
 from duotile.kernels_spec.gemm_blockscaled import ue8m0_values
 from duotile.kernels_spec.moe_gemm_mxfp4 import fp4_values
 from duotile.passes.verify_ir import verify_ir
+from tests.dsl.fragments import store_kernel
+from tests.host_cuda import run_on_host
 
 
 @dsl.kernel
@@ -84,12 +86,8 @@ def test_blocks_take_their_own_codes():
      r"codes must be \(16, 2\)"),
 ])
 def test_wrong_tiles_are_refused_at_the_spec_line(body, match):
-    src = ("def k(w: dsl.Tensor['R', 'C', dsl.u8], s: dsl.Tensor['R', 'S', dsl.u8], "
-           "out: dsl.Tensor['R', 'K', dsl.bf16]):\n"
-           f"    for _ in dsl.grid(1):\n        dsl.store(out[0, 0], {body})\n")
-    scope = {"dsl": dsl}
-    exec(compile(src, "fragment.py", "exec"), scope)  # noqa: S102
-    kernel = dsl.kernel(scope["k"])
+    kernel = store_kernel("w: dsl.Tensor['R', 'C', dsl.u8], s: dsl.Tensor['R', 'S', dsl.u8], "
+                          "out: dsl.Tensor['R', 'K', dsl.bf16]", body)
     with pytest.raises(DslError, match=match) as err:
         codegen.compile(kernel, "interpret")(**_tensors())
     assert "fragment.py:3" in str(err.value)
@@ -114,7 +112,7 @@ def _generate(kernel, target, tensors):
 def test_cuda_targets_call_the_helper_into_shared_memory(target):
     pytest.importorskip("tilelang")
     text = _generate(unpack, target, _meta())
-    assert "T.import_source(MXFP4_X8)" in text and "duotile_mxfp4x8_bf16" in text
+    assert "T.import_source(PRMT + MXFP4_X8)" in text and "duotile_mxfp4x8_bf16" in text
     loop = text[text.index("T.sync_threads()"):]  # a barrier before the helper's writes and one after them
     assert loop.index("duotile_mxfp4x8_bf16") < loop.index("T.sync_threads()", 1) < loop.index("T.copy(fp4")
     assert "fp4" in text.split("T.alloc_shared((16, 64,)")[0].splitlines()[-1]  # the values live in shared memory
@@ -146,35 +144,6 @@ def test_the_helper_compiles_and_its_writes_are_waited_for(target, tmp_path):
     assert "__syncthreads()" in after and after.index("__syncthreads()") < after.index("tma_store(")
 
 
-HOST_STUBS = r"""
-#include <cstdio>
-#include <cstring>
-#define __device__
-#define __forceinline__ inline
-struct uint4 { unsigned x, y, z, w; };
-static float bf16_to_float(unsigned h) { unsigned u = (h & 0xFFFFu) << 16; float f; std::memcpy(&f, &u, 4); return f; }
-static unsigned float_to_bf16(float f) {  // round to nearest even; NaN stays NaN
-  unsigned u; std::memcpy(&u, &f, 4);
-  if ((u & 0x7FFFFFFFu) > 0x7F800000u) return 0x7FC0u;
-  return (u + 0x7FFFu + ((u >> 16) & 1u)) >> 16;
-}
-static unsigned host_mul_bf16x2(unsigned a, unsigned b) {  // mul.rn.bf16x2: the exact product, rounded once
-  unsigned lo = float_to_bf16(bf16_to_float(a) * bf16_to_float(b));
-  unsigned hi = float_to_bf16(bf16_to_float(a >> 16) * bf16_to_float(b >> 16));
-  return (lo & 0xFFFFu) | (hi << 16);
-}
-static unsigned host_prmt(unsigned a, unsigned b, unsigned sel) {  // prmt.b32, default mode
-  unsigned d = 0;
-  for (int i = 0; i < 4; ++i) {
-    unsigned s = (sel >> (4 * i)) & 0xFu, pick = s & 7u;
-    unsigned byte = ((pick < 4 ? a >> (8 * pick) : b >> (8 * (pick - 4))) & 0xFFu);
-    if (s & 8u) byte = (byte & 0x80u) ? 0xFFu : 0u;
-    d |= byte << (8 * i);
-  }
-  return d;
-}
-"""
-
 HOST_MAIN = r"""
 int main() {
   for (int code = 0; code < 256; ++code)
@@ -197,21 +166,10 @@ def test_the_device_helper_itself_gives_every_value_at_every_code(tmp_path):
     instructions emulated (prmt's byte select with sign replication; mul.rn.bf16x2 as the exact
     product rounded once to bf16), over four bytes of every kind at every scale code: bit for bit
     the reference's e2m1 value x 2^(code - 127) in bf16, element 2j from byte j's low nibble."""
-    import re
-    import subprocess
+    from duotile.codegen.tilelang_cuda.device_helpers import MXFP4_X8, PRMT
 
-    from duotile.codegen.tilelang_cuda.device_helpers import MXFP4_X8
-
-    mul = 'asm("mul.rn.bf16x2 %0, %1, %2;" : "=r"(d) : "r"(a), "r"(b));'
-    body = MXFP4_X8.replace(mul, "d = host_mul_bf16x2(a, b);")
-    body = body.replace('asm("prmt.b32 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(selector));',
-                        "d = host_prmt(a, b, selector);")
-    assert "asm(" not in body  # every PTX instruction of the helper is emulated
-    src = tmp_path / "helper.cpp"
-    src.write_text(HOST_STUBS + body + HOST_MAIN)
-    subprocess.run(["g++", "-O1", "-o", str(tmp_path / "helper"), str(src)], check=True, capture_output=True)
-    lines = subprocess.run([str(tmp_path / "helper")], check=True, capture_output=True, text=True).stdout.split("\n")
-    got = torch.tensor([[int(h, 16) for h in re.split(" ", line)] for line in lines if line], dtype=torch.int32)
+    lines = run_on_host(PRMT + MXFP4_X8, HOST_MAIN, tmp_path)
+    got = torch.tensor([[int(h, 16) for h in line.split(" ")] for line in lines], dtype=torch.int32)
     byte = torch.arange(256)
     packed = torch.stack((byte, 255 - byte, byte ^ 0x5A, (byte * 7) % 256), dim=1).to(torch.uint8).repeat(256, 1)
     code = torch.arange(256).repeat_interleave(256).to(torch.uint8)[:, None]

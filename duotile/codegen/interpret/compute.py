@@ -160,6 +160,17 @@ def _mxfp4(it: Interpreter, op: Op):
     it.put(op.result, (values * scale).to(torch.bfloat16))
 
 
+@handles("mxfp8")
+def _mxfp8(it: Interpreter, op: Op):
+    """e4m3 values times 2^(code - 127) of their block (C / G columns a code), the product in
+    float32, rounded to bf16; NaN for code 255."""
+    values, codes = it.get(op.args[0]).float(), it.get(op.args[1]).to(torch.int32)
+    scale = torch.ldexp(torch.ones_like(codes, dtype=torch.float32), codes - 127)
+    scale = torch.where(codes == 255, torch.nan, scale)
+    scale = scale.repeat_interleave(values.shape[-1] // codes.shape[-1], dim=-1)
+    it.put(op.result, (values * scale).to(torch.bfloat16))
+
+
 @handles("map")
 def _map(it: Interpreter, op: Op):
     inputs = [it.get(a) for a in op.args]

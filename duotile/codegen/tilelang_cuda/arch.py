@@ -16,6 +16,7 @@ class Arch:
     modelled: bool  # no such GPU in this project: tuning ranks configs by the cost model
     sms: int = 0  # streaming multiprocessors: the block count of a persistent grid
     least_tile: int = 64  # rows of the least tile every MMA form takes (tcgen05's 64-row form needs N % 64)
+    block_scaled_mma: bool = False  # tensor cores that apply UE8M0 block scales (block_scaled.py)
 
     @property
     def has_tmem(self) -> bool:
@@ -24,4 +25,5 @@ class Arch:
 
 SM90 = Arch("sm90", "sm_90a", 227 * 1024, 0, (9, 0), (64, 8, 32), False, sms=132)  # H100 / H200 SXM
 # SM100: 228 KiB of shared memory per SM (227 usable per block) and 512 TMEM columns x 128 lanes x 32 bit.
-SM100 = Arch("sm100", "sm_100a", 227 * 1024, 512, (10, 0), (64, 16, 32), True, sms=148, least_tile=128)  # B200
+SM100 = Arch("sm100", "sm_100a", 227 * 1024, 512, (10, 0), (64, 16, 32), True, sms=148, least_tile=128,
+              block_scaled_mma=True)  # B200

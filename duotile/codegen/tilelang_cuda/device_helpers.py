@@ -4,6 +4,16 @@ instructions. Kept in a Python module so that an edit changes ``build.compiler_d
 
 from __future__ import annotations
 
+# prmt.b32: four bytes picked from the eight of (a, b), one a selector nibble (its top bit set: the
+# picked byte's sign bit repeated). The helpers below import it (``Source.helper``: once a kernel).
+PRMT = r"""
+__device__ __forceinline__ unsigned duotile_prmt(unsigned a, unsigned b, unsigned selector) {
+  unsigned d;
+  asm("prmt.b32 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(selector));
+  return d;
+}
+"""
+
 # dsl.mxfp4_values (ops.py): eight e2m1 codes (a 32-bit word, element 2j in the low nibble of byte
 # j) to eight bf16 values times the block's 2^(code - 127), written as 16 bytes. Each byte's two
 # codes become a bf16 pair by bit operations: one prmt puts the low code in byte 0 and the high
@@ -23,12 +33,6 @@ __device__ __forceinline__ unsigned duotile_mul_bf16x2(unsigned a, unsigned b) {
   return d;
 }
 
-__device__ __forceinline__ unsigned duotile_prmt(unsigned a, unsigned b, unsigned selector) {
-  unsigned d;
-  asm("prmt.b32 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(selector));
-  return d;
-}
-
 __device__ __forceinline__ void duotile_mxfp4x8_bf16(const void* packed, void* out, int code) {
   const unsigned w = *reinterpret_cast<const unsigned*>(packed);
   const unsigned lo = w & 0x0F0F0F0Fu, hi = (w >> 4) & 0x0F0F0F0Fu;  // each byte's low and high code
@@ -42,6 +46,31 @@ __device__ __forceinline__ void duotile_mxfp4x8_bf16(const void* packed, void* o
     const unsigned pair = duotile_prmt(lo, hi, k | 0x80u | ((4u + k) << 8) | 0x8000u);  // [lo_k, 0, hi_k, 0]
     const unsigned bits = (pair * 0x1040u) & 0x81C081C0u;
     r[k] = duotile_mul_bf16x2(duotile_mul_bf16x2(bits, lift), s);
+  }
+  *reinterpret_cast<uint4*>(out) = o;
+}
+"""
+
+# dsl.mxfp4_values feeding a block-scaled MMA (block_scaled.py): sixteen e2m1 codes (eight bytes,
+# element i in nibble i) to their e4m3 bytes, unscaled (the MMA applies the block's code), written
+# as 16 bytes. Every e2m1 value is an e4m3 number, so this is exact: one prmt looks the four
+# magnitudes of a half word up in the eight e4m3 bytes of {0, .5, 1, 1.5, 2, 3, 4, 6} (a selector
+# nibble is a code's low three bits), a second prmt doubles the half word's two bytes ([b0, b0,
+# b1, b1]) so that each code's sign bit sits at bit 3 or 7 of its own output byte, and a shift and
+# a mask move it to bit 7. About eight instructions a four values.
+MXFP4_E4M3_X16 = r"""
+__device__ __forceinline__ void duotile_mxfp4x16_e4m3(const void* packed, void* out) {
+  const uint2 w = *reinterpret_cast<const uint2*>(packed);
+  const unsigned table_lo = 0x3C383000u, table_hi = 0x4C484440u;  // e4m3 of 0, .5, 1, 1.5 | 2, 3, 4, 6
+  uint4 o;
+  unsigned* r = reinterpret_cast<unsigned*>(&o);
+#pragma unroll
+  for (unsigned h = 0; h < 4; ++h) {
+    const unsigned word = h < 2 ? w.x : w.y;
+    const unsigned half = (h & 1u) ? word >> 16 : word;  // four codes in the low 16 bits
+    const unsigned mag = duotile_prmt(table_lo, table_hi, half & 0x7777u);
+    const unsigned twice = duotile_prmt(half, 0u, 0x1100u);  // bytes [b0, b0, b1, b1]
+    r[h] = mag | ((twice << 4) & 0x00800080u) | (twice & 0x80008000u);
   }
   *reinterpret_cast<uint4*>(out) = o;
 }

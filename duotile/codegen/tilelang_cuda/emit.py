@@ -16,7 +16,8 @@ from ...passes.fold_bounds import grid_env, interval
 from ..handlers import OpHandlers
 from . import overlap, tma_store
 from .arch import Arch
-from .device_helpers import MXFP4_X8
+from .block_scaled import emit_gemm as emit_block_scaled_gemm
+from .device_helpers import MXFP4_E4M3_X16, MXFP4_X8, PRMT
 from .exprs import ElementPrinter, index, literal
 from .linear_grid import linear_head, needs_linear_grid
 from .manual_ws import PRODUCER_THREADS, ManualWarpSpecialization
@@ -57,7 +58,7 @@ class Emitter:
         if v.id in self.ring_slots:
             dims.insert(0, str(self.ring_slots[v.id]))
         shape = "(" + ", ".join(dims) + ",)"
-        dt = v.type.dtype.tilelang_name
+        dt = "float8_e4m3" if v.id in self.plan.raw else v.type.dtype.tilelang_name  # block_scaled.py
         alloc = {"shared": "T.alloc_shared", "fragment": "T.alloc_fragment", "tmem": "T.alloc_tmem",
                  "local": "T.alloc_local"}[scope]
         self.src.decl(f'{name} = {alloc}({shape}, "{dt}")')
@@ -372,17 +373,25 @@ def _gather(e: Emitter, op: Op):
                f"{p.name}[{', '.join(gidx)}], {other})", op.loc)
 
 
+def _shared_inputs(e: Emitter, op: Op, what: str, names: tuple[str, ...]) -> None:
+    for name, v in zip(names, op.args):
+        if e.plan.scope.get(v.id) != "shared":
+            raise UnsupportedError(f"{e.arch.name}: {what} reads its {name} from shared memory: pass a "
+                                   "tile made by dsl.load", op.loc)
+
+
 @handles("mxfp4")
 def _mxfp4(e: Emitter, op: Op):
-    """``dsl.mxfp4_values``: eight values a call of the device helper (``device_helpers.MXFP4_X8``),
-    four packed bytes read from shared memory and sixteen bytes written into the shared result;
-    the loop over (rows, eighths) spreads over every thread (no register tile in it)."""
+    """``dsl.mxfp4_values``: eight bf16 values a call of the device helper
+    (``device_helpers.MXFP4_X8``), four packed bytes read from shared memory and sixteen bytes
+    written into the shared result; for a block-scaled gemm (``block_scaled.py``) sixteen e4m3
+    bytes a call of ``MXFP4_E4M3_X16``, unscaled. The loop over (rows, eighths or sixteenths)
+    spreads over every thread (no register tile in it)."""
     packed, codes = op.args
-    for name, v in (("packed codes", packed), ("scale codes", codes)):
-        if e.plan.scope.get(v.id) != "shared":
-            raise UnsupportedError(f"{e.arch.name}: dsl.mxfp4_values reads its {name} from shared memory: pass a "
-                                   "tile made by dsl.load", op.loc)
-    e.src.helper("MXFP4_X8", MXFP4_X8)
+    _shared_inputs(e, op, "dsl.mxfp4_values", ("packed codes", "scale codes"))
+    e.src.helper("PRMT", PRMT)
+    raw = op.result.id in e.plan.raw
+    e.src.helper(*(("MXFP4_E4M3_X16", MXFP4_E4M3_X16) if raw else ("MXFP4_X8", MXFP4_X8)))
     rows, cols = (int(d) for d in op.result.type.shape)
     src, dst, scales = e.name(packed), e.name(op.result), e.name(codes)
     # the helper's reads and writes are opaque to TileLang's barrier planning: one barrier before
@@ -390,10 +399,35 @@ def _mxfp4(e: Emitter, op: Op):
     # thread's values are written before anything reads them). Pointers TileLang could see
     # (T.access_ptr) made it put a barrier before every call, eight a 128-wide step.
     e.src.line("T.sync_threads()", op.loc)
-    e.src.line(f"for i0, i1 in T.Parallel({rows}, {cols // 8}):", op.loc)
-    e.src.line(f'    T.call_extern("handle", "duotile_mxfp4x8_bf16", T.address_of({src}[i0, 4 * i1]), '
-               f'T.address_of({dst}[i0, 8 * i1]), T.cast({scales}[i0, i1 // {MXFP4_BLOCK // 8}], "int32"))', op.loc)
+    if raw:
+        e.src.line(f"for i0, i1 in T.Parallel({rows}, {cols // 16}):", op.loc)
+        e.src.line(f'    T.call_extern("handle", "duotile_mxfp4x16_e4m3", T.address_of({src}[i0, 8 * i1]), '
+                   f"T.address_of({dst}[i0, 16 * i1]))", op.loc)
+    else:
+        e.src.line(f"for i0, i1 in T.Parallel({rows}, {cols // 8}):", op.loc)
+        e.src.line(f'    T.call_extern("handle", "duotile_mxfp4x8_bf16", T.address_of({src}[i0, 4 * i1]), '
+                   f'T.address_of({dst}[i0, 8 * i1]), T.cast({scales}[i0, i1 // {MXFP4_BLOCK // 8}], "int32"))',
+                   op.loc)
     e.src.line("T.sync_threads()", op.loc)
+
+
+@handles("mxfp8")
+def _mxfp8(e: Emitter, op: Op):
+    """``dsl.mxfp8_values``: each value times its block's 2^(code - 127) in fp32 (the code's
+    float bits; 255 is NaN, 0 the subnormal 2^-127), rounded to bf16, into the shared result. For
+    a block-scaled gemm nothing: the loaded e4m3 tile is the operand (``block_scaled.py``)."""
+    values, codes = op.args
+    _shared_inputs(e, op, "dsl.mxfp8_values", ("values", "scale codes"))
+    if op.result.id in e.plan.raw:
+        e.names[op.result.id] = e.name(values)
+        return
+    rows, cols = (int(d) for d in op.result.type.shape)
+    block = cols // int(codes.type.shape[1])
+    code = f'T.cast({e.name(codes)}[i0, i1 // {block}], "int32")'
+    bits = f"T.if_then_else({code} == 255, 2143289344, T.if_then_else({code} == 0, 4194304, T.shift_left({code}, 23)))"
+    e.src.line(f"for i0, i1 in T.Parallel({rows}, {cols}):", op.loc)
+    e.src.line(f'    {e.name(op.result)}[i0, i1] = T.cast(T.cast({e.name(values)}[i0, i1], "float32") * '
+               f'T.reinterpret({bits}, "float32"), "bfloat16")', op.loc)
 
 
 @handles("store")
@@ -548,6 +582,10 @@ def _gemm(e: Emitter, op: Op):
         fn = "T.wgmma_gemm" if e.async_gemm else "T.gemm"
         e.src.line(f"{fn}({a_buf}, {b_buf}, {e.name(acc)}, transpose_A={ta}, transpose_B={tb}"
                    f"{policy}{clear_arg})", op.loc)
+        return
+    if id(op) in e.plan.block_scaled:
+        emit_block_scaled_gemm(e, op, e.plan.block_scaled[id(op)], e.name(acc), clear or "False")
+        e.dirty.add(acc.id)
         return
     if scope == "tmem":
         _tcgen05(e, op, a_buf, b_buf, e.name(acc), clear or "False", ta, tb)

@@ -17,6 +17,9 @@ Rules (each a target lowering rule any kernel can hit, never a kernel special ca
   layout a gemm reads), and so do the loaded tiles it reads (packed codes and scale codes): as
   (BN, 1)-shaped register tiles laid out on 128 threads, TileLang ran the expansion loop on one
   of two consumer warp groups (a hand-edited MoE main phase, 2026-12-04: docs/ffn_path.md).
+  ``dsl.mxfp8_values`` likewise (its loop writes the operand a gemm reads; its codes are read at
+  each column's block). Both stay FP8 in shared memory where a gemm of them takes the block-scaled
+  MMA (``block_scaled.py``, sm100).
 - an ``accumulator`` buffer is a fragment on sm90. On sm100 it lives in TMEM, drained through
   a fragment before vector work reads it, unless vector ops also write it (``map ... into``):
   then it stays a fragment and each gemm into it goes through a fresh TMEM tile that is added in.
@@ -67,6 +70,7 @@ from dataclasses import dataclass, field
 
 from ...dsl.ir import Module, Op, Role, Value
 from .arch import Arch
+from .block_scaled import find_block_scaled, raw_values
 from .exprs import index
 
 
@@ -82,6 +86,8 @@ class Plan:
     store_direct: set[int] = field(default_factory=set)  # map results written by their store, no fragment
     reduce_pad: dict[int, tuple[int, ...]] = field(default_factory=dict)  # reduce op id -> padded source shape
     relayout: set[int] = field(default_factory=set)  # reduce op ids whose result is laid out anew through shared
+    block_scaled: dict = field(default_factory=dict)  # gemm op id -> BlockScaledGemm (block_scaled.py)
+    raw: set[int] = field(default_factory=set)  # mxfp4 / mxfp8 results kept FP8 for a block-scaled gemm
 
 
 def make_plan(module: Module, arch: Arch, threads: int | None = None) -> Plan:
@@ -116,6 +122,8 @@ def make_plan(module: Module, arch: Arch, threads: int | None = None) -> Plan:
             if v.id in gemm_b or (v.id in gemm_a and (arch.has_tmem or plan.col_split)):
                 plan.staged.add(v.id)
     _share_loaded_inputs(ops, plan)
+    plan.block_scaled = find_block_scaled(ops, arch, plan.scope)
+    plan.raw = raw_values(plan.block_scaled)
     _find_gemm_clears(module, plan)
     if threads:
         for op in ops:
@@ -130,7 +138,8 @@ def make_plan(module: Module, arch: Arch, threads: int | None = None) -> Plan:
 def _share_loaded_inputs(ops: list[Op], plan: Plan) -> None:
     """The loaded tiles whose readers want them in shared memory (the module docstring): the index
     tile of a gather into shared memory (every thread of the gather's loop reads the rows it
-    copies) and the inputs of an ``mxfp4`` op (its helper reads 4-byte words of them). A buffer
+    copies) and the inputs of an ``mxfp4`` / ``mxfp8`` op (a helper reads 4-byte words of them; a
+    block-scaled MMA reads the values and the codes from shared memory). A buffer
     that holds copies of loaded tiles only (``prefetch_loads``: one read a step ahead) counts as
     loaded."""
     loaded = {op.result.id for op in ops if op.name == "load" and op.result is not None}
@@ -146,7 +155,7 @@ def _share_loaded_inputs(ops: list[Op], plan: Plan) -> None:
             rows = op.args[0]
             if rows.id in loaded and plan.scope.get(rows.id) == "fragment":
                 plan.scope[rows.id] = "shared"
-        if op.name == "mxfp4":  # its helper reads 4-byte words of codes and their scale codes
+        if op.name in ("mxfp4", "mxfp8"):  # read as words (a helper), as a block-scaled MMA's operand
             for a in op.args:
                 if a.id in loaded and plan.scope.get(a.id) == "fragment":
                     plan.scope[a.id] = "shared"
@@ -272,7 +281,7 @@ def _scope(op: Op, v: Value, arch: Arch, plan: Plan, feeds_b: bool, feeds_a: boo
         return "tmem" if arch.has_tmem and v.id not in plan.mutated else "fragment"
     if op.name in ("load", "gather") and (role is Role.OPERAND or feeds_b or (feeds_a and arch.has_tmem)):
         return "shared"
-    if op.name == "mxfp4":  # written 16 bytes at a time by its helper, into the layout a gemm reads
+    if op.name in ("mxfp4", "mxfp8"):  # written 16 bytes at a time by a helper (or by a loop), as a gemm reads
         return "shared"
     return "fragment"
 

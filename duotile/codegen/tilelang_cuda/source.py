@@ -19,10 +19,18 @@ class Source:
         self.helpers: dict[str, str] = {}  # module-level device source the kernel imports, by name
 
     def helper(self, name: str, source: str) -> None:
-        """Import the device functions ``source`` (``device_helpers.py``) into the kernel once."""
-        if name not in self.helpers:
-            self.helpers[name] = source
-            self.decl(f"T.import_source({name})")
+        """Import the device functions ``source`` (``device_helpers.py``) into the kernel once.
+        TileLang takes one ``T.import_source`` a kernel: the helpers go in as one string, in the
+        order they were first asked for (a helper after those it calls)."""
+        if name in self.helpers:
+            return
+        self.helpers[name] = source
+        line = f"T.import_source({' + '.join(self.helpers)})"
+        if len(self.helpers) == 1:
+            self.decls.append(line)
+        else:
+            old = f"T.import_source({' + '.join(list(self.helpers)[:-1])})"
+            self.decls[self.decls.index(old)] = line
 
     def decl(self, text: str) -> None:
         name = text.split("=", 1)[0].strip()
