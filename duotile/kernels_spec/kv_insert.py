@@ -35,11 +35,12 @@ bytes 0x7F (e4m3's NaN).
 RoPE: the DSL reads a pair's partner channel as a column gather (``kv[b, c ^ 1]``, normed alike,
 so its bits are those of y[c ^ 1]) and a channel's cos / sin as a column gather of the table's row
 P (``dsl.scalar``: the row read from data) at the channel's pair (a one-hot max over the row's
-pairs, as before, took about seven times the instructions in ``rope.py``, 2026-12-04); each channel is computed where it is stored, in order, so
-the e4m3 bytes (V4.1) and the bf16 bytes (V4, each channel's value read at its two byte columns)
-are stored at a corner. The ring slot is a scatter store (``cache[b, slot, col]`` with ``slot`` a
-one-element tile). Even channels take ``a cos - b sin``, odd ones ``b cos + a sin``: the same f32
-operations as the reference's, so the interpreter is bit-exact.
+pairs, as before, took about seven times the instructions in ``rope.py``, 2026-12-04); each
+channel is computed where it is stored, in order, so the e4m3 bytes (V4.1) and the bf16 bytes (V4,
+each channel's value read at its two byte columns) are stored at a corner. The ring slot is a
+scatter store (``cache[b, slot, col]`` with ``slot`` a one-element tile). Even channels take
+``a cos - b sin``, odd ones ``b cos + a sin``: the same f32 operations as the reference's, so the
+interpreter is bit-exact.
 
 Tolerances: exact on the interpreter (the tests check bytes); elsewhere a target's rsqrt, its
 f32 sum order and fused multiply-adds can move a bf16 rounding, so a value byte may move by one

@@ -15,7 +15,7 @@ from duotile.codegen.target import get_target
 from duotile.runtime import model_ops
 from duotile.runtime.engine import LLM
 from duotile.runtime.generated import _OP_OF, GeneratedOps
-from duotile.runtime.layers.common import Ctx, rms_norm, select_topk, topk
+from duotile.runtime.layers.common import Ctx, index_scores, rms_norm, select_topk, topk
 from duotile.runtime.layers.moe import MoE
 from duotile.runtime.layers.step import StepSeq
 from duotile.runtime.ops import FastOps, InvariantOps
@@ -64,6 +64,31 @@ def test_top_k_over_rows_that_grow_a_row_a_step_builds_once_a_power_of_two():
         scores[1, n // 2:] = float("-inf")  # a row that sees fewer than k
         assert torch.equal(topk(ctx, scores, 8), select_topk(scores, 8)), n
     assert ctx.ops.builds() == {"topk": 5}
+
+
+def test_empty_index_calls_are_answered_without_a_launch_or_the_reference():
+    """Before a sequence's first compressed row the indexer has no keys and top-k no scores: the
+    kernels' side answers (an empty score matrix; every slot -1, as select_topk) with no launch,
+    so the op report counts a generated call and no reference call (they fell back before)."""
+    ctx = Ctx(GeneratedOps(FastOps()), dtype=torch.bfloat16)
+    none = torch.empty(3, 0)
+    got = topk(ctx, none, 8)
+    assert torch.equal(got, select_topk(none, 8)) and got.dtype == torch.long
+    qi, wts = torch.randn(3, 4, 16), torch.rand(3, 4)
+    scores = index_scores(ctx, qi, wts, torch.empty(0, 16), torch.zeros(3, dtype=torch.long))
+    assert scores.shape == (3, 0) and scores.dtype == torch.float32
+    assert ctx.ops.builds() == {} and ctx.tally.snapshot() == {"topk": (1, 0), "index_scores": (1, 0)}
+
+
+@pytest.mark.parametrize("name", ["v4-tiny", "v41-tiny"])
+def test_a_short_generation_makes_no_reference_call(ckpt_dir, name):
+    """A 3-token prompt (no compressed row at the first steps) and 3 tokens: every op of the report
+    on a generated kernel, none on the reference."""
+    llm = LLM(ckpt_dir(name), kernels="generated")
+    llm.generate([1, 2, 3], SamplingParams(max_tokens=3, ignore_eos=True))
+    report = llm.last_stats.ops
+    assert report and {op: ref for op, (_, ref) in report.items() if ref} == {}, report
+    assert all(gen > 0 for gen, _ in report.values()), report
 
 
 @pytest.mark.parametrize("block", [32, 128])

@@ -20,9 +20,10 @@ class AttentionKernels:
 
     def _topk(self, ctx, scores: torch.Tensor, k: int) -> torch.Tensor:
         """A decode step's scores grow a row a step; the kernel pads them to their length's
-        power-of-two bucket (its ``padded`` size): one build a bucket, not one a step."""
+        power-of-two bucket (its ``padded`` size): one build a bucket, not one a step. No scores
+        (a sequence before its first compressed row): every slot -1, no launch."""
         if scores.numel() == 0:
-            return NotImplemented
+            return torch.full((scores.shape[0], k), -1, dtype=torch.long, device=scores.device)
         idx = torch.empty(scores.shape[0], k, dtype=torch.int32, device=scores.device)
         self._kernel("topk", scores.device, {"TOPK": int(k)})(scores=scores.float().contiguous(), idx=idx)
         return idx.long()
@@ -45,8 +46,10 @@ class AttentionKernels:
         """The indexer over one sequence's key rows, which every query of the chunk reads (or, keys
         [S, N, c], each query's own); the visible prefix as ``pos`` at ratio 1 (visible iff j < pos + 1)."""
         s, n = qi.shape[0], keys.shape[-2]
-        if ctx.dtype != torch.bfloat16 or s == 0 or n == 0:
+        if ctx.dtype != torch.bfloat16:
             return NotImplemented
+        if s == 0 or n == 0:  # no queries or no key rows yet: an empty score matrix, no launch
+            return torch.empty(s, n, dtype=torch.float32, device=qi.device)
         k = keys.to(torch.bfloat16)
         k = k.contiguous() if k.dim() == 3 else k[None].expand(s, n, keys.shape[1]).contiguous()
         pos = ship((n_visible - 1).to(torch.int32), qi.device)
