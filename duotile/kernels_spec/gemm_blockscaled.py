@@ -40,6 +40,14 @@ gemm before its promotion; V4's 128-wide blocks promote a quarter as often. Over
 promotion with the next gemm (the manual schedule's two step fragments) is not done yet for
 per-block scales.
 
+``SCALES = "operands"`` computes the same sum with the scales in the operands instead: one gemm
+a K step of ``dsl.mxfp8_values(a, sa)`` by ``dsl.mxfp8_values(b, sb)``, each weight row's codes
+gathered from its block row, and no promotion. A target whose tensor cores apply UE8M0 block
+scales runs it as one block-scaled MMA a step at the FP8 rate, exact products at every code (its
+shipped config; docs/ffn_path.md). Elsewhere the values are made bf16 first (exact for codes
+10..246, which the quantisers and checkpoints stay within: the edge-code cases are the promotion
+form's), at half the tensor-core rate: the promotion form stays the default.
+
 Decode (M = 1..64) reads the whole weight for a few rows: the kernel is weight-bandwidth bound
 and a grid of output tiles fills few SMs. ``SPLIT`` cuts the K steps into that many contiguous
 ranges (phase 0 writes each range's fp32 partial into a workspace) and phase 1 adds the ranges
@@ -82,11 +90,32 @@ def _column_codes(b_scale, g, n, kb, BN, BLOCK):
     return code
 
 
-def _partial(a, a_scale, b, b_scale, g, m, n, k_start, k_stop, BM, BN, BK, BLOCK, STAGES):
+def _scaled_operands(a, a_scale, b, b_scale, g, m, n, k_start, k_stop, BM, BN, BK, BLOCK, STAGES):
+    """The same sum with the scales in the operands (``SCALES="operands"``): one gemm a step of
+    ``dsl.mxfp8_values`` by ``dsl.mxfp8_values``, each side's codes a tile beside its values (a
+    weight row's codes are those of its block row: a gather of the code rows by row index). No
+    promotion follows a gemm: a target with a block-scaled MMA applies the codes in it, at the FP8
+    rate; elsewhere the values are made bf16 first (half the rate, and CUDA-core work a step)."""
+    groups = BK // BLOCK or 1  # the step's code columns: one a block, or the one block it lies in
+    acc = dsl.zeros((BM, BN), dsl.f32, role="accumulator")
+    block_rows = (n * BN + dsl.arange(BN)) // BLOCK  # each output column's weight block row
+    for k in dsl.pipelined(k_stop, stages=STAGES, start=k_start):
+        col = k * BK
+        x = dsl.load(a[g, m * BM, col], (BM, BK), role="operand")
+        xs = dsl.load(a_scale[g, m * BM, col // BLOCK], (BM, groups), role="operand")
+        w = dsl.load(b[g, n * BN, col], (BN, BK), role="operand")
+        ws = dsl.load(b_scale[g, block_rows, col // BLOCK], (BN, groups), role="operand")
+        dsl.gemm(dsl.mxfp8_values(x, xs), dsl.mxfp8_values(w, ws), acc, transpose_b=True)
+    return acc
+
+
+def _partial(a, a_scale, b, b_scale, g, m, n, k_start, k_stop, BM, BN, BK, BLOCK, STAGES, SCALES="promote"):
     """The block-scaled sum over K steps k_start .. k_stop-1 (BK columns each) of one output tile.
     The scales are decoded into buffers once a block (BM + BN elements), so the promotion costs a
     multiply-add per accumulator element (two multiplies and an add where the tile's columns
     span several weight block rows)."""
+    if SCALES == "operands":
+        return _scaled_operands(a, a_scale, b, b_scale, g, m, n, k_start, k_stop, BM, BN, BK, BLOCK, STAGES)
     width = min(BK, BLOCK)  # columns of one gemm: one scale block, or a step within one
     one_row = BLOCK % BN == 0  # the tile's columns lie in one weight block row: sb is one value
     acc = dsl.zeros((BM, BN), dsl.f32)
@@ -121,7 +150,8 @@ def gemm_blockscaled(a: dsl.Tensor["G", "M", "K", dsl.f8e4m3], a_scale: dsl.Tens
                      BN: dsl.Tunable = dsl.choice(128, 64, 256, 32, 192),
                      BK: dsl.Tunable = dsl.choice(128, 64, 256, 32),
                      STAGES: dsl.Tunable = dsl.int_range(2, 4, default=3),
-                     SPLIT: dsl.Tunable = dsl.choice(4, 1, 2, 8, 16, 32)):
+                     SPLIT: dsl.Tunable = dsl.choice(4, 1, 2, 8, 16, 32),
+                     SCALES: dsl.Tunable = dsl.enum("promote", "operands")):
     if BK % BLOCK and BLOCK % BK:
         raise error(f"BK = {BK} and BLOCK = {BLOCK}: a K step must hold whole scale blocks or lie "
                     f"within one (BK a multiple or a divisor of BLOCK)")
@@ -129,13 +159,14 @@ def gemm_blockscaled(a: dsl.Tensor["G", "M", "K", dsl.f8e4m3], a_scale: dsl.Tens
     n_tiles = dsl.cdiv(b.N, BN)
     if SPLIT == 1:
         for g, m, n in dsl.grid(a.G, dsl.cdiv(a.M, BM), n_tiles):
-            acc = _partial(a, a_scale, b, b_scale, g, m, n, 0, steps, BM, BN, BK, BLOCK, STAGES)
+            acc = _partial(a, a_scale, b, b_scale, g, m, n, 0, steps, BM, BN, BK, BLOCK, STAGES, SCALES)
             dsl.store(c[g, m * BM, n * BN], acc.to(c.dtype))
         return
     partial = dsl.workspace("partial", (SPLIT, a.G, a.M, b.N), dsl.f32)
     for gn, m, s in dsl.grid(a.G * n_tiles, dsl.cdiv(a.M, BM), SPLIT):  # group and column tile in one axis
         g, n = gn // n_tiles, gn % n_tiles
-        acc = _partial(a, a_scale, b, b_scale, g, m, n, *k_ranges(steps, SPLIT, s), BM, BN, BK, BLOCK, STAGES)
+        acc = _partial(a, a_scale, b, b_scale, g, m, n, *k_ranges(steps, SPLIT, s), BM, BN, BK, BLOCK, STAGES,
+                       SCALES)
         dsl.store(partial[s, g, m * BM, n * BN], acc)
     for g, m, n in dsl.grid(a.G, dsl.cdiv(a.M, BM), n_tiles):
         dsl.store(c[g, m * BM, n * BN], sum_ranges(partial, (g, m * BM, n * BN), (BM, BN), SPLIT).to(c.dtype))
@@ -292,6 +323,17 @@ SPEC = register(Spec(
                                                                              "SPLIT": 1}},
         # more ranges than K steps: empty ranges add nothing
         "empty_ranges": {"M": 2, "N": 40, "K": 96, "config": {"BM": 16, "BN": 64, "BK": 32, "SPLIT": 8}},
+        # the scales in the operands (the form a block-scaled MMA takes): V4.1's blocks with a ragged
+        # last step, steps inside a 128-block, a tile over two weight block rows and groups with
+        # spread scales, and the tile a block-scaled MMA takes (128 x 128 x 128) at V4's blocks
+        "operands_v41": {"M": 9, "N": 72, "K": 336, "BLOCK": 32,
+                         "config": {"BM": 64, "BN": 64, "BK": 128, "SPLIT": 2, "SCALES": "operands"}},
+        "operands_half_steps": {"M": 3, "N": 136, "K": 400,
+                                "config": {"BM": 16, "BN": 128, "BK": 64, "SPLIT": 1, "SCALES": "operands"}},
+        "operands_groups_spread": {"G": 2, "M": 7, "N": 96, "K": 256, "BLOCK": 32, "scales": "spread",
+                                   "config": {"BM": 64, "BN": 32, "BK": 64, "SPLIT": 4, "SCALES": "operands"}},
+        "operands_mma_tile": {"M": 130, "N": 264, "K": 384,
+                              "config": {"BM": 128, "BN": 128, "BK": 128, "SPLIT": 1, "SCALES": "operands"}},
     },
     build_cases={"v4_wo_b_decode": {"M": 16, "N": 4096, "K": 8192},
                  "v41_wq_b_prefill": {"M": 4096, "N": 32768, "K": 1280, "BLOCK": 32}},

@@ -178,3 +178,20 @@ def test_a_kernel_imports_all_its_helpers_in_one_import_source():
     imports = [d for d in src.decls if "T.import_source" in d]
     assert imports == ["T.import_source(PRMT + MXFP4_E4M3_X16 + MXFP4_X8)"]
     assert list(src.helpers) == ["PRMT", "MXFP4_E4M3_X16", "MXFP4_X8"]
+
+
+@pytest.mark.slow
+def test_sm90_keeps_the_promotion_form_of_the_dense_gemm_at_every_model_shape():
+    """gemm_blockscaled's ``SCALES="operands"`` runs bf16 tensor cores on sm90 (no block-scaled
+    MMA there): the config a user gets on sm90 keeps the promotion form, whose configs were
+    measured, at every model shape; on sm100 the shipped config takes the operands form."""
+    pytest.importorskip("tilelang")
+    from duotile.codegen.choose_config import choose_config
+    from duotile.kernels_spec import load_all
+
+    spec = load_all()["gemm_blockscaled"]
+    for shape, case in spec.model_shapes.items():
+        sig = spec.kernel.bind(spec.meta_inputs(case))
+        assert (choose_config(spec.kernel, "sm90", sig, spec.constants_of(case)) or {}).get(
+            "SCALES", "promote") == "promote", shape
+        assert choose_config(spec.kernel, "sm100", sig, spec.constants_of(case))["SCALES"] == "operands", shape

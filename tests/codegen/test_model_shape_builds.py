@@ -103,8 +103,8 @@ def test_summary_table_counts_every_shape():
 
 
 # the specs whose gemms take sm100's block-scaled MMA (codegen/tilelang_cuda/block_scaled.py) with the
-# config a user gets, at every model shape: the MoE's W4A8 grouped GEMM
-BLOCK_SCALED = ("moe_gemm_mxfp4",)
+# config a user gets, at every model shape: the MoE's W4A8 grouped GEMM and the dense FP8 projections
+BLOCK_SCALED = ("gemm_blockscaled", "moe_gemm_mxfp4")
 BLOCK_SCALED_SHAPES = [(n, s) for n, s in SHAPES if n in BLOCK_SCALED]
 
 
