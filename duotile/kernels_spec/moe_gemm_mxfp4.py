@@ -91,7 +91,7 @@ def moe_gemm_mxfp4(a: dsl.Tensor["R", "K", dsl.f8e4m3], a_scale: dsl.Tensor["R",
                    out: dsl.Tensor["R", "N", dsl.bf16], *,
                    ABLOCK: dsl.Const = 128,
                    BM: dsl.Tunable = dsl.choice(64, 16, 32, 128),
-                   BN: dsl.Tunable = dsl.choice(128, 64, 32),
+                   BN: dsl.Tunable = dsl.choice(128, 64, 32, 256),
                    BK: dsl.Tunable = dsl.choice(128, 64, 32),  # whole 32-value scale blocks
                    STAGES: dsl.Tunable = dsl.int_range(1, 3, default=2),
                    BE: dsl.Tunable = dsl.choice(128, 64, 256)):
