@@ -538,6 +538,19 @@ def mxfp8_values(values: Tile, codes: Tile) -> Tile:
     return Tile(builder.current().emit(op))
 
 
+def cumsum(x: Tile, exclusive: bool = False) -> Tile:
+    """Prefix sums of an i32 tile along its last axis (``exclusive``: each element the sum of those
+    before it, the first 0): exact, in index order. Counts and positions: where each selected
+    element of a row goes in a compacted list (``topk.py``)."""
+    if not isinstance(x, Tile):
+        raise builder.error(f"dsl.cumsum takes a tile, got {type(x).__name__}")
+    if x.dtype != dtypes.i32:
+        raise builder.error(f"dsl.cumsum sums i32 tiles (counts, positions), got {x.dtype}: cast with .to(dsl.i32)")
+    op = Op("cumsum", args=(x.value,), attrs={"exclusive": bool(exclusive)},
+            result=Value(TileType(x.shape, dtypes.i32, Role.VECTOR), hint="scan"))
+    return Tile(builder.current().emit(op))
+
+
 def _divides(d, n) -> bool | None:
     """Whether ``d`` divides ``n``; None while either is a symbol."""
     d, n = sympy.sympify(d), sympy.sympify(n)

@@ -14,7 +14,8 @@ It changes nothing. It raises DslError, naming the op's source line, when:
   expression trees of fused ``map`` ops alike;
 - an ``mxfp4`` op's operands are not u8 (R, C) packed codes and u8 (R, 2C / 32) scale codes, or its
   result not the bf16 (R, 2C) values; an ``mxfp8`` op's are not e4m3 (R, C) values and u8 (R, G)
-  scale codes with G dividing C, or its result not the bf16 (R, C) values.
+  scale codes with G dividing C, or its result not the bf16 (R, C) values; a ``cumsum`` op's
+  operand or result is not i32.
 """
 
 from __future__ import annotations
@@ -64,6 +65,8 @@ def _check_block(block: Block, module: Module, visible: set[int], symbols: set, 
         _check_bit_ops(op)
         if op.name in SCALED_VALUES:
             _check_scaled_values(op, bound)
+        if op.name == "cumsum" and not (op.args[0].type.dtype == op.result.type.dtype == dtypes.i32):
+            raise DslError(f"cumsum sums i32 tiles, got {op.args[0].type.dtype} -> {op.result.type.dtype}", op.loc)
         if op.result is not None:
             _check_dims(op, bound)
             visible.add(op.result.id)

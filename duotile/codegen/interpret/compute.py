@@ -171,6 +171,15 @@ def _mxfp8(it: Interpreter, op: Op):
     it.put(op.result, (values * scale).to(torch.bfloat16))
 
 
+@handles("cumsum")
+def _cumsum(it: Interpreter, op: Op):
+    x = it.get(op.args[0]).to(torch.int64)
+    out = torch.cumsum(x, dim=-1)
+    if op.attrs["exclusive"]:
+        out = out - x
+    it.put(op.result, out.to(torch.int32))
+
+
 @handles("map")
 def _map(it: Interpreter, op: Op):
     inputs = [it.get(a) for a in op.args]

@@ -75,3 +75,39 @@ __device__ __forceinline__ void duotile_mxfp4x16_e4m3(const void* packed, void* 
   *reinterpret_cast<uint4*>(out) = o;
 }
 """
+
+# dsl.cumsum (ops.py) of an i32 row in shared memory, by every consumer thread in two calls with a
+# barrier between them: each thread sums its contiguous segment of n values, the warps scan those
+# sums with shuffles (``duotile_scan_sums``: each thread's inclusive warp prefix and each warp's
+# total into shared memory); then each thread adds the totals of the warps before it and the
+# prefix of its own warp, and writes its segment's prefixes (``duotile_scan_write``). A whole row
+# in about 2n + 40 instructions a thread, where TileLang's own scan (T.cumsum) walks the row with
+# one warp, 32 values a step.
+SCAN = r"""
+__device__ __forceinline__ void duotile_scan_sums(const int* x, int* part, int* warps, int t, int n, int w) {
+  int s = 0;
+  for (int i = t * n; i < t * n + n && i < w; ++i) s += x[i];
+  const int lane = t & 31;
+#pragma unroll
+  for (int o = 1; o < 32; o <<= 1) {
+    const int v = __shfl_up_sync(0xffffffffu, s, o);
+    if (lane >= o) s += v;
+  }
+  part[t] = s;
+  if (lane == 31) warps[t >> 5] = s;
+}
+
+__device__ __forceinline__ void duotile_scan_write(const int* x, const int* part, const int* warps, int* out, int t,
+                                                   int n, int w, int exclusive) {
+  int run = 0;
+  for (int j = 0; j < (t >> 5); ++j) run += warps[j];
+  int seg = 0;
+  for (int i = t * n; i < t * n + n && i < w; ++i) seg += x[i];
+  run += part[t] - seg;
+  for (int i = t * n; i < t * n + n && i < w; ++i) {
+    const int v = x[i];
+    out[i] = exclusive ? run : run + v;
+    run += v;
+  }
+}
+"""

@@ -17,7 +17,7 @@ from ..handlers import OpHandlers
 from . import overlap, tma_store
 from .arch import Arch
 from .block_scaled import emit_gemm as emit_block_scaled_gemm
-from .device_helpers import MXFP4_E4M3_X16, MXFP4_X8, PRMT
+from .device_helpers import MXFP4_E4M3_X16, MXFP4_X8, PRMT, SCAN
 from .exprs import ElementPrinter, index, literal
 from .linear_grid import linear_head, needs_linear_grid
 from .manual_ws import PRODUCER_THREADS, ManualWarpSpecialization
@@ -408,6 +408,38 @@ def _mxfp4(e: Emitter, op: Op):
         e.src.line(f'    T.call_extern("handle", "duotile_mxfp4x8_bf16", T.address_of({src}[i0, 4 * i1]), '
                    f'T.address_of({dst}[i0, 8 * i1]), T.cast({scales}[i0, i1 // {MXFP4_BLOCK // 8}], "int32"))',
                    op.loc)
+    e.src.line("T.sync_threads()", op.loc)
+
+
+@handles("cumsum")
+def _cumsum(e: Emitter, op: Op):
+    """``dsl.cumsum`` of a row: the device helper ``SCAN`` run by every thread in two calls (each
+    thread a contiguous segment of the row, its warp's shuffle scan, the warps' totals through
+    shared memory), between barriers: TileLang does not see the helper's reads and writes."""
+    (x,) = op.args
+    shape = [int(d) for d in x.type.shape]
+    if any(d != 1 for d in shape[:-1]):
+        raise UnsupportedError(f"{e.arch.name}: dsl.cumsum of a {tuple(shape)} tile: one row at a time (leading "
+                               "dimensions of 1)", op.loc)
+    threads, width = int(e.knobs.get("threads", 128)), shape[-1]
+    src = e.name(x)
+    if e.plan.scope.get(x.id) != "shared":  # the helper reads the row from shared memory
+        staged = f"{src}_row"
+        e.src.decl(f'{staged} = T.alloc_shared(({", ".join(map(str, shape))},), "int32")')
+        e.src.line(f"T.copy({src}, {staged})", op.loc)
+        src = staged
+    e.src.helper("SCAN", SCAN)
+    e.src.decl(f'scan_part = T.alloc_shared(({threads},), "int32")')
+    e.src.decl(f'scan_warps = T.alloc_shared(({max(1, threads // 32)},), "int32")')
+    at = ", ".join("0" for _ in shape)
+    seg = -(-width // threads)
+    e.src.line("T.sync_threads()", op.loc)
+    e.src.line(f'T.call_extern("handle", "duotile_scan_sums", T.address_of({src}[{at}]), T.address_of(scan_part[0]), '
+               f"T.address_of(scan_warps[0]), T.get_thread_binding(), {seg}, {width})", op.loc)
+    e.src.line("T.sync_threads()", op.loc)
+    e.src.line(f'T.call_extern("handle", "duotile_scan_write", T.address_of({src}[{at}]), '
+               f"T.address_of(scan_part[0]), T.address_of(scan_warps[0]), T.address_of({e.name(op.result)}[{at}]), "
+               f"T.get_thread_binding(), {seg}, {width}, {int(op.attrs['exclusive'])})", op.loc)
     e.src.line("T.sync_threads()", op.loc)
 
 

@@ -62,7 +62,8 @@ def literal(value: float, dtype: DType) -> str:
         sign = "-" if value < 0 else ""
         return f'{sign}T.infinity("{dtype.tilelang_name}")'
     if not dtype.is_float:
-        return str(int(value))
+        # the least i32 as arithmetic: TileLang parses -2147483648 as -(2147483648), a literal i32 refuses
+        return "(-2147483647 - 1)" if int(value) == -(1 << 31) and dtype.bits == 32 else str(int(value))
     return f'T.float32({float(value)!r})' if dtype.bits == 32 else f'T.cast({float(value)!r}, "{dtype.tilelang_name}")'
 
 

@@ -283,6 +283,8 @@ def _scope(op: Op, v: Value, arch: Arch, plan: Plan, feeds_b: bool, feeds_a: boo
         return "shared"
     if op.name in ("mxfp4", "mxfp8"):  # written 16 bytes at a time by a helper (or by a loop), as a gemm reads
         return "shared"
+    if op.name == "cumsum":  # written by its helper, a row in shared memory
+        return "shared"
     return "fragment"
 
 
