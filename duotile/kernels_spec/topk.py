@@ -6,40 +6,29 @@ sorted ascending, -1 in the empty slots (``idx`` B x K, i32). ``visible`` counts
 of -inf selects nothing. K = 512 (``index_topk``) in V4-Flash and V4.1-Flash; L is the compressed
 row count, up to 262,144 (V4 at 1M tokens, ratio 4) and 1,048,576 (V4.1's ratio-1 layers).
 
-Two phases, no new DSL op:
+One block a row, no workspace: a threshold select on the scores' bits.
 
-0. grid (B, C): block (b, c) takes chunk c of row b, ``W = min(CHUNK, next_pow2(L))`` scores
-   (past L reads -inf), and selects its top ``min(K, W)`` by rounds of "the largest live score
-   ``m``, then the lowest index whose score equals ``m`` (a min over ``where(s == m, index,
-   BIG)``), then that one leaves (its score becomes -inf)". Round i writes (m, index) into slot i
-   of two K-wide buffers (``buf[:] = where(arange(K) == i, value, buf)``) in the workspaces
-   ``cand_v`` / ``cand_i``, so each chunk's list is sorted by (score descending, index
-   ascending); a round that finds only -inf writes (-inf, BIG): an empty slot.
-1. grid (B,): a K-way merge of the row's C lists. A pointer per list; each of K rounds gathers the
-   C list heads (``next_pow2(C)`` wide; lists past the last read -inf), takes the best by the same
-   order (max score, then min index: a real index is in one list only, so one list matches) and
-   advances that list; round i's pick is the row's i-th best. Each round also keeps every pick's
-   rank by index, rank_i = #{picks j : x_j < x_i} (the new pick's by a sum over the earlier ones,
-   the earlier ones' by one more where the new pick is smaller). Output slot p then takes the pick
-   of rank p (a max over ``where(rank == p, x, -1)``, ``RT`` slots at a time); the empty picks
-   (BIG, all of rank = the count of real picks) give -1.
+* **Keys.** A score's f32 bits as an i32, negatives with their 31 low bits flipped, -0.0 as 0.0,
+  order as the floats do (-inf lowest, +inf highest; a NaN has an unspecified result).
+* **The threshold.** ``need = min(K, visible)``; T, the key of the row's ``need``-th largest
+  score, is built two bits at a time from the top, as a radix select does without a histogram:
+  16 passes over the row, each counting the visible keys at or above three candidates
+  (T + 2^bit, + 2 x 2^bit, + 3 x 2^bit) and keeping the largest that ``need`` keys still reach.
+  A pass reads the row in ``W = min(CHUNK, next_pow2(L))``-wide tiles, adding each element's
+  three comparisons into per-element counters, one block reduction a candidate a pass (16 x 3 in
+  all, against 2K = 1,024 sequential ones in the round-by-round form this replaced).
+* **The selection.** One more pass counts the keys above T; the ``need`` selected are those above
+  T and the first ``need - above`` equal to it by index (ties to the lowest index). A last pass
+  gives each selected element its slot, its exclusive prefix count in index order
+  (``dsl.cumsum``, carried across tiles), and stores its index there (a store by an index tile:
+  each slot written once), so the list comes out ascending; the slots past the count get -1.
 
-Indices are carried as f32 (exact below 2^24, and ``L`` must be below it; BIG = 2^24), so that
-every reduction is a float max / min / sum, which every target lowers. Ties are decided on the
-float value as stored: -0.0 equals 0.0, +inf is a score like any other. A NaN score has an
-unspecified result.
-
-Cost (correctness first, not tuned): phase 0 runs ``min(K, W)`` sequential rounds a block, each
-reading the W-wide tile twice (a max, a min) and writing it once: K * L compare-selects a row in
-all, over C = cdiv(L, W) blocks a row (at K = 512, L = 1M, CHUNK = 4096: 512 rounds over 4096
-scores in each of 256 blocks, 5.4e8 element steps a row). Phase 1 is K sequential rounds of a
-C-wide gather and three reductions (the rank's sum over K picks) a row, then K^2 comparisons
-for the output slots. The K dependent
-block reductions of phases 0 and 1 set the latency (about 2K = 1024 block-wide reductions in
-sequence), not bandwidth; a radix / threshold select would cut them to a few dozen passes.
+Cost: 18 passes over the row (the row stays in L2 between passes: 1 MB at L = 262,144), about 3
+compare-adds an element a pass, 50 block reductions and 2 scans a tile of the last pass. A row of
+up to CHUNK scores is one tile a pass.
 
 Decode path: each row is selected on its own (``B`` is the batch dimension and dynamic); ``L`` is
-specialised (the chunk and merge widths follow it) and padded: a call's scores are padded with -inf
+specialised (the tile width and count follow it) and padded: a call's scores are padded with -inf
 (entries the selection never sees) to L's power-of-two bucket, one build a bucket as a decode's
 context grows a row a step (``padded=``, ``codegen/padding.py``).
 """
@@ -53,59 +42,61 @@ from . import model_shapes as shapes
 from .registry import Dim, OneOf, Spec, register
 
 NEG_INF = float("-inf")
-BIG = float(1 << 24)  # the index of an empty slot: above every real index (L < 2^24), exact in f32
+INT_MIN = -(1 << 31)  # the least i32: -0.0's bits, and the least key
 
 
 @dsl.kernel(batch_dim="B", dynamic=("B",), padded={"L": NEG_INF})
 def topk(scores: dsl.Tensor["B", "L", dsl.f32], idx: dsl.Tensor["B", "K", dsl.i32], *,
          TOPK: dsl.Const = 512,
-         CHUNK: dsl.Tunable = dsl.choice(4096, 1024, 2048, 8192, also=dsl.SMALLER_POW2),
-         RT: dsl.Tunable = dsl.choice(16, 8, 32)):
+         CHUNK: dsl.Tunable = dsl.choice(4096, 1024, 2048, 8192, also=dsl.SMALLER_POW2)):
     if not (isinstance(TOPK, int) and TOPK >= 1):
         raise dsl.DslError(f"TOPK {TOPK!r} must be a positive int: the selection's width")
     n, k = scores.L, TOPK
-    kp = dsl.next_pow2(k)  # the lists' width: a register tile a whole multiple of the threads
-    width = dsl.minimum(CHUNK, dsl.next_pow2(n))  # scores a chunk: one tile
-    chunks = dsl.cdiv(n, width)
-    heads = dsl.next_pow2(chunks)  # the merge's gather of list heads, a power of two wide
-    cand_v = dsl.workspace("cand_v", (scores.B, chunks * kp), dsl.f32)  # chunk c's list at c * kp
-    cand_i = dsl.workspace("cand_i", (scores.B, chunks * kp), dsl.f32)
-
-    for b, c in dsl.grid(scores.B, chunks):
-        ids = (c * width + dsl.arange(width)).to(dsl.f32)[None, :]
-        live = dsl.empty((1, width), dsl.f32)
-        live[:] = dsl.load(scores[b, c * width], (1, width), other=NEG_INF)
-        vals = dsl.full((1, kp), NEG_INF, dsl.f32)  # slots past K stay empty
-        inds = dsl.full((1, kp), BIG, dsl.f32)
-        for i in dsl.range(dsl.minimum(k, width)):
-            top = live.max(axis=1)[:, None]
-            at = dsl.where(live.eq(top), ids, BIG).min(axis=1)[:, None]  # ties: the lowest index
-            vals[:] = dsl.where(dsl.arange(kp)[None, :].eq(i), top, vals)
-            inds[:] = dsl.where(dsl.arange(kp)[None, :].eq(i), dsl.where(top > NEG_INF, at, BIG), inds)
-            live[:] = dsl.where(ids.eq(at), NEG_INF, live)
-        dsl.store(cand_v[b, c * kp], vals)
-        dsl.store(cand_i[b, c * kp], inds)
+    width = dsl.minimum(CHUNK, dsl.next_pow2(n))  # scores a tile
+    tiles = dsl.cdiv(n, width)
 
     for b in dsl.grid(scores.B):
-        ptr = dsl.zeros((1, heads), dsl.i32)  # the next entry of each chunk's list
-        picks = dsl.full((1, kp), BIG, dsl.f32)  # round i's pick in slot i
-        slots = dsl.arange(kp)[None, :]
-        rank = dsl.empty((1, kp), dsl.f32)  # #{picks j so far : x_j < x_i}; slots past K: none wanted
-        rank[:] = dsl.where(slots < k, 0.0, BIG)
-        for i in dsl.range(k):
-            at = dsl.arange(heads)[None, :] * kp + ptr  # lists past the last chunk read past the row
-            hv = dsl.load(cand_v[b, at], (1, heads), other=NEG_INF)
-            hi = dsl.load(cand_i[b, at], (1, heads), other=BIG)
-            top = hv.max(axis=1)[:, None]
-            best = dsl.where(hv.eq(top), hi, BIG).min(axis=1)[:, None]
-            ptr[:] = dsl.where(hv.eq(top) & hi.eq(best), ptr + 1, ptr)
-            below = dsl.where((slots < i) & (picks < best), 1.0, 0.0).sum(axis=1)[:, None]
-            rank[:] = dsl.where(slots.eq(i), below, rank + dsl.where((slots < i) & (picks > best), 1.0, 0.0))
-            picks[:] = dsl.where(slots.eq(i), best, picks)
-        for t in dsl.range(dsl.cdiv(k, RT)):  # output slots t * RT ..: the pick of that rank
-            want = (t * RT + dsl.arange(RT)).to(dsl.f32)[:, None]
-            got = dsl.where(rank.eq(want), picks, -1.0).max(axis=1)
-            dsl.store(idx[b, t * RT], dsl.where(got < BIG, got, -1.0)[None, :].to(dsl.i32))
+
+        def keys(t, b=b):  # tile t's keys and which of them are visible (above -inf)
+            s = dsl.load(scores[b, t * width], (width,), other=NEG_INF)
+            bits = dsl.where(s.eq(0.0), 0.0, s).bitcast(dsl.i32)  # -0.0 is 0.0 (a float compare: TVM's
+            # simplifier overflows on an i32 compare with the least i32, -0.0's bits)
+            return dsl.where(bits < 0, bits ^ 0x7FFFFFFF, bits), s > NEG_INF
+
+        def count(*above, b=b):  # the visible keys of the row at or above each threshold, (1,) each
+            sums = [dsl.zeros((width,), dsl.i32) for _ in above]
+            for t in dsl.range(tiles):
+                key, live = keys(t)
+                for acc, at in zip(sums, above):
+                    acc[:] = acc + (live & (key >= at)).to(dsl.i32)
+            return [acc.sum(axis=0) for acc in sums]
+
+        (visible,) = count(dsl.full((1,), INT_MIN, dsl.i32))
+        need = dsl.minimum(visible, k)
+        top = dsl.full((1,), INT_MIN, dsl.i32)  # T, built from the top two bits at a time
+        for bit in range(30, -1, -2):  # T + 1, 2, 3 x 2^bit (T's lower bits are 0: no i32 overflow)
+            if bit == 30:  # T is the least i32: the candidates are constants (3 x 2^30 is not an i32)
+                cands = [dsl.full((1,), c, dsl.i32) for c in (-(1 << 30), 0, 1 << 30)]
+            else:
+                cands = [top + j * (1 << bit) for j in (1, 2, 3)]
+            reached = count(*cands)
+            top[:] = dsl.where(reached[2] >= need, cands[2], dsl.where(
+                reached[1] >= need, cands[1], dsl.where(reached[0] >= need, cands[0], top)))
+        (over,) = count(top + 1)  # the keys above T (T + 1 wraps only where nothing is visible)
+        ties = need - over  # of the keys equal to T, the first this many by index are taken
+        ties_before = dsl.zeros((1,), dsl.i32)
+        taken_before = dsl.zeros((1,), dsl.i32)
+        for t in dsl.range(tiles):
+            key, live = keys(t)
+            tie = (live & key.eq(top)).to(dsl.i32)
+            take = (live & (key > top)) | (tie.eq(1) & (dsl.cumsum(tie, exclusive=True) + ties_before < ties))
+            taken = take.to(dsl.i32)
+            slot = dsl.cumsum(taken, exclusive=True) + taken_before
+            dsl.store(idx[b, dsl.where(take, slot, -1)], t * width + dsl.arange(width))
+            ties_before[:] = ties_before + tie.sum(axis=0)
+            taken_before[:] = taken_before + taken.sum(axis=0)
+        slots = dsl.arange(dsl.next_pow2(k))  # the empty slots: -1 (slots past K are dropped)
+        dsl.store(idx[b, dsl.where(slots >= taken_before, slots, -1)], dsl.full((dsl.next_pow2(k),), -1, dsl.i32))
 
 
 def topk_reference(scores: torch.Tensor, TOPK: int = 512) -> dict:
@@ -206,7 +197,7 @@ def topk_shapes(m: shapes.ModelDims) -> dict[str, dict]:
     return out
 
 
-SMALL = {"CHUNK": 1024, "RT": 8}
+SMALL = {"CHUNK": 1024}
 SPEC = register(Spec(
     kernel=topk,
     reference=topk_reference,
@@ -214,19 +205,19 @@ SPEC = register(Spec(
     outputs=("idx",),
     cases={
         # six rows: none visible, fewer than K, exactly K, K + 1, a random count, all; 3 chunks of 64
-        "mixed_k16": {"B": 6, "L": 150, "K": 16, "config": {"CHUNK": 64, "RT": 8}},
+        "mixed_k16": {"B": 6, "L": 150, "K": 16, "config": {"CHUNK": 64}},
         "ties_k32": {"B": 4, "L": 300, "K": 32, "values": "ties", "visible": "all", "config": {"CHUNK": 128}},
-        "negative_k8": {"B": 3, "L": 77, "K": 8, "values": "negative", "config": {"CHUNK": 32, "RT": 8}},
+        "negative_k8": {"B": 3, "L": 77, "K": 8, "values": "negative", "config": {"CHUNK": 32}},
         # the maximum repeated across chunks, equal values around the K-th
         "dup_max_k24": {"B": 3, "L": 500, "K": 24, "values": "dup_max", "visible": "all",
-                        "config": {"CHUNK": 64, "RT": 8}},
-        "all_neg_inf_k4": {"B": 2, "L": 50, "K": 4, "visible": 0, "config": {"CHUNK": 16, "RT": 8}},
+                        "config": {"CHUNK": 64}},
+        "all_neg_inf_k4": {"B": 2, "L": 50, "K": 4, "visible": 0, "config": {"CHUNK": 16}},
         "fewer_than_k_k64": {"B": 2, "L": 200, "K": 64, "visible": 40, "config": {"CHUNK": 64}},
         "exactly_k_k64": {"B": 2, "L": 200, "K": 64, "visible": 64, "config": {"CHUNK": 64}},
-        "scattered_k12": {"B": 4, "L": 257, "K": 12, "values": "scattered", "config": {"CHUNK": 64, "RT": 8}},
+        "scattered_k12": {"B": 4, "L": 257, "K": 12, "values": "scattered", "config": {"CHUNK": 64}},
         "extreme_k10": {"B": 3, "L": 400, "K": 10, "values": "extreme", "visible": "all",
-                        "config": {"CHUNK": 128, "RT": 8}},
-        "one_chunk_k5": {"B": 2, "L": 9, "K": 5, "config": {"CHUNK": 1024, "RT": 8}},  # fewer scores than a tile
+                        "config": {"CHUNK": 128}},
+        "one_chunk_k5": {"B": 2, "L": 9, "K": 5, "config": {"CHUNK": 1024}},  # fewer scores than a tile
         # K not a power of two at the user's config: the lists are padded to 64 slots (a CUDA build once
         # refused a 16 x 33 register tile over 256 threads)
         "odd_k33": {"B": 3, "L": 700, "K": 33, "values": "dup_max", "visible": "mixed"},
@@ -237,12 +228,12 @@ SPEC = register(Spec(
     tolerance=lambda case, out: (0.0, 0.0),
     exact=True,
     constants_of=lambda case: {"TOPK": case.get("K", 512)},
-    # compare-selects of the rounds (phase 0: K over each chunk; the merge; the K x K ordering)
-    flops=lambda c: float(c["B"] * (c.get("K", 512) * c["L"] + 2 * c.get("K", 512) ** 2)),
+    # compare-adds of the passes: the visible count, 16 passes of three thresholds, the count above T
+    flops=lambda c: float(c["B"] * c["L"] * (1 + 16 * 3 + 1)),
     bytes_moved=lambda c: 4.0 * c["B"] * (c["L"] + c.get("K", 512)),
     model_shapes=shapes.for_models(topk_shapes),
     sweep={"B": Dim(1, 5, large=64), "L": Dim(1, 400, large=300000), "K": OneOf(4, 7, 16, 33, 64),
            "values": OneOf("normal", "ties", "negative", "dup_max", "scattered", "extreme"),
            "visible": OneOf("mixed", "all", 0, 5),
-           "config": {"CHUNK": OneOf(16, 64, 128, 1024), "RT": OneOf(8, 16)}},
+           "config": {"CHUNK": OneOf(16, 64, 128, 1024)}},
 ))

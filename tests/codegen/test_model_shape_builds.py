@@ -40,7 +40,9 @@ ALLOWED = {
     or (isinstance(err, UnsupportedError) and "a loop whose stop is read from a tensor is not lowered for Ascend"
         in str(err))
     or (isinstance(err, UnsupportedError) and "an index read from data (dsl.scalar) is not lowered for Ascend"
-        in str(err)),
+        in str(err))
+    # nor integer sums (top-k's counts; TileLang's Ascend backend reduces float tiles only)
+    or (isinstance(err, UnsupportedError) and "i32 tile has no Ascend lowering" in str(err)),
 }
 GENERATED: dict = {}
 

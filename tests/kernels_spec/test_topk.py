@@ -6,6 +6,7 @@ the same alone and in a batch, and the reference against the runtime's ``select_
 from __future__ import annotations
 
 import random
+import re
 
 import pytest
 import torch
@@ -21,7 +22,7 @@ NEG_INF = float("-inf")
 
 def select(scores: torch.Tensor, k: int, config: dict | None = None) -> torch.Tensor:
     idx = torch.full((scores.shape[0], k), -7, dtype=torch.int32)
-    kernel = codegen.compile(SPEC.kernel, "interpret", config=config or {"CHUNK": 64, "RT": 8},
+    kernel = codegen.compile(SPEC.kernel, "interpret", config=config or {"CHUNK": 64},
                              constants={"TOPK": k})
     kernel(scores=scores, idx=idx)
     return idx
@@ -68,7 +69,7 @@ def test_the_chunk_size_does_not_change_the_result(chunk):
     inputs = SPEC.make_inputs({"B": 4, "L": 700, "K": 48, "values": "ties", "visible": "mixed"},
                               torch.device("cpu"), seed=9)
     want = topk_reference(inputs["scores"], TOPK=48)["idx"]
-    assert torch.equal(select(inputs["scores"], 48, {"CHUNK": chunk, "RT": 16}), want)
+    assert torch.equal(select(inputs["scores"], 48, {"CHUNK": chunk}), want)
 
 
 def test_a_row_selects_the_same_alone_and_in_any_batch():
@@ -111,13 +112,18 @@ def test_model_shapes_cover_both_models_at_k512():
     assert shapes["v4/r4_ctx1m/decode16"]["L"] == shapes["v41/r1_ctx256k/decode16"]["L"]  # one build for both
 
 
-def test_the_merges_row_shaped_gather_index_reads_along_its_long_axis():
-    """The merge gathers list heads by a (1, N) index tile: the CUDA source must read the index
-    at [0, i] (an (N, 1) tile reads [i, 0]); indexing it the other way runs past the tile."""
+def test_the_cuda_source_selects_by_threshold_in_one_launch():
+    """One block a row, no workspace: 16 counting passes of three thresholds, then the slots by
+    dsl.cumsum (the SCAN helper between barriers) and a store by an index tile; no sequential
+    round over K."""
     pytest.importorskip("tilelang")
     from duotile.codegen.driver import generate_case
 
-    arts = generate_case(SPEC, {"B": 2, "L": 4096, "K": 512, "config": {"CHUNK": 1024, "RT": 16}}, "sm90")
-    merge = arts[1].stages["tilelang"]
-    gathers = [line for line in merge.splitlines() if "cand_v[" in line and "if_then_else" in line]
-    assert gathers and all("_frag[0, i1]" in line and "_frag[i1, 0]" not in line for line in gathers), gathers
+    arts = generate_case(SPEC, {"B": 2, "L": 4096, "K": 512, "config": {"CHUNK": 1024}}, "sm90")
+    assert len(arts) == 1
+    text = arts[0].stages["tilelang"]
+    assert "T.import_source(SCAN)" in text and text.count('"duotile_scan_write"') == 2  # ties, then slots
+    assert "workspace" not in text and "cand_v" not in text
+    # the visible count, 16 threshold passes, the count above T and the selection: 19 loops over the tiles
+    loops = re.findall(r"for t\w* in T\.serial\(0, (\d+)\):", text)
+    assert len(loops) == 19 and len(set(loops)) == 1 and int(loops[0]) > 1, loops
