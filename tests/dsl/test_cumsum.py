@@ -108,3 +108,71 @@ def test_nvcc_builds_the_scan(tmp_path):
     module, knobs = specialize(prefix, prefix.bind(meta), "sm90", {})
     art = build_module(prefix, module, get_target("sm90"), knobs, workdir=str(tmp_path), use_cache=False)
     assert "__shfl_up_sync" in art.stages["cuda"] and "duotile_scan_write(" in art.stages["cuda"]
+
+
+SCAN_HOST = r"""
+#include <barrier>
+#include <cstdio>
+#include <thread>
+#include <vector>
+#define __device__
+#define __forceinline__ inline
+static std::barrier<>* lockstep;
+static int lanes[1024];
+static thread_local int me;
+// __shfl_up_sync over the whole block in lockstep: every thread posts its value, then reads lane - o of
+// its own warp (its own value where lane < o), as the warp instruction does
+static int shfl_up(unsigned, int v, int o) {
+  lanes[me] = v;
+  lockstep->arrive_and_wait();
+  const int got = (me & 31) >= o ? lanes[me - o] : v;
+  lockstep->arrive_and_wait();
+  return got;
+}
+#define __shfl_up_sync shfl_up
+"""
+
+SCAN_MAIN = r"""
+int main() {
+  const int threads = THREADS, w = WIDTH, n = (w + threads - 1) / threads;
+  std::vector<int> x(w), out(w), part(threads), warps(threads / 32 + 1);
+  for (int i = 0; i < w; ++i) x[i] = (i * 7919) % 13 - 5;
+  std::barrier<> sync(threads);
+  lockstep = &sync;
+  for (int exclusive = 0; exclusive < 2; ++exclusive) {
+    std::vector<std::thread> pool;
+    for (int t = 0; t < threads; ++t)
+      pool.emplace_back([&, t] {
+        me = t;
+        duotile_scan_sums(x.data(), part.data(), warps.data(), t, n, w);
+        sync.arrive_and_wait();  // the barrier between the two calls
+        duotile_scan_write(x.data(), part.data(), warps.data(), out.data(), t, n, w, exclusive);
+      });
+    for (auto& th : pool) th.join();
+    for (int i = 0; i < w; ++i) std::printf("%d%c", out[i], i == w - 1 ? '\n' : ' ');
+  }
+  return 0;
+}
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(shutil.which("g++") is None, reason="needs a host C++ compiler")
+@pytest.mark.parametrize("threads, width", [(256, 4096), (128, 1000), (256, 100), (64, 64)])
+def test_the_scan_helper_itself_gives_the_prefix_sums(tmp_path, threads, width):
+    """``SCAN``'s own source compiled for the host, each GPU thread an OS thread and the warp
+    shuffle emulated in lockstep: inclusive and exclusive prefix sums of a row, for rows longer
+    than, not a multiple of, and shorter than the threads."""
+    import subprocess
+
+    from duotile.codegen.tilelang_cuda.device_helpers import SCAN
+
+    src = tmp_path / "scan.cpp"
+    src.write_text(SCAN_HOST + SCAN + SCAN_MAIN.replace("THREADS", str(threads)).replace("WIDTH", str(width)))
+    subprocess.run(["g++", "-std=c++20", "-O1", "-pthread", "-o", str(tmp_path / "scan"), str(src)], check=True,
+                   capture_output=True)
+    lines = subprocess.run([str(tmp_path / "scan")], check=True, capture_output=True, text=True).stdout.split("\n")
+    x = (torch.arange(width) * 7919) % 13 - 5
+    inclusive = torch.cumsum(x, 0)
+    assert [int(v) for v in lines[0].split()] == inclusive.tolist()
+    assert [int(v) for v in lines[1].split()] == (inclusive - x).tolist()
