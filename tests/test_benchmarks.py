@@ -195,7 +195,8 @@ def test_blockscaled_configs_time_model_shapes_and_hold_each_shipped_starting_co
     cases = load_all()["gemm_blockscaled"].model_cases()
     for proj in bc.PROJECTIONS.split(","):
         assert f"{proj}/decode64" in cases and f"{proj}/prefill4096" in cases, proj
-    shipped = [e["config"] for e in load_starting() if e["kernel"] == "gemm_blockscaled"]
+    # the H200's entries (the benchmark's machine); sm100's is chosen by hand, with its reason
+    shipped = [e["config"] for e in load_starting() if e["kernel"] == "gemm_blockscaled" and e["target"] == "sm90"]
     assert shipped and all(c in [p for p in bc.CONFIGS.values() if p] for c in shipped)
 
 

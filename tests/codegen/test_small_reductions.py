@@ -84,7 +84,9 @@ def test_the_padded_reductions_lower(target, tmp_path):
 @pytest.mark.slow
 def test_topk_at_k7_lowers_for_sm90(tmp_path):
     """The shape sweep's topk draw B = 5, L = 101, K = 7 at the config a user gets with no tuning
-    entry (the defaults: CHUNK 4096, RT 16); both phases lower."""
+    entry: it lowers. (The round-by-round top-k's merge reduced K-wide lists of 7 slots, which
+    TileLang spread over 252 of 256 threads; the threshold select has no such lists, and its
+    slots past K, 8 here, are filled as a power-of-two tile.)"""
     pytest.importorskip("tilelang")
     from duotile.kernels_spec import load_all
 
@@ -94,10 +96,7 @@ def test_topk_at_k7_lowers_for_sm90(tmp_path):
     phases, knobs = specialize_phases(spec.kernel, spec.kernel.bind(spec.meta_inputs(case)), target, {},
                                       spec.constants_of(case))
     texts = [target.generate(m, target.phase_knobs(m, knobs)).stages["tilelang"] for m in phases]
-    merge = texts[1]  # the rank sum over the picks, the output slots' max over them
-    # topk pads its K-wide lists to a power of two itself now (8 slots for K = 7): the reductions
-    # are over whole register tiles and need no shared-memory relayout (``spread`` above keeps it)
-    assert "_src_smem" not in merge and 'T.alloc_fragment((16, 8,), "float32")' in merge
+    assert len(texts) == 1 and 'T.alloc_fragment((8,), "int32")' in texts[0]
     for m, text in zip(phases, texts):
         assert "__global__" in _lower(text, f"{m.name}_kernel", "sm90", tmp_path)[0]
 
