@@ -6,7 +6,7 @@ sorted ascending, -1 in the empty slots (``idx`` B x K, i32). ``visible`` counts
 of -inf selects nothing. K = 512 (``index_topk``) in V4-Flash and V4.1-Flash; L is the compressed
 row count, up to 262,144 (V4 at 1M tokens, ratio 4) and 1,048,576 (V4.1's ratio-1 layers).
 
-One block a row, no workspace: a threshold select on the scores' bits.
+A threshold select on the scores' bits, with no sequential round over K.
 
 * **Keys.** A score's f32 bits as an i32, negatives with their 31 low bits flipped, -0.0 as 0.0,
   order as the floats do (-inf lowest, +inf highest; a NaN has an unspecified result).
@@ -23,9 +23,20 @@ One block a row, no workspace: a threshold select on the scores' bits.
   (``dsl.cumsum``, carried across tiles), and stores its index there (a store by an index tile:
   each slot written once), so the list comes out ascending; the slots past the count get -1.
 
-Cost: 18 passes over the row (the row stays in L2 between passes: 1 MB at L = 262,144), about 3
-compare-adds an element a pass, 50 block reductions and 2 scans a tile of the last pass. A row of
-up to CHUNK scores is one tile a pass.
+Two forms, ``PHASED`` (the config chooses; the cost model takes the phases for long rows):
+
+* one block a row (default): every pass in one launch, the row's tiles re-read each pass (from
+  L2: 1 MB at L = 262,144), each element's comparisons added into per-element counters, one block
+  reduction a threshold a pass; a row of up to CHUNK scores is one tile a pass;
+* ``PHASED``: a block a tile and a phase a pass (19 launches: the visible count, 16 passes, the
+  counts above and at T, the selection), the counts in workspaces; each phase's blocks raise T
+  from the previous phase's counts (the same arithmetic in every block, block 0 keeping it), and
+  the selection places a tile's indices after those of the tiles before it (exclusive prefix sums
+  over the tiles' counts). A long row at a small batch then spreads over the GPU instead of
+  streaming 18 times through one SM.
+
+Cost: 18 reads of the row, about 3 compare-adds an element a pass, and two scans a tile in the
+selection.
 
 Decode path: each row is selected on its own (``B`` is the batch dimension and dynamic); ``L`` is
 specialised (the tile width and count follow it) and padded: a call's scores are padded with -inf
@@ -48,55 +59,143 @@ INT_MIN = -(1 << 31)  # the least i32: -0.0's bits, and the least key
 @dsl.kernel(batch_dim="B", dynamic=("B",), padded={"L": NEG_INF})
 def topk(scores: dsl.Tensor["B", "L", dsl.f32], idx: dsl.Tensor["B", "K", dsl.i32], *,
          TOPK: dsl.Const = 512,
-         CHUNK: dsl.Tunable = dsl.choice(4096, 1024, 2048, 8192, also=dsl.SMALLER_POW2)):
+         CHUNK: dsl.Tunable = dsl.choice(4096, 1024, 2048, 8192, also=dsl.SMALLER_POW2),
+         PHASED: dsl.Tunable = dsl.boolean(default=False)):
     if not (isinstance(TOPK, int) and TOPK >= 1):
         raise dsl.DslError(f"TOPK {TOPK!r} must be a positive int: the selection's width")
     n, k = scores.L, TOPK
     width = dsl.minimum(CHUNK, dsl.next_pow2(n))  # scores a tile
     tiles = dsl.cdiv(n, width)
+    if PHASED:  # a block a tile, a phase a pass: long rows at small batches
+        _by_phases(scores, idx, width, tiles, k)
+    else:  # a block a row, every pass in it: one launch
+        for b in dsl.grid(scores.B):
+            _one_block(scores, idx, b, width, tiles, k)
 
-    for b in dsl.grid(scores.B):
 
-        def keys(t, b=b):  # tile t's keys and which of them are visible (above -inf)
-            s = dsl.load(scores[b, t * width], (width,), other=NEG_INF)
-            bits = dsl.where(s.eq(0.0), 0.0, s).bitcast(dsl.i32)  # -0.0 is 0.0 (a float compare: TVM's
-            # simplifier overflows on an i32 compare with the least i32, -0.0's bits)
-            return dsl.where(bits < 0, bits ^ 0x7FFFFFFF, bits), s > NEG_INF
+PASSES = 16  # two bits of the key a pass
 
-        def count(*above, b=b):  # the visible keys of the row at or above each threshold, (1,) each
-            sums = [dsl.zeros((width,), dsl.i32) for _ in above]
-            for t in dsl.range(tiles):
-                key, live = keys(t)
-                for acc, at in zip(sums, above):
-                    acc[:] = acc + (live & (key >= at)).to(dsl.i32)
-            return [acc.sum(axis=0) for acc in sums]
 
-        (visible,) = count(dsl.full((1,), INT_MIN, dsl.i32))
-        need = dsl.minimum(visible, k)
-        top = dsl.full((1,), INT_MIN, dsl.i32)  # T, built from the top two bits at a time
-        for bit in range(30, -1, -2):  # T + 1, 2, 3 x 2^bit (T's lower bits are 0: no i32 overflow)
-            if bit == 30:  # T is the least i32: the candidates are constants (3 x 2^30 is not an i32)
-                cands = [dsl.full((1,), c, dsl.i32) for c in (-(1 << 30), 0, 1 << 30)]
-            else:
-                cands = [top + j * (1 << bit) for j in (1, 2, 3)]
-            reached = count(*cands)
-            top[:] = dsl.where(reached[2] >= need, cands[2], dsl.where(
-                reached[1] >= need, cands[1], dsl.where(reached[0] >= need, cands[0], top)))
-        (over,) = count(top + 1)  # the keys above T (T + 1 wraps only where nothing is visible)
-        ties = need - over  # of the keys equal to T, the first this many by index are taken
-        ties_before = dsl.zeros((1,), dsl.i32)
-        taken_before = dsl.zeros((1,), dsl.i32)
+def _keys(scores, b, t, width):
+    """Tile t's keys (the f32 bits, order-preserving as i32) and which are visible (above -inf)."""
+    s = dsl.load(scores[b, t * width], (width,), other=NEG_INF)
+    bits = dsl.where(s.eq(0.0), 0.0, s).bitcast(dsl.i32)  # -0.0 is 0.0 (a float compare: TVM's
+    # simplifier overflows on an i32 compare with the least i32, -0.0's bits)
+    return dsl.where(bits < 0, bits ^ 0x7FFFFFFF, bits), s > NEG_INF
+
+
+def _candidates(top, p):
+    """Pass p's thresholds: T + 1, 2, 3 x 2^bit, bit = 30 - 2p (T's lower bits are 0: no i32
+    overflow). At pass 0 T is the least i32 and they are constants (3 x 2^30 is not an i32)."""
+    bit = 30 - 2 * p
+    if p == 0:
+        return [dsl.full((1,), c, dsl.i32) for c in (-(1 << 30), 0, 1 << 30)]
+    return [top + j * (1 << bit) for j in (1, 2, 3)]
+
+
+def _raised(top, cands, reached, need):
+    """T after a pass: the largest candidate that ``need`` keys still reach, else T."""
+    return dsl.where(reached[2] >= need, cands[2], dsl.where(
+        reached[1] >= need, cands[1], dsl.where(reached[0] >= need, cands[0], top)))
+
+
+def _take(scores, idx, b, t, width, top, ties, ties_before, taken_before):
+    """Tile t's selected indices stored at their slots: the keys above T, and the ties (keys equal
+    to T) whose rank among the row's ties by index is below ``ties``; returns the tile's counts of
+    ties and of taken keys."""
+    key, live = _keys(scores, b, t, width)
+    tie = (live & key.eq(top)).to(dsl.i32)
+    take = (live & (key > top)) | (tie.eq(1) & (dsl.cumsum(tie, exclusive=True) + ties_before < ties))
+    taken = take.to(dsl.i32)
+    slot = dsl.cumsum(taken, exclusive=True) + taken_before
+    dsl.store(idx[b, dsl.where(take, slot, -1)], t * width + dsl.arange(width))
+    return tie.sum(axis=0), taken.sum(axis=0)
+
+
+def _empty_slots(idx, b, k, taken, write=None):
+    """-1 in the slots from ``taken`` on (slots past K are dropped); ``write``: a (1,) condition."""
+    slots = dsl.arange(dsl.next_pow2(k))
+    keep = slots >= taken if write is None else (slots >= taken) & write
+    dsl.store(idx[b, dsl.where(keep, slots, -1)], dsl.full((dsl.next_pow2(k),), -1, dsl.i32))
+
+
+def _one_block(scores, idx, b, width, tiles, k):
+    """Every pass in the row's block, its tiles re-read each pass (from L2: a row of 262,144 scores
+    is 1 MB), each element's comparisons added into per-element counters, one block reduction a
+    threshold a pass."""
+
+    def count(*above):  # the row's visible keys at or above each threshold, (1,) each
+        sums = [dsl.zeros((width,), dsl.i32) for _ in above]
         for t in dsl.range(tiles):
-            key, live = keys(t)
-            tie = (live & key.eq(top)).to(dsl.i32)
-            take = (live & (key > top)) | (tie.eq(1) & (dsl.cumsum(tie, exclusive=True) + ties_before < ties))
-            taken = take.to(dsl.i32)
-            slot = dsl.cumsum(taken, exclusive=True) + taken_before
-            dsl.store(idx[b, dsl.where(take, slot, -1)], t * width + dsl.arange(width))
-            ties_before[:] = ties_before + tie.sum(axis=0)
-            taken_before[:] = taken_before + taken.sum(axis=0)
-        slots = dsl.arange(dsl.next_pow2(k))  # the empty slots: -1 (slots past K are dropped)
-        dsl.store(idx[b, dsl.where(slots >= taken_before, slots, -1)], dsl.full((dsl.next_pow2(k),), -1, dsl.i32))
+            key, live = _keys(scores, b, t, width)
+            for acc, at in zip(sums, above):
+                acc[:] = acc + (live & (key >= at)).to(dsl.i32)
+        return [acc.sum(axis=0) for acc in sums]
+
+    (visible,) = count(dsl.full((1,), INT_MIN, dsl.i32))
+    need = dsl.minimum(visible, k)
+    top = dsl.full((1,), INT_MIN, dsl.i32)  # T, built from the top two bits at a time
+    for p in range(PASSES):
+        cands = _candidates(top, p)
+        top[:] = _raised(top, cands, count(*cands), need)
+    (over,) = count(top + 1)  # the keys above T (T + 1 wraps only where nothing is visible)
+    ties_before = dsl.zeros((1,), dsl.i32)
+    taken_before = dsl.zeros((1,), dsl.i32)
+    for t in dsl.range(tiles):
+        tie, taken = _take(scores, idx, b, t, width, top, need - over, ties_before, taken_before)
+        ties_before[:] = ties_before + tie
+        taken_before[:] = taken_before + taken
+    _empty_slots(idx, b, k, taken_before)
+
+
+def _by_phases(scores, idx, width, tiles, k):
+    """A row of several tiles: a block a tile, a phase a pass. Each phase's blocks count their tile
+    against the pass's thresholds into ``reach``; the next phase's blocks each raise T from those
+    counts (the same arithmetic in every block) and block 0 keeps it in ``tops`` for the phase
+    after. The last phase places each tile's selected indices after those of the tiles before it
+    (exclusive prefix sums over the tiles' counts of keys above T and of ties)."""
+    visible = dsl.workspace("visible", (scores.B, tiles), dsl.i32)
+    reach = dsl.workspace("reach", (scores.B, PASSES, 3, tiles), dsl.i32)
+    tops = dsl.workspace("tops", (scores.B, PASSES), dsl.i32)
+    split = dsl.workspace("split", (scores.B, 2, tiles), dsl.i32)  # keys above T, keys equal to T
+
+    def need_of(b):
+        return dsl.minimum(dsl.load(visible[b, 0], (tiles,)).sum(axis=0), k)
+
+    def top_after(b, c, p, need):  # T after pass p, from the counts of pass p; block 0 keeps it
+        cands = _candidates(None if p == 0 else dsl.load(tops[b, p - 1], (1,)), p)
+        # T before pass 0 is the least i32: 2^30 below pass 0's least threshold (no literal: see _keys)
+        top = cands[0] - (1 << 30) if p == 0 else dsl.load(tops[b, p - 1], (1,))
+        raised = _raised(top, cands, [dsl.load(reach[b, p, j, 0], (tiles,)).sum(axis=0) for j in range(3)], need)
+        dsl.store(tops[b, dsl.where((dsl.arange(1) + c).eq(0), dsl.arange(1) + p, -1)], raised)
+        return raised
+
+    for b, c in dsl.grid(scores.B, tiles):
+        _, live = _keys(scores, b, c, width)
+        dsl.store(visible[b, c], live.to(dsl.i32).sum(axis=0))
+    for p in range(PASSES):
+        for b, c in dsl.grid(scores.B, tiles):
+            need = need_of(b)
+            top = None if p == 0 else top_after(b, c, p - 1, need)  # pass 0's thresholds are constants
+            key, live = _keys(scores, b, c, width)
+            for j, at in enumerate(_candidates(top, p)):
+                dsl.store(reach[b, p, j, c], (live & (key >= at)).to(dsl.i32).sum(axis=0))
+    for b, c in dsl.grid(scores.B, tiles):
+        top = top_after(b, c, PASSES - 1, need_of(b))
+        key, live = _keys(scores, b, c, width)
+        dsl.store(split[b, 0, c], (live & (key > top)).to(dsl.i32).sum(axis=0))
+        dsl.store(split[b, 1, c], (live & key.eq(top)).to(dsl.i32).sum(axis=0))
+    for b, c in dsl.grid(scores.B, tiles):
+        need = need_of(b)
+        top = dsl.load(tops[b, PASSES - 1], (1,))
+        above, equal = dsl.load(split[b, 0, 0], (tiles,)), dsl.load(split[b, 1, 0], (tiles,))
+        ties = need - above.sum(axis=0)
+        ties_before = dsl.cumsum(equal, exclusive=True)  # each tile's ties before it, in index order
+        taken = above + dsl.minimum(equal, dsl.maximum(ties - ties_before, 0))
+        mine = dsl.arange(tiles).eq(c)
+        _take(scores, idx, b, c, width, top, ties, dsl.where(mine, ties_before, 0).sum(axis=0),
+              dsl.where(mine, dsl.cumsum(taken, exclusive=True), 0).sum(axis=0))
+        _empty_slots(idx, b, k, need, write=(dsl.arange(1) + c).eq(0))
 
 
 def topk_reference(scores: torch.Tensor, TOPK: int = 512) -> dict:
@@ -211,10 +310,10 @@ SPEC = register(Spec(
         # the maximum repeated across chunks, equal values around the K-th
         "dup_max_k24": {"B": 3, "L": 500, "K": 24, "values": "dup_max", "visible": "all",
                         "config": {"CHUNK": 64}},
-        "all_neg_inf_k4": {"B": 2, "L": 50, "K": 4, "visible": 0, "config": {"CHUNK": 16}},
+        "all_neg_inf_k4": {"B": 2, "L": 50, "K": 4, "visible": 0, "config": {"CHUNK": 16, "PHASED": True}},
         "fewer_than_k_k64": {"B": 2, "L": 200, "K": 64, "visible": 40, "config": {"CHUNK": 64}},
         "exactly_k_k64": {"B": 2, "L": 200, "K": 64, "visible": 64, "config": {"CHUNK": 64}},
-        "scattered_k12": {"B": 4, "L": 257, "K": 12, "values": "scattered", "config": {"CHUNK": 64}},
+        "scattered_k12": {"B": 4, "L": 257, "K": 12, "values": "scattered", "config": {"CHUNK": 64, "PHASED": True}},
         "extreme_k10": {"B": 3, "L": 400, "K": 10, "values": "extreme", "visible": "all",
                         "config": {"CHUNK": 128}},
         "one_chunk_k5": {"B": 2, "L": 9, "K": 5, "config": {"CHUNK": 1024}},  # fewer scores than a tile
@@ -235,5 +334,5 @@ SPEC = register(Spec(
     sweep={"B": Dim(1, 5, large=64), "L": Dim(1, 400, large=300000), "K": OneOf(4, 7, 16, 33, 64),
            "values": OneOf("normal", "ties", "negative", "dup_max", "scattered", "extreme"),
            "visible": OneOf("mixed", "all", 0, 5),
-           "config": {"CHUNK": OneOf(16, 64, 128, 1024)}},
+           "config": {"CHUNK": OneOf(16, 64, 128, 1024), "PHASED": OneOf(False, True)}},
 ))

@@ -64,12 +64,13 @@ def test_zero_signs_are_equal_and_infinity_is_a_score():
     assert select(scores, 8).tolist() == [[0, 1, 2, 3, 4, 5, 7, -1]]  # all but the -inf
 
 
+@pytest.mark.parametrize("phased", [False, True])
 @pytest.mark.parametrize("chunk", [16, 64, 128, 1024])
-def test_the_chunk_size_does_not_change_the_result(chunk):
+def test_the_chunk_size_and_the_phases_do_not_change_the_result(chunk, phased):
     inputs = SPEC.make_inputs({"B": 4, "L": 700, "K": 48, "values": "ties", "visible": "mixed"},
                               torch.device("cpu"), seed=9)
     want = topk_reference(inputs["scores"], TOPK=48)["idx"]
-    assert torch.equal(select(inputs["scores"], 48, {"CHUNK": chunk}), want)
+    assert torch.equal(select(inputs["scores"], 48, {"CHUNK": chunk, "PHASED": phased}), want)
 
 
 def test_a_row_selects_the_same_alone_and_in_any_batch():
@@ -112,18 +113,18 @@ def test_model_shapes_cover_both_models_at_k512():
     assert shapes["v4/r4_ctx1m/decode16"]["L"] == shapes["v41/r1_ctx256k/decode16"]["L"]  # one build for both
 
 
-def test_the_cuda_source_selects_by_threshold_in_one_launch():
-    """One block a row, no workspace: 16 counting passes of three thresholds, then the slots by
-    dsl.cumsum (the SCAN helper between barriers) and a store by an index tile; no sequential
-    round over K."""
+def test_the_cuda_source_selects_by_threshold():
+    """One launch, a block a row: the visible count, the 16 counting passes, the count above T and
+    the selection, each a loop over the row's tiles (the slots by dsl.cumsum: the SCAN helper).
+    PHASED: a block a tile and a phase a pass. No sequential round over K in either."""
     pytest.importorskip("tilelang")
     from duotile.codegen.driver import generate_case
 
-    arts = generate_case(SPEC, {"B": 2, "L": 4096, "K": 512, "config": {"CHUNK": 1024}}, "sm90")
-    assert len(arts) == 1
-    text = arts[0].stages["tilelang"]
+    (one,) = generate_case(SPEC, {"B": 2, "L": 4096, "K": 512}, "sm90", config={"CHUNK": 1024})
+    text = one.stages["tilelang"]
     assert "T.import_source(SCAN)" in text and text.count('"duotile_scan_write"') == 2  # ties, then slots
-    assert "workspace" not in text and "cand_v" not in text
-    # the visible count, 16 threshold passes, the count above T and the selection: 19 loops over the tiles
     loops = re.findall(r"for t\w* in T\.serial\(0, (\d+)\):", text)
-    assert len(loops) == 19 and len(set(loops)) == 1 and int(loops[0]) > 1, loops
+    assert loops == ["4"] * 19, loops
+    phases = generate_case(SPEC, {"B": 2, "L": 4096, "K": 512}, "sm90", config={"CHUNK": 1024, "PHASED": True})
+    assert len(phases) == 1 + 16 + 1 + 1
+    assert all("T.Kernel(n_B * 4" in a.stages["tilelang"].replace("(4 * n_B", "(n_B * 4") for a in phases)
