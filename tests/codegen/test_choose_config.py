@@ -234,7 +234,7 @@ PINNED_CHOICES = [
      {"BM": 128, "BN": 128, "STAGES": 1, "cores": 32, "threads": 128, "vector_split": False}),
     ("indexer_logits", "v4/r4_ctx1m/decode16", "sm100", {"BN": 64, "NB": 8, "STAGES": 2, "raster": 0, "threads": 256}),
     ("rmsnorm", "v4/hidden/decode16", "sm90", {"ALIGN": 2048, "ROWS": 4, "raster": 0, "threads": 256}),
-    ("topk", "v4/r4_ctx1m/decode16", "ascend950", {"CHUNK": 4096, "cores": 24, "threads": 128}),
+    ("topk", "v4/r4_ctx1m/decode16", "ascend950", {"CHUNK": 4096, "PHASED": False, "cores": 24, "threads": 128}),
 ]
 
 
