@@ -146,6 +146,12 @@ def _expand(it: Interpreter, op: Op):
     it.put(op.result, lift(x, len(op.result.type.shape) - 1).unsqueeze(op.attrs["axis"] + 1))
 
 
+def _ue8m0_scales(codes: torch.Tensor) -> torch.Tensor:
+    """UE8M0 codes (int32) as their float32 scales 2^(code - 127), NaN for code 255."""
+    scale = torch.ldexp(torch.ones_like(codes, dtype=torch.float32), codes - 127)
+    return torch.where(codes == 255, torch.nan, scale)
+
+
 @handles("mxfp4")
 def _mxfp4(it: Interpreter, op: Op):
     """e2m1 codes two a byte (element 2j in byte j's low nibble) times 2^(code - 127) of their
@@ -155,9 +161,7 @@ def _mxfp4(it: Interpreter, op: Op):
     nibbles = torch.stack((packed & 15, packed >> 4), dim=-1).flatten(-2)
     table = torch.tensor(E2M1_MAGNITUDES, dtype=torch.float32, device=it.device)
     values = torch.where(nibbles >= 8, -table[nibbles & 7], table[nibbles & 7])
-    scale = torch.ldexp(torch.ones_like(codes, dtype=torch.float32), codes - 127)
-    scale = torch.where(codes == 255, torch.nan, scale).repeat_interleave(MXFP4_BLOCK, dim=-1)
-    it.put(op.result, (values * scale).to(torch.bfloat16))
+    it.put(op.result, (values * _ue8m0_scales(codes).repeat_interleave(MXFP4_BLOCK, dim=-1)).to(torch.bfloat16))
 
 
 @handles("mxfp8")
@@ -165,9 +169,7 @@ def _mxfp8(it: Interpreter, op: Op):
     """e4m3 values times 2^(code - 127) of their block (C / G columns a code), the product in
     float32, rounded to bf16; NaN for code 255."""
     values, codes = it.get(op.args[0]).float(), it.get(op.args[1]).to(torch.int32)
-    scale = torch.ldexp(torch.ones_like(codes, dtype=torch.float32), codes - 127)
-    scale = torch.where(codes == 255, torch.nan, scale)
-    scale = scale.repeat_interleave(values.shape[-1] // codes.shape[-1], dim=-1)
+    scale = _ue8m0_scales(codes).repeat_interleave(values.shape[-1] // codes.shape[-1], dim=-1)
     it.put(op.result, (values * scale).to(torch.bfloat16))
 
 

@@ -44,10 +44,6 @@ class Operand:
     block: int  # columns a code covers
 
     @property
-    def values(self) -> Value:
-        return self.op.args[0]
-
-    @property
     def codes(self) -> Value:
         return self.op.args[1]
 
