@@ -488,13 +488,16 @@ MXFP4_BLOCK = 32  # values a UE8M0 scale covers in MXFP4 (model.md 1.4, 4.1)
 E2M1_MAGNITUDES = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0)  # an e2m1 code's magnitude by its low 3 bits (model.md 4.1)
 
 
-def mxfp4_values(packed: Tile, codes: Tile) -> Tile:
+def mxfp4_values(packed: Tile, codes: Tile, first=None) -> Tile:
     """The values of MXFP4 weights (model.md 4.1) as a bf16 tile in natural order: ``packed``, a
     (R, C) u8 tile of e2m1 codes two a byte, element 2j in the low nibble of byte j and 2j + 1 in
     the high one; ``codes``, a (R, 2C / 32) u8 tile of UE8M0 scale codes, one a 32 values. Value
-    (r, c) is e2m1(r, c) x 2^(codes[r, c // 32] - 127): exact where it is a bf16 number, +-Inf
-    beyond, NaN for code 255. Both tiles are loaded ones (the GPU targets read them from shared
-    memory)."""
+    (r, c) is e2m1(r, c) x 2^(codes[r, first + c // 32] - 127): exact where it is a bf16 number,
+    +-Inf beyond, NaN for code 255. Both tiles are loaded ones (the GPU targets read them from
+    shared memory). ``first`` (an index, e.g. of a loop variable) lets ``codes`` be wider: a tile of
+    every code of the rows, loaded once before a K loop, of which each step reads its 2C / 32
+    columns from ``first`` on (a loaded 4-byte-wide tile a step is a global-memory latency a step
+    on targets whose bulk copies need 16 bytes a row)."""
     for name, t in (("packed", packed), ("codes", codes)):
         if not isinstance(t, Tile):
             raise builder.error(f"dsl.mxfp4_values: {name} must be a tile, got {type(t).__name__}")
@@ -505,16 +508,14 @@ def mxfp4_values(packed: Tile, codes: Tile) -> Tile:
     if (2 * cols) % MXFP4_BLOCK:
         raise builder.error(f"dsl.mxfp4_values: {_fmt(packed.shape)} packed bytes hold {2 * cols} values a row, "
                             f"not whole blocks of {MXFP4_BLOCK}")
-    want = (rows, 2 * cols // MXFP4_BLOCK)
-    if tuple(codes.shape) != want:
-        raise builder.error(f"dsl.mxfp4_values: codes must be {_fmt(want)} (one a {MXFP4_BLOCK} values of "
-                            f"each row), got {_fmt(codes.shape)}")
+    count = 2 * cols // MXFP4_BLOCK
+    _check_code_columns("dsl.mxfp4_values", codes, rows, count, first, f"one a {MXFP4_BLOCK} values of each row")
     t = TileType((rows, 2 * cols), dtypes.bf16, Role.OPERAND)
-    op = Op("mxfp4", args=(packed.value, codes.value), result=Value(t, hint="fp4"))
+    op = Op("mxfp4", args=(packed.value, codes.value), attrs=_code_attrs(first, count), result=Value(t, hint="fp4"))
     return Tile(builder.current().emit(op))
 
 
-def mxfp8_values(values: Tile, codes: Tile) -> Tile:
+def mxfp8_values(values: Tile, codes: Tile, first=None, block: int | None = None) -> Tile:
     """Block-scaled FP8 values (model.md 2.10's activations) as a bf16 tile: ``values``, a (R, C)
     e4m3 tile; ``codes``, a (R, G) u8 tile of UE8M0 scale codes, each scaling C / G consecutive
     columns (G divides C; 1 x 32 and 1 x 128 blocks, or one code for a tile inside a larger block).
@@ -522,7 +523,9 @@ def mxfp8_values(values: Tile, codes: Tile) -> Tile:
     exact for codes 10..246, where every e4m3 value times the scale is a normal bf16 number. Both
     tiles are loaded ones. On a target with a block-scaled MMA a gemm of such operands (this and
     ``mxfp4_values``) may keep the FP8 values and apply the codes in the MMA instead: the products
-    are then exact at every code."""
+    are then exact at every code. With ``first`` (an index) and ``block`` (the columns of ``values``
+    a code covers) ``codes`` may be wider: value (r, c) takes code (r, first + c // block), as
+    ``mxfp4_values`` takes its ``first``."""
     for name, t, dtype in (("values", values, dtypes.f8e4m3), ("codes", codes, dtypes.u8)):
         if not isinstance(t, Tile):
             raise builder.error(f"dsl.mxfp8_values: {name} must be a tile, got {type(t).__name__}")
@@ -530,11 +533,18 @@ def mxfp8_values(values: Tile, codes: Tile) -> Tile:
             raise builder.error(f"dsl.mxfp8_values: {name} must be a 2-d {dtype} tile, got {t.dtype} "
                                 f"{_fmt(t.shape)}")
     (rows, cols), (crows, groups) = values.shape, codes.shape
-    if crows != rows or _divides(groups, cols) is False:
+    if (first is None) != (block is None):
+        raise builder.error("dsl.mxfp8_values: give first and block together (the codes' first column and the "
+                            "columns a code covers), or neither")
+    if block is not None and (not isinstance(block, int) or block <= 0 or _divides(block, cols) is False):
+        raise builder.error(f"dsl.mxfp8_values: block = {block!r} must be a positive int dividing the {cols} columns")
+    count = groups if block is None else cols // block
+    if crows != rows or _divides(count, cols) is False:
         raise builder.error(f"dsl.mxfp8_values: codes {_fmt(codes.shape)} do not split values {_fmt(values.shape)} "
                             f"into blocks: (R, G) with G dividing the {cols} columns")
+    _check_code_columns("dsl.mxfp8_values", codes, rows, count, first, f"{cols // count} columns a code")
     t = TileType((rows, cols), dtypes.bf16, Role.OPERAND)
-    op = Op("mxfp8", args=(values.value, codes.value), result=Value(t, hint="fp8"))
+    op = Op("mxfp8", args=(values.value, codes.value), attrs=_code_attrs(first, count), result=Value(t, hint="fp8"))
     return Tile(builder.current().emit(op))
 
 
@@ -549,6 +559,26 @@ def cumsum(x: Tile, exclusive: bool = False) -> Tile:
     op = Op("cumsum", args=(x.value,), attrs={"exclusive": bool(exclusive)},
             result=Value(TileType(x.shape, dtypes.i32, Role.VECTOR), hint="scan"))
     return Tile(builder.current().emit(op))
+
+
+def _code_attrs(first, count) -> dict:
+    """A scaled-values op's codes: the first column read (an index) and how many a row."""
+    return {"first": as_expr(0 if first is None else first), "count": int(count)}
+
+
+def _check_code_columns(what: str, codes: Tile, rows, count, first, per: str) -> None:
+    """``codes`` holds the ``count`` columns a row the op reads: exactly, or (``first`` given) at least."""
+    want = (rows, count)
+    if first is None and tuple(codes.shape) != want:
+        raise builder.error(f"{what}: codes must be {_fmt(want)} ({per}), got {_fmt(codes.shape)}")
+    if first is not None:
+        crows, groups = codes.shape
+        start = sympy.sympify(as_expr(first))
+        short = sympy.sympify(groups) < count if sympy.sympify(groups).is_Integer else False
+        if crows != rows or short or (start.is_Integer and sympy.sympify(groups).is_Integer
+                                      and not 0 <= int(start) <= int(groups) - count):
+            raise builder.error(f"{what}: codes {_fmt(codes.shape)} from column {start} do not hold {count} "
+                                f"columns for each of the {rows} rows ({per})")
 
 
 def _divides(d, n) -> bool | None:

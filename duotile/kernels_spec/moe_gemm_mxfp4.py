@@ -35,9 +35,9 @@ at a 4,096-token prefill chunk (R = 24,576, 256 experts, BM = 64) runs 640 row t
 of one token (R = 6) 7, of which 6 hold a row.
 
 **The arithmetic.** Each K step of BK columns reads the step's weight bytes as one (BN, BK / 2)
-tile and their UE8M0 codes as a (BN, BK / 32) tile, the activations as one contiguous (BM, BK)
-e4m3 tile and their codes as a (BM, BK / ABLOCK) tile (or the one code of the block the step lies
-in); all four are operands, in shared memory ``STAGES`` steps ahead. It then runs one gemm of
+tile and the activations as one contiguous (BM, BK) e4m3 tile, both in shared memory ``STAGES``
+steps ahead; the block's scale codes, weights' and activations', are loaded once before the K loop
+(every code of its rows), and each step reads its own columns of them (``first=``). It then runs one gemm of
 ``dsl.mxfp8_values(x, sa)`` by ``dsl.mxfp4_values(byte, codes)``: block-scaled values on both
 sides, lowered per target (docs/ffn_path.md):
 
@@ -138,13 +138,18 @@ def moe_gemm_mxfp4(a: dsl.Tensor["R", "K", dsl.f8e4m3], a_scale: dsl.Tensor["R",
         r0 = dsl.scalar(dsl.where(live, first, 0))
         acc = dsl.zeros((BM, BN), dsl.f32, role="accumulator")
         steps = dsl.where(live, dsl.cdiv(a.K, BK), 0).to(dsl.i32)  # a block past the tiles runs no K step
+        # every scale code of the block's rows, once: a step's own codes are 4 bytes a row, which
+        # bulk copies (16 bytes a row at least) do not take, so loaded a step they cost a global
+        # latency a step (benchmarks/results/bench_moe_gemm_mxfp4.md)
+        # (padded to whole K steps: a ragged last step reads codes of 0 for its zero bytes)
+        codes = dsl.load(w_scale[e, n * BN, 0], (BN, dsl.cdiv(a.K, BK) * (BK // WBLOCK)), role="operand")
+        sa = dsl.load(a_scale[r0, 0], (BM, dsl.cdiv(dsl.cdiv(a.K, BK) * BK, ABLOCK)), role="operand")
         for k in dsl.pipelined(dsl.cdiv(a.K, BK), stages=STAGES, stop=steps):
             byte = dsl.load(w[e, n * BN, k * (BK // 2)], (BN, BK // 2), role="operand")
-            codes = dsl.load(w_scale[e, n * BN, k * (BK // WBLOCK)], (BN, BK // WBLOCK), role="operand")
             x = dsl.load(a[r0, k * BK], (BM, BK), role="operand")
             # the step's activation codes: one a block, or the one block the step lies in
-            sa = dsl.load(a_scale[r0, (k * BK) // ABLOCK], (BM, BK // ABLOCK or 1), role="operand")
-            dsl.gemm(dsl.mxfp8_values(x, sa), dsl.mxfp4_values(byte, codes), acc, transpose_b=True)
+            xv = dsl.mxfp8_values(x, sa, first=(k * BK) // ABLOCK, block=min(BK, ABLOCK))
+            dsl.gemm(xv, dsl.mxfp4_values(byte, codes, first=k * (BK // WBLOCK)), acc, transpose_b=True)
         dsl.store(out[rows, n * BN], acc.to(dsl.bf16))
 
 

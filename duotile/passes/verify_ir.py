@@ -103,7 +103,7 @@ def _check_writes(op: Op):
 
 
 def _exprs(op: Op):
-    for key in ("offsets", "extent", "extents", "start"):
+    for key in ("offsets", "extent", "extents", "start", "first"):
         val = op.attrs.get(key)
         if val is None:
             continue
@@ -146,8 +146,15 @@ def _check_scaled_values(op: Op, bound: bool):
     if x.dtype != first_dtype or codes.dtype != dtypes.u8 or out.dtype != dtypes.bf16:
         raise DslError(f"{op.name} takes {first} and u8 scale codes to bf16, got {x.dtype}, "
                        f"{codes.dtype} -> {out.dtype}", op.loc)
-    if bound and not fits(*(int(d) for t in (x, codes, out) for d in t.shape)):
-        raise DslError(f"{op.name} shapes {x.shape}, {codes.shape} -> {out.shape} are not {rule}", op.loc)
+    if not bound:
+        return
+    (r, c), (rc, g), (ro, co) = ((int(d) for d in t.shape) for t in (x, codes, out))
+    count, first = op.attrs["count"], op.attrs["first"]
+    if not fits(r, c, rc, count, ro, co):
+        raise DslError(f"{op.name} shapes {x.shape}, {codes.shape} -> {out.shape} (reading {count} codes a row) "
+                       f"are not {rule}", op.loc)
+    if g < count or (first.is_Integer and not 0 <= int(first) <= g - count):
+        raise DslError(f"{op.name} reads {count} codes a row from column {first} of a {g}-column codes tile", op.loc)
 
 
 def _check_bit_ops(op: Op):

@@ -195,3 +195,50 @@ def test_sm90_keeps_the_promotion_form_of_the_dense_gemm_at_every_model_shape():
         assert (choose_config(spec.kernel, "sm90", sig, spec.constants_of(case)) or {}).get(
             "SCALES", "promote") == "promote", shape
         assert choose_config(spec.kernel, "sm100", sig, spec.constants_of(case))["SCALES"] == "operands", shape
+
+
+@dsl.kernel
+def w4a8_hoisted(a: dsl.Tensor["M", "K", dsl.f8e4m3], sa: dsl.Tensor["M", "KA", dsl.u8],
+                 w: dsl.Tensor["N", "KH", dsl.u8], sw: dsl.Tensor["N", "KW", dsl.u8],
+                 out: dsl.Tensor["M", "N", dsl.bf16], *, ABLOCK: dsl.Const = 32,
+                 BM: dsl.Tunable = dsl.choice(128, 64), BN: dsl.Tunable = dsl.choice(128, 64),
+                 BK: dsl.Tunable = dsl.choice(128, 64)):
+    """``w4a8`` with every scale code of the block's rows loaded once before the K loop, each step
+    reading its own columns (``first=``), as moe_gemm_mxfp4 does."""
+    for m, n in dsl.grid(dsl.cdiv(a.M, BM), dsl.cdiv(w.N, BN)):
+        acc = dsl.zeros((BM, BN), dsl.f32, role="accumulator")
+        xs = dsl.load(sa[m * BM, 0], (BM, dsl.cdiv(dsl.cdiv(a.K, BK) * BK, ABLOCK)), role="operand")
+        ws = dsl.load(sw[n * BN, 0], (BN, dsl.cdiv(a.K, BK) * (BK // 32)), role="operand")
+        for k in dsl.pipelined(dsl.cdiv(a.K, BK), stages=2):
+            x = dsl.load(a[m * BM, k * BK], (BM, BK), role="operand")
+            packed = dsl.load(w[n * BN, k * (BK // 2)], (BN, BK // 2), role="operand")
+            dsl.gemm(dsl.mxfp8_values(x, xs, first=(k * BK) // ABLOCK, block=min(BK, ABLOCK)),
+                     dsl.mxfp4_values(packed, ws, first=k * (BK // 32)), acc, transpose_b=True)
+        dsl.store(out[m * BM, n * BN], acc.to(dsl.bf16))
+
+
+@pytest.mark.parametrize("ablock", [32, 128])
+def test_codes_loaded_once_give_the_bits_of_codes_loaded_a_step(ablock):
+    t = _tensors(m=128, n=128, k=256, ablock=ablock)
+    h = {k: v.clone() for k, v in t.items()}
+    config = {"BM": 64, "BN": 64, "BK": 64}
+    codegen.compile(w4a8, "interpret", constants={"ABLOCK": ablock}, config=config)(**t)
+    codegen.compile(w4a8_hoisted, "interpret", constants={"ABLOCK": ablock}, config=config)(**h)
+    assert torch.equal(t["out"].view(torch.int16), h["out"].view(torch.int16))
+
+
+@pytest.mark.parametrize("ablock", [32, 128])
+def test_sm100_reads_each_steps_scale_words_from_the_wide_code_tiles(ablock):
+    """The block-scaled rule still takes the gemm; byte j of a row's word is the code at the step's
+    first column plus atom j (plus 0 for V4's one code a 128-column step)."""
+    pytest.importorskip("tilelang")
+    tensors = _tensors(ablock=ablock, meta=True)
+    config = {"BM": 128, "BN": 128, "BK": 128}
+    module, knobs = specialize(w4a8_hoisted, w4a8_hoisted.bind(tensors), "sm100", config, constants={"ABLOCK": ablock})
+    text = get_target("sm100").generate(module, knobs).stages["tilelang"]
+    assert "T.gemm_blockscaled(" in text
+    a_word = next(line for line in text.splitlines() if "sfa1_smem[i0] =" in line)
+    b_word = next(line for line in text.splitlines() if "sfb1_smem[i0] =" in line)
+    first_a = "4 * k" if ablock == 32 else "k"
+    assert [f"{first_a} + {j if ablock == 32 else 0}" in a_word for j in range(4)] == [True] * 4, a_word
+    assert all(f"4 * k + {j}" in b_word for j in range(4)), b_word

@@ -131,3 +131,71 @@ def test_ascend_refuses_the_op_naming_it():
     pytest.importorskip("tilelang")
     with pytest.raises(UnsupportedError, match="mxfp8"):
         _generate(scale, "ascend950", _meta())
+
+
+@dsl.kernel
+def scale_hoisted(x: dsl.Tensor["R", "C", dsl.f8e4m3], s: dsl.Tensor["R", "G", dsl.u8],
+                  out: dsl.Tensor["R", "C", dsl.bf16], *, BC: dsl.Tunable = dsl.choice(64, 128),
+                  BLOCK: dsl.Const = 32):
+    """Every code of 16 rows loaded once, each column step reading its own from ``first`` on."""
+    for r in dsl.grid(dsl.cdiv(x.R, 16)):
+        codes = dsl.load(s[r * 16, 0], (16, dsl.cdiv(dsl.cdiv(x.C, BC) * BC, BLOCK)), role="operand")
+        for c in dsl.range(dsl.cdiv(x.C, BC)):
+            values = dsl.load(x[r * 16, c * BC], (16, BC), role="operand")
+            got = dsl.mxfp8_values(values, codes, first=(c * BC) // BLOCK, block=min(BC, BLOCK))
+            dsl.store(out[r * 16, c * BC], got)
+
+
+@pytest.mark.parametrize("block, tile", [(32, 128), (128, 128), (128, 64), (32, 64)])
+def test_a_wide_code_tile_read_from_first_gives_the_same_values(block, tile):
+    """``first`` / ``block``: the codes of every step loaded once (as moe_gemm_mxfp4 does) give
+    the values of a code tile loaded a step, bit for bit, including a ragged last step (C = 224)."""
+    g = torch.Generator().manual_seed(block * tile)
+    x = (torch.randn(32, 224, generator=g) * 8).to(torch.float8_e4m3fn)
+    s = torch.randint(100, 150, (32, -(-224 // block)), generator=g, dtype=torch.uint8)
+    out = torch.zeros(32, 224, dtype=torch.bfloat16)
+    codegen.compile(scale_hoisted, "interpret", constants={"BLOCK": block}, config={"BC": tile})(x=x, s=s, out=out)
+    assert torch.equal(out.view(torch.int16), reference(x, s, block).view(torch.int16))
+
+
+@pytest.mark.parametrize("body, match", [
+    ("dsl.mxfp8_values(dsl.load(x[0, 0], (16, 64)), dsl.load(s[0, 0], (16, 8)), first=1)",
+     r"give first and block together"),
+    ("dsl.mxfp8_values(dsl.load(x[0, 0], (16, 64)), dsl.load(s[0, 0], (16, 8)), first=7, block=32)",
+     r"codes \(16, 8\) from column 7 do not hold 2 columns"),
+    ("dsl.mxfp8_values(dsl.load(x[0, 0], (16, 64)), dsl.load(s[0, 0], (16, 8)), first=0, block=48)",
+     r"block = 48 must be a positive int dividing the 64 columns"),
+])
+def test_a_code_window_outside_the_tile_is_refused_at_the_spec_line(body, match):
+    kernel = store_kernel("x: dsl.Tensor['R', 'C', dsl.f8e4m3], s: dsl.Tensor['R', 'G', dsl.u8], "
+                          "out: dsl.Tensor['R', 'C', dsl.bf16]", body)
+    with pytest.raises(DslError, match=match) as err:
+        codegen.compile(kernel, "interpret")(x=torch.zeros(32, 256, dtype=torch.float8_e4m3fn),
+                                              s=torch.zeros(32, 8, dtype=torch.uint8),
+                                              out=torch.zeros(32, 256, dtype=torch.bfloat16))
+    assert "fragment.py:3" in str(err.value)
+
+
+def test_a_loop_that_reads_past_the_code_tile_fails_on_the_interpreter():
+    """A ``first`` that grows past the codes tile (here a tile one step short) is named, not read
+    as garbage."""
+    @dsl.kernel
+    def short(x: dsl.Tensor["R", "C", dsl.f8e4m3], s: dsl.Tensor["R", "G", dsl.u8],
+              out: dsl.Tensor["R", "C", dsl.bf16]):
+        for r in dsl.grid(dsl.cdiv(x.R, 16)):
+            codes = dsl.load(s[r * 16, 0], (16, 4), role="operand")
+            for c in dsl.range(dsl.cdiv(x.C, 64)):
+                values = dsl.load(x[r * 16, c * 64], (16, 64), role="operand")
+                dsl.store(out[r * 16, c * 64], dsl.mxfp8_values(values, codes, first=2 * c, block=32))
+
+    with pytest.raises(DslError, match=r"mxfp8 reads codes 4 \.\. 5 of a row, past its 4-column codes tile"):
+        codegen.compile(short, "interpret")(x=torch.zeros(16, 192, dtype=torch.float8_e4m3fn),
+                                             s=torch.zeros(16, 6, dtype=torch.uint8),
+                                             out=torch.zeros(16, 192, dtype=torch.bfloat16))
+
+
+@pytest.mark.parametrize("target", ["sm90", "sm100"])
+def test_cuda_targets_read_the_codes_from_first(target):
+    pytest.importorskip("tilelang")
+    text = _generate(scale_hoisted, target, _meta(cols=256, groups=8))
+    assert "s0_smem[i0, 2 * c + i1 // 32]" in text  # the step's codes: from column 2c of the wide tile

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import torch
 
+from ...dsl.errors import DslError
 from ...dsl.expr import Node
 from ...dsl.ir import Op
 from ...dsl.ops import E2M1_MAGNITUDES, MXFP4_BLOCK
@@ -152,12 +153,29 @@ def _ue8m0_scales(codes: torch.Tensor) -> torch.Tensor:
     return torch.where(codes == 255, torch.nan, scale)
 
 
+def _codes(it: Interpreter, op: Op) -> torch.Tensor:
+    """The op's codes (int32): ``count`` columns a row from column ``first`` (an index, one a
+    program where it depends on the grid) of its codes tile."""
+    codes = it.get(op.args[1]).to(torch.int32)
+    count, first = op.attrs["count"], it.scalar(op.attrs["first"])
+    last = int(first.max()) if isinstance(first, torch.Tensor) else int(first)
+    if last + count > codes.shape[-1] or (int(first.min()) if isinstance(first, torch.Tensor) else last) < 0:
+        raise DslError(f"{op.name} reads codes {last} .. {last + count - 1} of a row, past its "
+                       f"{codes.shape[-1]}-column codes tile (first = {op.attrs['first']})", op.loc)
+    if not isinstance(first, torch.Tensor):
+        return codes[..., first:first + count]
+    first = first.to(codes.device)
+    codes = codes.expand(first.numel(), *codes.shape[1:])  # a tile the same in every program: one row
+    cols = first.view(-1, *([1] * (codes.dim() - 1))) + torch.arange(count, device=codes.device)
+    return torch.gather(codes, -1, cols.expand(*codes.shape[:-1], count))
+
+
 @handles("mxfp4")
 def _mxfp4(it: Interpreter, op: Op):
     """e2m1 codes two a byte (element 2j in byte j's low nibble) times 2^(code - 127) of their
     MXFP4_BLOCK-value block, in float32 (exact: two significant bits times a power of two) rounded
     to bf16."""
-    packed, codes = (it.get(a).to(torch.int32) for a in op.args)
+    packed, codes = it.get(op.args[0]).to(torch.int32), _codes(it, op)
     nibbles = torch.stack((packed & 15, packed >> 4), dim=-1).flatten(-2)
     table = torch.tensor(E2M1_MAGNITUDES, dtype=torch.float32, device=it.device)
     values = torch.where(nibbles >= 8, -table[nibbles & 7], table[nibbles & 7])
@@ -168,7 +186,7 @@ def _mxfp4(it: Interpreter, op: Op):
 def _mxfp8(it: Interpreter, op: Op):
     """e4m3 values times 2^(code - 127) of their block (C / G columns a code), the product in
     float32, rounded to bf16; NaN for code 255."""
-    values, codes = it.get(op.args[0]).float(), it.get(op.args[1]).to(torch.int32)
+    values, codes = it.get(op.args[0]).float(), _codes(it, op)
     scale = _ue8m0_scales(codes).repeat_interleave(values.shape[-1] // codes.shape[-1], dim=-1)
     it.put(op.result, (values * scale).to(torch.bfloat16))
 

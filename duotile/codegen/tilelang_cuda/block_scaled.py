@@ -29,6 +29,7 @@ from dataclasses import dataclass
 from ...dsl.ir import Op, Value
 from ...dsl.ops import MXFP4_BLOCK
 from .arch import Arch
+from .exprs import index
 
 ATOM_K = 32  # K of one FP8 block-scaled MMA instruction: a scale code a row per atom
 WORD_ATOMS = 4  # codes a 32-bit word holds; the instruction's scale id picks one
@@ -58,7 +59,7 @@ def _operand(op: Op | None, uses: dict[int, int]) -> Operand | None:
     if op is None or op.name not in SCALED or uses.get(op.result.id, 0) != 1:
         return None
     rows, k = (int(d) for d in op.result.type.shape)
-    block = MXFP4_BLOCK if op.name == "mxfp4" else k // int(op.args[1].type.shape[1])
+    block = MXFP4_BLOCK if op.name == "mxfp4" else k // op.attrs["count"]
     return Operand(op, rows, k, block)
 
 
@@ -99,13 +100,20 @@ def raw_values(gemms: dict[int, BlockScaledGemm]) -> set[int]:
     return {x.op.result.id for g in gemms.values() for x in (g.a, g.b)}
 
 
+def code_column(op: Op, within: str) -> str:
+    """TileLang text of the codes column that column ``within`` of a scaled-values op's codes is:
+    past the op's ``first`` (a wider tile of codes read from a column on)."""
+    first = op.attrs["first"]
+    return within if first == 0 else f"{index(first)} + {within}"
+
+
 def scale_word(codes: str, x: Operand) -> str:
     """TileLang text of row ``i0``'s scale word: byte j the code of K atom j (127, a scale of one,
     past the tile's atoms: no instruction reads it)."""
     parts = []
     for j in range(WORD_ATOMS):
         if j * ATOM_K < x.k:
-            parts.append(f'(T.cast({codes}[i0, {j * ATOM_K // x.block}], "uint32") << {8 * j})')
+            parts.append(f'(T.cast({codes}[i0, {code_column(x.op, str(j * ATOM_K // x.block))}], "uint32") << {8 * j})')
         else:
             parts.append(f'T.cast({127 << (8 * j)}, "uint32")')
     return " | ".join(parts)

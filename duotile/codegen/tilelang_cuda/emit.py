@@ -16,6 +16,7 @@ from ...passes.fold_bounds import grid_env, interval
 from ..handlers import OpHandlers
 from . import overlap, tma_store
 from .arch import Arch
+from .block_scaled import code_column
 from .block_scaled import emit_gemm as emit_block_scaled_gemm
 from .device_helpers import MXFP4_E4M3_X16, MXFP4_X8, PRMT, SCAN
 from .exprs import ElementPrinter, index, literal
@@ -405,9 +406,9 @@ def _mxfp4(e: Emitter, op: Op):
                    f"T.address_of({dst}[i0, 16 * i1]))", op.loc)
     else:
         e.src.line(f"for i0, i1 in T.Parallel({rows}, {cols // 8}):", op.loc)
+        column = code_column(op, f"i1 // {MXFP4_BLOCK // 8}")
         e.src.line(f'    T.call_extern("handle", "duotile_mxfp4x8_bf16", T.address_of({src}[i0, 4 * i1]), '
-                   f'T.address_of({dst}[i0, 8 * i1]), T.cast({scales}[i0, i1 // {MXFP4_BLOCK // 8}], "int32"))',
-                   op.loc)
+                   f'T.address_of({dst}[i0, 8 * i1]), T.cast({scales}[i0, {column}], "int32"))', op.loc)
     e.src.line("T.sync_threads()", op.loc)
 
 
@@ -454,8 +455,8 @@ def _mxfp8(e: Emitter, op: Op):
         e.names[op.result.id] = e.name(values)
         return
     rows, cols = (int(d) for d in op.result.type.shape)
-    block = cols // int(codes.type.shape[1])
-    code = f'T.cast({e.name(codes)}[i0, i1 // {block}], "int32")'
+    block = cols // op.attrs["count"]
+    code = f'T.cast({e.name(codes)}[i0, {code_column(op, f"i1 // {block}")}], "int32")'
     bits = f"T.if_then_else({code} == 255, 2143289344, T.if_then_else({code} == 0, 4194304, T.shift_left({code}, 23)))"
     e.src.line(f"for i0, i1 in T.Parallel({rows}, {cols}):", op.loc)
     e.src.line(f'    {e.name(op.result)}[i0, i1] = T.cast(T.cast({e.name(values)}[i0, i1], "float32") * '
