@@ -84,6 +84,8 @@ def test_blocks_take_their_own_codes():
      r"hold 48 values a row, not whole blocks of 32"),
     ("dsl.mxfp4_values(dsl.load(w[0, 0], (16, 32)), dsl.load(s[0, 0], (16, 4)))",
      r"codes must be \(16, 2\)"),
+    ("dsl.mxfp4_values(dsl.load(w[0, 0], (16, 32)), dsl.load(s[0, 0], (16, 4)), first=3)",
+     r"codes \(16, 4\) from column 3 do not hold 2 columns"),
 ])
 def test_wrong_tiles_are_refused_at_the_spec_line(body, match):
     kernel = store_kernel("w: dsl.Tensor['R', 'C', dsl.u8], s: dsl.Tensor['R', 'S', dsl.u8], "
