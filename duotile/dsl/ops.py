@@ -542,7 +542,7 @@ def mxfp8_values(values: Tile, codes: Tile, first=None, block: int | None = None
     if crows != rows or _divides(count, cols) is False:
         raise builder.error(f"dsl.mxfp8_values: codes {_fmt(codes.shape)} do not split values {_fmt(values.shape)} "
                             f"into blocks: (R, G) with G dividing the {cols} columns")
-    _check_code_columns("dsl.mxfp8_values", codes, rows, count, first, f"{cols // count} columns a code")
+    _check_code_columns("dsl.mxfp8_values", codes, rows, count, first, f"{cols} / {count} columns a code")
     t = TileType((rows, cols), dtypes.bf16, Role.OPERAND)
     op = Op("mxfp8", args=(values.value, codes.value), attrs=_code_attrs(first, count), result=Value(t, hint="fp8"))
     return Tile(builder.current().emit(op))
@@ -563,7 +563,7 @@ def cumsum(x: Tile, exclusive: bool = False) -> Tile:
 
 def _code_attrs(first, count) -> dict:
     """A scaled-values op's codes: the first column read (an index) and how many a row."""
-    return {"first": as_expr(0 if first is None else first), "count": int(count)}
+    return {"first": as_expr(0 if first is None else first), "count": as_expr(count)}
 
 
 def _check_code_columns(what: str, codes: Tile, rows, count, first, per: str) -> None:
@@ -573,10 +573,9 @@ def _check_code_columns(what: str, codes: Tile, rows, count, first, per: str) ->
         raise builder.error(f"{what}: codes must be {_fmt(want)} ({per}), got {_fmt(codes.shape)}")
     if first is not None:
         crows, groups = codes.shape
-        start = sympy.sympify(as_expr(first))
-        short = sympy.sympify(groups) < count if sympy.sympify(groups).is_Integer else False
-        if crows != rows or short or (start.is_Integer and sympy.sympify(groups).is_Integer
-                                      and not 0 <= int(start) <= int(groups) - count):
+        start, g, n = (sympy.sympify(as_expr(v)) for v in (first, groups, count))
+        known = g.is_Integer and n.is_Integer
+        if crows != rows or (known and g < n) or (known and start.is_Integer and not 0 <= start <= g - n):
             raise builder.error(f"{what}: codes {_fmt(codes.shape)} from column {start} do not hold {count} "
                                 f"columns for each of the {rows} rows ({per})")
 

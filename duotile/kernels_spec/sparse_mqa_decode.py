@@ -128,16 +128,24 @@ def sparse_mqa_decode(q: dsl.Tensor["B", "H", "D", dsl.bf16], kv: dsl.Tensor["B"
                       STAGES: dsl.Tunable = dsl.int_range(1, 3, default=1),
                       SPLIT: dsl.Tunable = dsl.choice(16, 1, 2, 4, 8, 32),
                       BD: dsl.Tunable = dsl.choice(128, 64, 256)):
+    decode(q, kv, idx, sink, o, lse, BN, STAGES, SPLIT, BD)
+
+
+def decode(q, kv, idx, sink, o, lse, BN, STAGES, SPLIT, BD, rows_of=None):
+    """The kernel's body (the module docstring); ``rows_of(b)``, where given, is the ``kv_rows``
+    gather of ``_attend`` for query b (a cache of another row format, ``sparse_mqa_decode_fp8``)."""
     H, D = q.H, q.D
     blocks = dsl.cdiv(idx.L, BN)
+    rows_for = rows_of or (lambda b: None)
     if SPLIT == 1:
         for b in dsl.grid(q.B):
-            finish(q, sink, o, lse, b, *_attend(q, kv, idx, b, 0, blocks, BN, STAGES))
+            finish(q, sink, o, lse, b, *_attend(q, kv, idx, b, 0, blocks, BN, STAGES, rows_for(b)))
         return
     part_o = dsl.workspace("part_o", (SPLIT, q.B, H, D), dsl.f32)
     part_lse = dsl.workspace("part_lse", (SPLIT, q.B, H), dsl.f32)
     for b, s in dsl.grid(q.B, SPLIT):
-        acc, row_max, row_sum = _attend(q, kv, idx, b, s * blocks // SPLIT, (s + 1) * blocks // SPLIT, BN, STAGES)
+        acc, row_max, row_sum = _attend(q, kv, idx, b, s * blocks // SPLIT, (s + 1) * blocks // SPLIT, BN, STAGES,
+                                        rows_for(b))
         seen = row_sum > 0.0  # false for a range without live slots
         inv = dsl.where(seen, 1.0 / row_sum, 0.0)
         dsl.store(part_o[s, b, 0, 0], acc * inv[:, None])

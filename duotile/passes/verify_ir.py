@@ -149,7 +149,7 @@ def _check_scaled_values(op: Op, bound: bool):
     if not bound:
         return
     (r, c), (rc, g), (ro, co) = ((int(d) for d in t.shape) for t in (x, codes, out))
-    count, first = op.attrs["count"], op.attrs["first"]
+    count, first = int(op.attrs["count"]), op.attrs["first"]
     if not fits(r, c, rc, count, ro, co):
         raise DslError(f"{op.name} shapes {x.shape}, {codes.shape} -> {out.shape} (reading {count} codes a row) "
                        f"are not {rule}", op.loc)

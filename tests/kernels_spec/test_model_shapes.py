@@ -47,8 +47,9 @@ def test_dense_projections_have_the_model_md_shapes():
     assert g41["shared_w13"] == (4608, 5120, "f8e4m3") and g41["engram_proj"] == (25600, 6144, "f8e4m3")
 
 
-# ops V4 does not have serve V4.1-Flash alone: Engram and the candidate pool (model.md 2.13)
-V41_ONLY = {"engram_hash", "engram_gate", "candidate_pool"}
+# ops V4 does not have serve V4.1-Flash alone: Engram and the candidate pool (model.md 2.13), and
+# attention over V4.1's FP8 window rows (model.md 3.4; V4's rows keep BF16 rope channels)
+V41_ONLY = {"engram_hash", "engram_gate", "candidate_pool", "sparse_mqa_decode_fp8"}
 
 
 @pytest.mark.parametrize("name", sorted(SPECS))

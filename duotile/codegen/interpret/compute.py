@@ -157,7 +157,7 @@ def _codes(it: Interpreter, op: Op) -> torch.Tensor:
     """The op's codes (int32): ``count`` columns a row from column ``first`` (an index, one a
     program where it depends on the grid) of its codes tile."""
     codes = it.get(op.args[1]).to(torch.int32)
-    count, first = op.attrs["count"], it.scalar(op.attrs["first"])
+    count, first = int(op.attrs["count"]), it.scalar(op.attrs["first"])
     last = int(first.max()) if isinstance(first, torch.Tensor) else int(first)
     if last + count > codes.shape[-1] or (int(first.min()) if isinstance(first, torch.Tensor) else last) < 0:
         raise DslError(f"{op.name} reads codes {last} .. {last + count - 1} of a row, past its "

@@ -59,7 +59,7 @@ def _operand(op: Op | None, uses: dict[int, int]) -> Operand | None:
     if op is None or op.name not in SCALED or uses.get(op.result.id, 0) != 1:
         return None
     rows, k = (int(d) for d in op.result.type.shape)
-    block = MXFP4_BLOCK if op.name == "mxfp4" else k // op.attrs["count"]
+    block = MXFP4_BLOCK if op.name == "mxfp4" else k // int(op.attrs["count"])
     return Operand(op, rows, k, block)
 
 

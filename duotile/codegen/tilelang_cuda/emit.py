@@ -455,7 +455,7 @@ def _mxfp8(e: Emitter, op: Op):
         e.names[op.result.id] = e.name(values)
         return
     rows, cols = (int(d) for d in op.result.type.shape)
-    block = cols // op.attrs["count"]
+    block = cols // int(op.attrs["count"])
     code = f'T.cast({e.name(codes)}[i0, {code_column(op, f"i1 // {block}")}], "int32")'
     bits = f"T.if_then_else({code} == 255, 2143289344, T.if_then_else({code} == 0, 4194304, T.shift_left({code}, 23)))"
     e.src.line(f"for i0, i1 in T.Parallel({rows}, {cols}):", op.loc)
