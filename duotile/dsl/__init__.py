@@ -33,6 +33,7 @@ from .ops import (
     mxfp4_values,
     mxfp8_values,
     next_pow2,
+    nvfp4_values,
     pipelined,
     range,
     rsqrt,
@@ -51,8 +52,8 @@ __all__ = [
     "CallError", "CapacityError", "DslError", "SourceLoc", "UnsupportedError",
     "Module", "Role", "Const", "KernelDef", "OptionalTensor", "Tensor", "Tunable", "kernel",
     "arange", "bitcast", "cdiv", "cumsum", "empty", "exp", "exp2", "full", "gemm", "grid", "load", "log", "log2",
-    "maximum", "minimum", "mxfp4_values", "mxfp8_values", "next_pow2", "pipelined", "range", "rsqrt", "scalar",
-    "sigmoid", "sqrt",
+    "maximum", "minimum", "mxfp4_values", "mxfp8_values", "next_pow2", "nvfp4_values", "pipelined", "range",
+    "rsqrt", "scalar", "sigmoid", "sqrt",
     "store", "where", "workspace", "zeros",
     "SMALLER_POW2", "boolean", "choice", "enum", "int_range", "is_power_of_two", "pow2",
 ]

@@ -548,6 +548,32 @@ def mxfp8_values(values: Tile, codes: Tile, first=None, block: int | None = None
     return Tile(builder.current().emit(op))
 
 
+NVFP4_BLOCK = 16  # values an E4M3 scale covers in V4.1's NVFP4-like compressed rows (model.md 3.4)
+
+
+def nvfp4_values(packed: Tile, scales: Tile) -> Tile:
+    """The values of V4.1's NVFP4-like rows (model.md 3.4, 4.3) as a bf16 tile in natural order:
+    ``packed``, a (R, C) u8 tile of e2m1 codes two a byte (element 2j in the low nibble of byte j,
+    as ``mxfp4_values``); ``scales``, a (R, 2C / 16) e4m3 tile, one scale a 16 values, no global
+    scale. Value (r, c) is e2m1(r, c) x scales[r, c // 16]: exact in bf16 for every pair (two
+    significant bits times four), NaN where the scale is. Both tiles are loaded ones."""
+    for name, t, dtype in (("packed", packed, dtypes.u8), ("scales", scales, dtypes.f8e4m3)):
+        if not isinstance(t, Tile):
+            raise builder.error(f"dsl.nvfp4_values: {name} must be a tile, got {type(t).__name__}")
+        if t.dtype != dtype or len(t.shape) != 2:
+            raise builder.error(f"dsl.nvfp4_values: {name} must be a 2-d {dtype} tile, got {t.dtype} "
+                                f"{_fmt(t.shape)}")
+    rows, cols = packed.shape
+    if (2 * cols) % NVFP4_BLOCK:
+        raise builder.error(f"dsl.nvfp4_values: {_fmt(packed.shape)} packed bytes hold {2 * cols} values a row, "
+                            f"not whole blocks of {NVFP4_BLOCK}")
+    count = 2 * cols // NVFP4_BLOCK
+    _check_code_columns("dsl.nvfp4_values", scales, rows, count, None, f"one a {NVFP4_BLOCK} values of each row")
+    t = TileType((rows, 2 * cols), dtypes.bf16, Role.OPERAND)
+    op = Op("nvfp4", args=(packed.value, scales.value), attrs=_code_attrs(None, count), result=Value(t, hint="fp4"))
+    return Tile(builder.current().emit(op))
+
+
 def cumsum(x: Tile, exclusive: bool = False) -> Tile:
     """Prefix sums of an i32 tile along its last axis (``exclusive``: each element the sum of those
     before it, the first 0): exact, in index order. Counts and positions: where each selected

@@ -24,7 +24,7 @@ from ..dsl import dtypes
 from ..dsl.errors import DslError
 from ..dsl.expr import Node
 from ..dsl.ir import Block, Module, Op, Value
-from ..dsl.ops import BITCASTS, BITWISE, MXFP4_BLOCK, SHIFTS
+from ..dsl.ops import BITCASTS, BITWISE, MXFP4_BLOCK, NVFP4_BLOCK, SHIFTS
 
 STORES = ("store", "scatter")  # the ops that write a tensor (a scatter: rows named by an index tile)
 
@@ -136,15 +136,22 @@ SCALED_VALUES = {
     "mxfp8": (dtypes.f8e4m3, "e4m3 values",
               lambda r, c, rc, g, ro, co: r == rc == ro and c == co and g > 0 and c % g == 0,
               "(R, C), (R, G) -> (R, C) with G dividing C"),
+    "nvfp4": (dtypes.u8, "u8 packed codes",
+              lambda r, c, rc, g, ro, co: r == rc == ro and co == 2 * c and co % NVFP4_BLOCK == 0
+              and g == co // NVFP4_BLOCK, f"(R, C), (R, 2C / {NVFP4_BLOCK}) -> (R, 2C)"),
 }
+# the scales' dtype and name: UE8M0 codes, or (NVFP4) E4M3 scales
+SCALE_DTYPES = {"mxfp4": (dtypes.u8, "u8 scale codes"), "mxfp8": (dtypes.u8, "u8 scale codes"),
+                "nvfp4": (dtypes.f8e4m3, "e4m3 scales")}
 
 
 def _check_scaled_values(op: Op, bound: bool):
     first_dtype, first, fits, rule = SCALED_VALUES[op.name]
     x, codes = (a.type for a in op.args)
     out = op.result.type
-    if x.dtype != first_dtype or codes.dtype != dtypes.u8 or out.dtype != dtypes.bf16:
-        raise DslError(f"{op.name} takes {first} and u8 scale codes to bf16, got {x.dtype}, "
+    scale_dtype, scale_name = SCALE_DTYPES[op.name]
+    if x.dtype != first_dtype or codes.dtype != scale_dtype or out.dtype != dtypes.bf16:
+        raise DslError(f"{op.name} takes {first} and {scale_name} to bf16, got {x.dtype}, "
                        f"{codes.dtype} -> {out.dtype}", op.loc)
     if not bound:
         return

@@ -8,7 +8,7 @@ import torch
 from ...dsl.errors import DslError
 from ...dsl.expr import Node
 from ...dsl.ir import Op
-from ...dsl.ops import E2M1_MAGNITUDES, MXFP4_BLOCK
+from ...dsl.ops import E2M1_MAGNITUDES, MXFP4_BLOCK, NVFP4_BLOCK
 from .machine import Interpreter, handles, lift, programs_of
 
 
@@ -180,6 +180,18 @@ def _mxfp4(it: Interpreter, op: Op):
     table = torch.tensor(E2M1_MAGNITUDES, dtype=torch.float32, device=it.device)
     values = torch.where(nibbles >= 8, -table[nibbles & 7], table[nibbles & 7])
     it.put(op.result, (values * _ue8m0_scales(codes).repeat_interleave(MXFP4_BLOCK, dim=-1)).to(torch.bfloat16))
+
+
+@handles("nvfp4")
+def _nvfp4(it: Interpreter, op: Op):
+    """e2m1 codes two a byte (element 2j in byte j's low nibble) times the E4M3 scale of their
+    16-value block, in float32 (exact) rounded to bf16 (exact too: at most six significant bits)."""
+    packed = it.get(op.args[0]).to(torch.int32)
+    nibbles = torch.stack((packed & 15, packed >> 4), dim=-1).flatten(-2)
+    table = torch.tensor(E2M1_MAGNITUDES, dtype=torch.float32, device=it.device)
+    values = torch.where(nibbles >= 8, -table[nibbles & 7], table[nibbles & 7])
+    scales = it.get(op.args[1]).float().repeat_interleave(NVFP4_BLOCK, dim=-1)
+    it.put(op.result, (values * scales).to(torch.bfloat16))
 
 
 @handles("mxfp8")

@@ -11,7 +11,7 @@ import sympy
 
 from ...dsl.errors import UnsupportedError
 from ...dsl.ir import Module, Op, Value
-from ...dsl.ops import MXFP4_BLOCK
+from ...dsl.ops import MXFP4_BLOCK, NVFP4_BLOCK
 from ...passes.fold_bounds import grid_env, interval
 from ..handlers import OpHandlers
 from . import overlap, tma_store
@@ -461,6 +461,25 @@ def _mxfp8(e: Emitter, op: Op):
     e.src.line(f"for i0, i1 in T.Parallel({rows}, {cols}):", op.loc)
     e.src.line(f'    {e.name(op.result)}[i0, i1] = T.cast(T.cast({e.name(values)}[i0, i1], "float32") * '
                f'T.reinterpret({bits}, "float32"), "bfloat16")', op.loc)
+
+
+@handles("nvfp4")
+def _nvfp4(e: Emitter, op: Op):
+    """``dsl.nvfp4_values``: each value's e2m1 code from its byte's nibble, its magnitude (half the
+    code below 4, else the code less 2, and 6 for code 7) times its block's E4M3 scale in fp32,
+    rounded to bf16 (exact), into the shared result."""
+    packed, scales = op.args
+    _shared_inputs(e, op, "dsl.nvfp4_values", ("packed codes", "scales"))
+    rows, cols = (int(d) for d in op.result.type.shape)
+    byte = f'T.cast({e.name(packed)}[i0, i1 // 2], "int32")'
+    nib = f"T.bitwise_and(T.shift_right({byte}, 4 * (i1 % 2)), 15)"
+    mag = f"T.bitwise_and({nib}, 7)"
+    value = (f'T.if_then_else({mag} < 4, T.cast({mag}, "float32") * 0.5, '
+             f'T.if_then_else({mag} == 7, T.float32(6), T.cast({mag} - 2, "float32")))')
+    signed = f"T.if_then_else({nib} >= 8, -{value}, {value})"
+    e.src.line(f"for i0, i1 in T.Parallel({rows}, {cols}):", op.loc)
+    e.src.line(f'    {e.name(op.result)}[i0, i1] = T.cast({signed} * T.cast({e.name(scales)}[i0, i1 // {NVFP4_BLOCK}], '
+               f'"float32"), "bfloat16")', op.loc)
 
 
 @handles("store")

@@ -155,7 +155,7 @@ def _share_loaded_inputs(ops: list[Op], plan: Plan) -> None:
             rows = op.args[0]
             if rows.id in loaded and plan.scope.get(rows.id) == "fragment":
                 plan.scope[rows.id] = "shared"
-        if op.name in ("mxfp4", "mxfp8"):  # read as words (a helper), as a block-scaled MMA's operand
+        if op.name in ("mxfp4", "mxfp8", "nvfp4"):  # read as words (a helper), as a block-scaled MMA's operand
             for a in op.args:
                 if a.id in loaded and plan.scope.get(a.id) == "fragment":
                     plan.scope[a.id] = "shared"
@@ -281,7 +281,7 @@ def _scope(op: Op, v: Value, arch: Arch, plan: Plan, feeds_b: bool, feeds_a: boo
         return "tmem" if arch.has_tmem and v.id not in plan.mutated else "fragment"
     if op.name in ("load", "gather") and (role is Role.OPERAND or feeds_b or (feeds_a and arch.has_tmem)):
         return "shared"
-    if op.name in ("mxfp4", "mxfp8"):  # written 16 bytes at a time by a helper (or by a loop), as a gemm reads
+    if op.name in ("mxfp4", "mxfp8", "nvfp4"):  # written 16 bytes at a time by a helper (or by a loop), as a gemm reads
         return "shared"
     if op.name == "cumsum":  # written by its helper, a row in shared memory
         return "shared"
