@@ -346,9 +346,9 @@ def gemm(a: Tile, b: Tile, acc: Tile, transpose_a: bool = False, transpose_b: bo
                             "role='accumulator')")
     m, ka = (a.shape[1], a.shape[0]) if transpose_a else a.shape
     kb, n = (b.shape[1], b.shape[0]) if transpose_b else b.shape
-    if sympy.simplify(ka - kb) != 0:
+    if not _may_equal(sympy.simplify(ka), sympy.simplify(kb)):  # sizes of two tensors: verify_ir, once bound
         raise builder.error(f"gemm inner dimensions differ: a gives K={ka}, b gives K={kb}")
-    if sympy.simplify(m - acc.shape[0]) != 0 or sympy.simplify(n - acc.shape[1]) != 0:
+    if not (_may_equal(sympy.simplify(m), acc.shape[0]) and _may_equal(sympy.simplify(n), acc.shape[1])):
         raise builder.error(f"gemm accumulator has shape {_fmt(acc.shape)}, expected ({m}, {n})")
     if acc.dtype != dtypes.f32:
         raise builder.error(f"gemm accumulates in f32; the accumulator is {acc.dtype}")
@@ -564,7 +564,7 @@ def nvfp4_values(packed: Tile, scales: Tile) -> Tile:
             raise builder.error(f"dsl.nvfp4_values: {name} must be a 2-d {dtype} tile, got {t.dtype} "
                                 f"{_fmt(t.shape)}")
     rows, cols = packed.shape
-    if (2 * cols) % NVFP4_BLOCK:
+    if _divides(NVFP4_BLOCK, 2 * cols) is False:
         raise builder.error(f"dsl.nvfp4_values: {_fmt(packed.shape)} packed bytes hold {2 * cols} values a row, "
                             f"not whole blocks of {NVFP4_BLOCK}")
     count = 2 * cols // NVFP4_BLOCK
@@ -595,7 +595,7 @@ def _code_attrs(first, count) -> dict:
 def _check_code_columns(what: str, codes: Tile, rows, count, first, per: str) -> None:
     """``codes`` holds the ``count`` columns a row the op reads: exactly, or (``first`` given) at least."""
     want = (rows, count)
-    if first is None and tuple(codes.shape) != want:
+    if first is None and not all(_may_equal(a, b) for a, b in zip(codes.shape, want)):
         raise builder.error(f"{what}: codes must be {_fmt(want)} ({per}), got {_fmt(codes.shape)}")
     if first is not None:
         crows, groups = codes.shape
@@ -604,6 +604,13 @@ def _check_code_columns(what: str, codes: Tile, rows, count, first, per: str) ->
         if crows != rows or (known and g < n) or (known and start.is_Integer and not 0 <= start <= g - n):
             raise builder.error(f"{what}: codes {_fmt(codes.shape)} from column {start} do not hold {count} "
                                 f"columns for each of the {rows} rows ({per})")
+
+
+def _may_equal(a, b) -> bool:
+    """Whether two sizes can be equal: unequal integers cannot; a symbol is checked once bound
+    (``verify_ir``)."""
+    a, b = sympy.sympify(a), sympy.sympify(b)
+    return a == b or not (a.is_Integer and b.is_Integer)
 
 
 def _divides(d, n) -> bool | None:

@@ -70,13 +70,16 @@ def _head_rows(q):
     return dsl.maximum(q.H, MIN_HEAD_ROWS)
 
 
-def _attend(q, kv, idx, b, lo, hi, BN, STAGES, kv_rows=None):
+def _attend(q, kv, idx, b, lo, hi, BN, STAGES, kv_rows=None, rows_total=None):
     """Online softmax of the heads of query b (a sequence's token) over the slot blocks lo .. hi-1:
     (acc, row_max, row_sum), the output not yet divided by row_sum, in base-2 units; row_max is
     -inf and row_sum 0 for a head that met no live slot. Rows past the heads (``_head_rows``) are
     zero queries. ``kv_rows(rows)`` gathers the named rows (BN, D) from the cache, by default
-    sequence b's own (``kv[b, rows, 0]``); ``kv`` gives the cache's row count N."""
-    H, D, N = _head_rows(q), q.D, kv.N
+    sequence b's own (``kv[b, rows, 0]``), or a tuple of (BN, D) tiles whose sum is the rows (rows
+    kept in two tensors: each slot's row in one, zeros in the other); the cache's row count is
+    ``rows_total``, by default ``kv``'s N."""
+    H, D = _head_rows(q), q.D
+    N = kv.N if rows_total is None else rows_total
     q_tile = dsl.load(q[b, 0, 0], (H, D), role="operand")
     acc = dsl.zeros((H, D), dsl.f32, role="accumulator")
     row_max = dsl.full((H,), NEG_INF, dsl.f32)
@@ -86,8 +89,10 @@ def _attend(q, kv, idx, b, lo, hi, BN, STAGES, kv_rows=None):
         rows = dsl.load(idx[b, n * BN], (BN,), other=-1)  # slots past L are dead like -1
         # a dead slot reads a zero row
         kv_tile = kv_rows(rows) if kv_rows else dsl.load(kv[b, rows, 0], (BN, D), role="operand")
+        kv_tiles = kv_tile if isinstance(kv_tile, tuple) else (kv_tile,)
         scores = dsl.zeros((H, BN), dsl.f32, role="accumulator")
-        dsl.gemm(q_tile, kv_tile, scores, transpose_b=True)
+        for t in kv_tiles:
+            dsl.gemm(q_tile, t, scores, transpose_b=True)
         live = (rows >= 0) & (rows < N)
         masked = dsl.where(live[None, :], scores * scale, NEG_INF)
         new_max = dsl.maximum(row_max, masked.max(axis=1))
@@ -101,7 +106,8 @@ def _attend(q, kv, idx, b, lo, hi, BN, STAGES, kv_rows=None):
         # values), where one BF16 rounding of P left 2^-9, which moved the tiny models' logits by
         # 0.3 against the FP32 reference; the second MMA is cheap beside the rows' loads
         for part in reversed(bf16_parts(p, 2)):
-            dsl.gemm(part, kv_tile, acc)
+            for t in kv_tiles:
+                dsl.gemm(part, t, acc)
     return acc, row_max, row_sum
 
 
@@ -131,21 +137,22 @@ def sparse_mqa_decode(q: dsl.Tensor["B", "H", "D", dsl.bf16], kv: dsl.Tensor["B"
     decode(q, kv, idx, sink, o, lse, BN, STAGES, SPLIT, BD)
 
 
-def decode(q, kv, idx, sink, o, lse, BN, STAGES, SPLIT, BD, rows_of=None):
+def decode(q, kv, idx, sink, o, lse, BN, STAGES, SPLIT, BD, rows_of=None, rows_total=None):
     """The kernel's body (the module docstring); ``rows_of(b)``, where given, is the ``kv_rows``
-    gather of ``_attend`` for query b (a cache of another row format, ``sparse_mqa_decode_fp8``)."""
+    gather of ``_attend`` for query b, over ``rows_total`` cache rows (a cache of other row
+    formats, ``sparse_mqa_decode_fp8``)."""
     H, D = q.H, q.D
     blocks = dsl.cdiv(idx.L, BN)
     rows_for = rows_of or (lambda b: None)
     if SPLIT == 1:
         for b in dsl.grid(q.B):
-            finish(q, sink, o, lse, b, *_attend(q, kv, idx, b, 0, blocks, BN, STAGES, rows_for(b)))
+            finish(q, sink, o, lse, b, *_attend(q, kv, idx, b, 0, blocks, BN, STAGES, rows_for(b), rows_total))
         return
     part_o = dsl.workspace("part_o", (SPLIT, q.B, H, D), dsl.f32)
     part_lse = dsl.workspace("part_lse", (SPLIT, q.B, H), dsl.f32)
     for b, s in dsl.grid(q.B, SPLIT):
         acc, row_max, row_sum = _attend(q, kv, idx, b, s * blocks // SPLIT, (s + 1) * blocks // SPLIT, BN, STAGES,
-                                        rows_for(b))
+                                        rows_for(b), rows_total)
         seen = row_sum > 0.0  # false for a range without live slots
         inv = dsl.where(seen, 1.0 / row_sum, 0.0)
         dsl.store(part_o[s, b, 0, 0], acc * inv[:, None])

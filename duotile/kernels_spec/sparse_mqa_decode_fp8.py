@@ -1,22 +1,28 @@
-"""Sparse decode attention over FP8 cache rows: ``sparse_mqa_decode`` with the K = V rows read as
-V4.1-Flash stores its window ring (model.md 3.4): each row 512 e4m3 values and 16 UE8M0 codes, one
-a 32 channels (rope channels included; 528 bytes a row against 1,024 in BF16), dequantised in the
-kernel. ``kv`` (B, N, D) holds the values and ``kv_scale`` (B, N, D / 32) the codes; row j's
-channel c is ``kv[b, j, c] x 2^(kv_scale[b, j, c // 32] - 127)``.
+"""Sparse decode attention over V4.1-Flash's cache rows as stored (model.md 3.4), dequantised in the
+kernel: ``sparse_mqa_decode`` with the K = V rows read from two row formats.
 
-Everything else is ``sparse_mqa_decode``'s: the index list (-1 or an index past N: no row), the
-sink, the split over ``SPLIT`` ranges with its fixed-order combine (bitwise batch invariant), the
-outputs and their tolerance. Each gathered block of rows is read as its e4m3 bytes and their codes
-(one 16-byte row of codes a cache row) and turned into the bf16 operand both gemms read
-(``dsl.mxfp8_values``): exact, since an e4m3 value times a power of two is a bf16 number for every
-code the quantiser writes (model.md 2.10: from its amax floor up), so the kernel computes what
-``sparse_mqa_decode`` computes over the dequantised rows. A dead slot reads zero bytes and a code of
-0: a zero row, as there.
+* the window ring, ``kv`` (B, W, D) and ``kv_scale`` (B, W, D / 32): each row 512 e4m3 values and
+  16 UE8M0 codes, one a 32 channels (rope channels included; 528 bytes a row against 1,024 in
+  BF16); channel c is ``kv[b, j, c] x 2^(kv_scale[b, j, c // 32] - 127)``;
+* optionally the compressed rows (V4.1's CSA2 layers), ``cmp`` (B, N, D / 2) and ``cmp_scale``
+  (B, N, D / 16): NVFP4-like, e2m1 codes two a byte (the even channel in the low nibble) and an
+  E4M3 scale a 16 channels, no global scale (288 bytes a row); channel c is
+  ``e2m1(cmp[b, j], c) x cmp_scale[b, j, c // 16]``.
 
-Model shapes: V4.1's SWA layers (0 and 1) read their ring alone, 128 rows a query, at decode batches
-1, 16 and 64. Its other layers read the ring and compressed rows of another format (NVFP4-like,
-288 bytes), which this kernel does not read; V4's rows keep 64 BF16 rope channels beside 448 FP8
-ones (584 bytes). The runtime keeps its caches in BF16 and does not call this kernel yet.
+A slot of the index list names window row j for 0 <= j < W and compressed row j - W for
+W <= j < W + N; -1, or an index past them, names no row. Everything else is
+``sparse_mqa_decode``'s: the sink, the split over ``SPLIT`` ranges with its fixed-order combine
+(bitwise batch invariant), the outputs and their tolerance. Each block of slots is gathered from
+both tensors, each slot from the one its index names (the other reads zero bytes: a zero row), and
+each is turned into a bf16 operand (``dsl.mxfp8_values``, ``dsl.nvfp4_values``), both exact for
+every code the quantisers write; the scores and the P V products run over both operands, so the
+kernel computes what ``sparse_mqa_decode`` computes over the dequantised rows, at twice its
+tensor-core work (small beside the rows' reads at decode).
+
+Model shapes (V4.1 alone: V4's rows keep 64 BF16 rope channels beside 448 FP8 ones): the SWA
+layers (0 and 1) read their ring alone, 128 rows a query; a CSA2 layer reads its ring and its
+top-512 compressed rows, 640 a query, of a 64K context's 32,768 (ratio 2); decode batches 1, 16
+and 64. The runtime keeps its caches in BF16 and does not call this kernel yet.
 """
 
 from __future__ import annotations
@@ -24,7 +30,9 @@ from __future__ import annotations
 import torch
 
 from .. import dsl
+from ..dsl.ops import NVFP4_BLOCK
 from . import model_shapes as shapes
+from .moe_gemm_mxfp4 import fp4_values
 from .registry import Dim, OneOf, Spec, register
 from .sparse_mqa_decode import SMALL, _error_bound, _tolerance, decode, random_inputs, sparse_mqa_decode_reference
 
@@ -33,22 +41,35 @@ CODE_BLOCK = 32  # channels a UE8M0 code covers in V4.1's window rows
 
 # SPLIT defaults to 16, the two-phase form, as sparse_mqa_decode's
 @dsl.kernel(batch_dim="B", dynamic=("B", "L", "N"))
-def sparse_mqa_decode_fp8(q: dsl.Tensor["B", "H", "D", dsl.bf16], kv: dsl.Tensor["B", "N", "D", dsl.f8e4m3],
-                          kv_scale: dsl.Tensor["B", "N", "G", dsl.u8], idx: dsl.Tensor["B", "L", dsl.i32],
+def sparse_mqa_decode_fp8(q: dsl.Tensor["B", "H", "D", dsl.bf16], kv: dsl.Tensor["B", "W", "D", dsl.f8e4m3],
+                          kv_scale: dsl.Tensor["B", "W", "G", dsl.u8], idx: dsl.Tensor["B", "L", dsl.i32],
                           sink: dsl.Tensor["H", dsl.f32], o: dsl.Tensor["B", "H", "D", dsl.bf16],
-                          lse: dsl.OptionalTensor["B", "H", dsl.f32] = None, *,
+                          lse: dsl.OptionalTensor["B", "H", dsl.f32] = None,
+                          cmp: dsl.OptionalTensor["B", "N", "DH", dsl.u8] = None,
+                          cmp_scale: dsl.OptionalTensor["B", "N", "GC", dsl.f8e4m3] = None, *,
                           BN: dsl.Tunable = dsl.choice(64, 32, 128),
                           STAGES: dsl.Tunable = dsl.int_range(1, 3, default=1),
                           SPLIT: dsl.Tunable = dsl.choice(16, 1, 2, 4, 8, 32),
                           BD: dsl.Tunable = dsl.choice(128, 64, 256)):
+    if (cmp is None) != (cmp_scale is None):
+        raise dsl.DslError("sparse_mqa_decode_fp8: give cmp and cmp_scale together (the compressed rows and "
+                           "their scales), or neither")
+
     def rows_of(b):
         def rows(slots):
-            values = dsl.load(kv[b, slots, 0], (BN, q.D), role="operand")
-            codes = dsl.load(kv_scale[b, slots, 0], (BN, kv_scale.G), role="operand")
-            return dsl.mxfp8_values(values, codes)
+            win = dsl.where(slots < kv.W, slots, -1)  # a compressed row's slot reads zeros here
+            window = dsl.mxfp8_values(dsl.load(kv[b, win, 0], (BN, q.D), role="operand"),
+                                      dsl.load(kv_scale[b, win, 0], (BN, kv_scale.G), role="operand"))
+            if cmp is None:
+                return window
+            far = dsl.where(slots >= kv.W, slots - kv.W, -1)  # and a window row's slot here
+            compressed = dsl.nvfp4_values(dsl.load(cmp[b, far, 0], (BN, cmp.DH), role="operand"),
+                                          dsl.load(cmp_scale[b, far, 0], (BN, cmp_scale.GC), role="operand"))
+            return window, compressed
         return rows
 
-    decode(q, kv, idx, sink, o, lse, BN, STAGES, SPLIT, BD, rows_of)
+    total = kv.W if cmp is None else kv.W + cmp.N
+    decode(q, kv, idx, sink, o, lse, BN, STAGES, SPLIT, BD, rows_of, total)
 
 
 def dequantised(kv: torch.Tensor, kv_scale: torch.Tensor) -> torch.Tensor:
@@ -58,13 +79,26 @@ def dequantised(kv: torch.Tensor, kv_scale: torch.Tensor) -> torch.Tensor:
     return kv.double() * scale.repeat_interleave(CODE_BLOCK, -1)[..., :kv.shape[-1]]
 
 
-def sparse_mqa_decode_fp8_reference(q, kv, kv_scale, idx, sink) -> dict:
-    """model.md 2.5.6 over the dequantised rows (3.4's row format)."""
-    return sparse_mqa_decode_reference(q, dequantised(kv, kv_scale), idx, sink)
+def nvfp4_dequantised(packed: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
+    """NVFP4-like rows in float64: each e2m1 value (element 2j in byte j's low nibble) times the E4M3
+    scale of its 16 channels."""
+    return fp4_values(packed) * scales.double().repeat_interleave(NVFP4_BLOCK, -1)
+
+
+def all_rows(kv, kv_scale, cmp=None, cmp_scale=None) -> torch.Tensor:
+    """Every row a slot can name, dequantised (float64): the window's W, then the compressed N."""
+    window = dequantised(kv, kv_scale)
+    return window if cmp is None else torch.cat([window, nvfp4_dequantised(cmp, cmp_scale)], 1)
+
+
+def sparse_mqa_decode_fp8_reference(q, kv, kv_scale, idx, sink, cmp=None, cmp_scale=None) -> dict:
+    """model.md 2.5.6 over the dequantised rows (3.4's row formats), window rows first."""
+    return sparse_mqa_decode_reference(q, all_rows(kv, kv_scale, cmp, cmp_scale), idx, sink)
 
 
 def _dequantised_inputs(inputs: dict) -> dict:
-    return {**inputs, "kv": dequantised(inputs["kv"], inputs["kv_scale"])}
+    rows = all_rows(inputs["kv"], inputs["kv_scale"], inputs.get("cmp"), inputs.get("cmp_scale"))
+    return {**inputs, "kv": rows}
 
 
 def _bound(case, output, inputs):
@@ -72,27 +106,51 @@ def _bound(case, output, inputs):
 
 
 def _inputs(case, device, seed):
-    """``sparse_mqa_decode``'s inputs with FP8 rows: e4m3 values of about unit size and codes around
-    127 (``codes`` = (lo, hi): the range they are drawn from)."""
-    b, h, d, n = case["B"], case["H"], case["D"], case["N"]
-    base = random_inputs(case, device, seed, (b, h, d), (b, 0, d))
+    """``sparse_mqa_decode``'s inputs, its index list over the ``W`` ring rows and the ``N``
+    compressed ones (none where the case names no N), with the rows as stored: e4m3 values of about
+    unit size with codes around 127 (``codes`` = (lo, hi): the range drawn from), and e2m1 bytes
+    with E4M3 scales of about 2^-2 .. 2^2."""
+    b, h, d, w, n = case["B"], case["H"], case["D"], case["W"], case.get("N", 0)
+    base = random_inputs({**case, "N": w + n}, device, seed, (b, h, d), (b, 0, d))
     if device.type == "meta":
-        return {**base, "kv": torch.empty(b, n, d, dtype=torch.float8_e4m3fn),
-                "kv_scale": torch.empty(b, n, d // CODE_BLOCK, dtype=torch.uint8)}
+        out = {**base, "kv": torch.empty(b, w, d, dtype=torch.float8_e4m3fn),
+               "kv_scale": torch.empty(b, w, d // CODE_BLOCK, dtype=torch.uint8)}
+        if n:
+            out.update(cmp=torch.empty(b, n, d // 2, dtype=torch.uint8),
+                       cmp_scale=torch.empty(b, n, d // NVFP4_BLOCK, dtype=torch.float8_e4m3fn))
+        return out
     g = torch.Generator(device=device).manual_seed(seed + 7)
     lo, hi = case.get("codes", (122, 132))
-    kv = (torch.randn(b, n, d, generator=g, device=device) * 4).to(torch.float8_e4m3fn)
-    codes = torch.randint(lo, hi + 1, (b, n, d // CODE_BLOCK), generator=g, device=device, dtype=torch.uint8)
-    return {**base, "kv": kv, "kv_scale": codes}
+    kv = (torch.randn(b, w, d, generator=g, device=device) * 4).to(torch.float8_e4m3fn)
+    codes = torch.randint(lo, hi + 1, (b, w, d // CODE_BLOCK), generator=g, device=device, dtype=torch.uint8)
+    out = {**base, "kv": kv, "kv_scale": codes}
+    if n:
+        out["cmp"] = torch.randint(0, 256, (b, n, d // 2), generator=g, device=device, dtype=torch.uint8)
+        out["cmp_scale"] = torch.exp2(torch.randint(-2, 3, (b, n, d // NVFP4_BLOCK), generator=g,
+                                                    device=device).float()).to(torch.float8_e4m3fn)
+    return out
 
 
 def _model_shapes(m) -> dict:
-    """V4.1's SWA layers: the window ring alone (L = N = 128) at decode batches 1, 16 and 64."""
+    """V4.1's SWA layers (the window ring alone, L = N = 128) and CSA2 layers (the ring and the
+    top-512 of a 64K context's 32,768 compressed rows) at decode batches 1, 16 and 64."""
     if m.short != "v41":
         return {}
-    return {f"{m.short}/swa{m.window}/decode{b}": {"B": b, "H": m.heads, "D": m.head_dim, "L": m.window,
-                                                  "N": m.window, "model": m.name}
-            for b in shapes.DECODE_SAMPLE}
+    ring = {"H": m.heads, "D": m.head_dim, "W": m.window, "model": m.name}
+    out = {}
+    for b in shapes.DECODE_SAMPLE:
+        out[f"{m.short}/swa{m.window}/decode{b}"] = {**ring, "B": b, "L": m.window}
+        out[f"{m.short}/csa_r2_topk{m.window + m.index_topk}/decode{b}"] = {**ring, "B": b, "N": (1 << 16) // 2,
+                                                                             "L": m.window + m.index_topk}
+    return out
+
+
+def _bytes(c) -> float:
+    """A row's bytes (values and codes) for each slot, window rows first (the model shapes' lists
+    are the ring, then the compressed rows), the queries and outputs in bf16, the list."""
+    d, window = c["D"], min(c["L"], c["W"])
+    rows = window * (d + d // CODE_BLOCK) + (c["L"] - window) * (d // 2 + d // NVFP4_BLOCK)
+    return float(c["B"] * (rows + 4 * c["H"] * d + 4 * c["L"]))
 
 
 SPEC = register(Spec(
@@ -101,26 +159,34 @@ SPEC = register(Spec(
     make_inputs=_inputs,
     outputs=("o", "lse"),
     cases={
-        "split4_holes": {"B": 3, "H": 64, "D": 64, "N": 300, "L": 200, "holes": 0.3,
+        "split4_holes": {"B": 3, "H": 64, "D": 64, "W": 300, "L": 200, "holes": 0.3,
                          "config": {**SMALL, "SPLIT": 4}},
-        "one_phase_ragged": {"B": 4, "H": 64, "D": 64, "N": 90, "L": 96, "config": {**SMALL, "SPLIT": 1}},
-        "few_heads": {"B": 3, "H": 4, "D": 64, "N": 60, "L": 70, "holes": 0.3, "config": {**SMALL, "SPLIT": 2}},
-        "all_dead": {"B": 2, "H": 64, "D": 64, "N": 50, "L": 70, "valid": "none", "config": {**SMALL, "SPLIT": 2}},
-        "repeats": {"B": 2, "H": 64, "D": 64, "N": 20, "L": 128, "valid": "all", "repeat": True,
+        "one_phase_ragged": {"B": 4, "H": 64, "D": 64, "W": 90, "L": 96, "config": {**SMALL, "SPLIT": 1}},
+        "few_heads": {"B": 3, "H": 4, "D": 64, "W": 60, "L": 70, "holes": 0.3, "config": {**SMALL, "SPLIT": 2}},
+        "all_dead": {"B": 2, "H": 64, "D": 64, "W": 50, "L": 70, "valid": "none", "config": {**SMALL, "SPLIT": 2}},
+        "repeats": {"B": 2, "H": 64, "D": 64, "W": 20, "L": 128, "valid": "all", "repeat": True,
                     "out_of_range": True, "config": {**SMALL, "SPLIT": 2}},
         # codes far from 127: rows of values near 2^-20 and 2^20 (still exact in bf16)
-        "wide_codes": {"B": 2, "H": 64, "D": 128, "N": 64, "L": 64, "codes": (107, 147),
+        "wide_codes": {"B": 2, "H": 64, "D": 128, "W": 64, "L": 64, "codes": (107, 147),
                        "config": {**SMALL, "SPLIT": 2}},
-        "window_ring": {"B": 3, "H": 64, "D": 512, "N": 128, "L": 128, "holes": 0.1, "config": {"SPLIT": 8}},
+        "window_ring": {"B": 3, "H": 64, "D": 512, "W": 128, "L": 128, "holes": 0.1, "config": {"SPLIT": 8}},
+        # window rows and compressed rows in one list (a CSA2 layer): slots below W name the ring
+        "ring_and_compressed": {"B": 3, "H": 64, "D": 64, "W": 40, "N": 200, "L": 150, "holes": 0.3,
+                                "config": {**SMALL, "SPLIT": 4}},
+        "ring_and_compressed_one_phase": {"B": 2, "H": 4, "D": 64, "W": 16, "N": 74, "L": 96,
+                                          "config": {**SMALL, "SPLIT": 1}},
+        "ring_and_compressed_repeats": {"B": 2, "H": 64, "D": 128, "W": 8, "N": 16, "L": 128, "valid": "all",
+                                        "repeat": True, "out_of_range": True, "config": {**SMALL, "SPLIT": 2}},
     },
-    build_cases={"v41_swa": {"B": 16, "H": 64, "D": 512, "L": 128, "N": 128}},
+    build_cases={"v41_swa": {"B": 16, "H": 64, "D": 512, "L": 128, "W": 128},
+                 "v41_csa": {"B": 16, "H": 64, "D": 512, "W": 128, "L": 640, "N": 32768}},
     tolerance=_tolerance,
     extra_error=_bound,
     flops=lambda c: 4.0 * c["B"] * c["H"] * c["L"] * c["D"],
-    # a row's bytes (values and codes) for each slot, the queries and outputs in bf16, the list
-    bytes_moved=lambda c: c["B"] * (c["L"] * (c["D"] + c["D"] // CODE_BLOCK) + 4 * c["H"] * c["D"] + 4 * c["L"]),
+    bytes_moved=_bytes,
     model_shapes=shapes.for_models(_model_shapes),
     sweep={"B": Dim(1, 4, large=64), "H": OneOf(64, 4), "D": OneOf(64, 128), "L": Dim(1, 260, large=4000),
+           "W": OneOf(128, 16, 1),  # the ring's rows, then N compressed ones
            "N": Dim(1, 300, large=100000), "holes": OneOf(0.0, 0.3, 0.9), "valid": OneOf("ragged", "all", "one"),
            "config": {"SPLIT": OneOf(1, 2, 4, 8, 16), "BN": OneOf(32, 64)}},
 ))

@@ -65,6 +65,8 @@ def _check_block(block: Block, module: Module, visible: set[int], symbols: set, 
         _check_bit_ops(op)
         if op.name in SCALED_VALUES:
             _check_scaled_values(op, bound)
+        if op.name == "gemm" and bound:
+            _check_gemm_dims(op)
         if op.name == "cumsum" and not (op.args[0].type.dtype == op.result.type.dtype == dtypes.i32):
             raise DslError(f"cumsum sums i32 tiles, got {op.args[0].type.dtype} -> {op.result.type.dtype}", op.loc)
         if op.result is not None:
@@ -143,6 +145,19 @@ SCALED_VALUES = {
 # the scales' dtype and name: UE8M0 codes, or (NVFP4) E4M3 scales
 SCALE_DTYPES = {"mxfp4": (dtypes.u8, "u8 scale codes"), "mxfp8": (dtypes.u8, "u8 scale codes"),
                 "nvfp4": (dtypes.f8e4m3, "e4m3 scales")}
+
+
+def _check_gemm_dims(op: Op):
+    """The inner dimensions agree once the sizes are bound (the spec line checks them where they
+    are numbers or the same symbol: a row of ``D`` channels against ``2 DH`` packed ones is
+    known only here)."""
+    a, b, acc = (v.type.shape for v in op.args[:3])
+    m, ka = (a[1], a[0]) if op.attrs["transpose_a"] else a
+    kb, n = (b[1], b[0]) if op.attrs["transpose_b"] else b
+    if ka != kb:
+        raise DslError(f"gemm inner dimensions differ: a gives K={ka}, b gives K={kb}", op.loc)
+    if tuple(acc) != (m, n):
+        raise DslError(f"gemm accumulator has shape {tuple(acc)}, expected ({m}, {n})", op.loc)
 
 
 def _check_scaled_values(op: Op, bound: bool):

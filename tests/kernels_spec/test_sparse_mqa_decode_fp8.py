@@ -59,7 +59,7 @@ def test_each_code_scales_its_own_32_channels():
     """One row whose codes differ block by block, every slot naming it: the output is that row,
     so each channel must carry its own block's power of two (a code read from the wrong column, or
     a block of 64, fails)."""
-    case = {"B": 1, "H": 64, "D": 128, "N": 4, "L": 32, "valid": "all"}
+    case = {"B": 1, "H": 64, "D": 128, "W": 4, "L": 32, "valid": "all"}
     x = FP8.make_inputs(case, CPU, 1)
     x["idx"].fill_(2)
     x["kv_scale"][0, 2] = torch.tensor([120, 127, 131, 136], dtype=torch.uint8)
