@@ -117,3 +117,28 @@ def test_verify_rejects_writes_to_non_buffers():
     body.append(Op("assign", args=(load, load)))
     with pytest.raises(DslError, match="not a buffer"):
         verify_ir(m)
+
+
+@dsl.kernel
+def _two_sizes(a: dsl.Tensor["M", "K", dsl.bf16], b: dsl.Tensor["N", "KB", dsl.bf16], c: dsl.Tensor["M", "N", dsl.f32]):
+    for m in dsl.grid(dsl.cdiv(a.M, 16)):
+        x = dsl.load(a[m * 16, 0], (16, a.K), role="operand")
+        y = dsl.load(b[0, 0], (16, b.KB), role="operand")
+        acc = dsl.zeros((16, 16), dsl.f32, role="accumulator")
+        dsl.gemm(x, y, acc, transpose_b=True)
+        dsl.store(c[m * 16, 0], acc)
+
+
+def test_a_gemm_over_two_size_symbols_is_checked_once_they_are_bound():
+    """K and KB may be equal (a row of D channels against 2 DH packed ones is the real case): the
+    spec line lets the gemm through, and verify_ir names it, with its line, where the bound sizes
+    differ."""
+    import torch
+
+    from duotile import codegen
+
+    t = {"a": torch.zeros(16, 32, dtype=torch.bfloat16), "c": torch.zeros(16, 16)}
+    codegen.compile(_two_sizes, "interpret")(b=torch.zeros(16, 32, dtype=torch.bfloat16), **t)
+    with pytest.raises(DslError, match=r"gemm inner dimensions differ: a gives K=32, b gives K=48") as err:
+        codegen.compile(_two_sizes, "interpret")(b=torch.zeros(16, 48, dtype=torch.bfloat16), **t)
+    assert "test_ir_passes.py" in str(err.value)
