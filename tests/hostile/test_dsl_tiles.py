@@ -65,8 +65,9 @@ def test_every_build_case_default_config_fits_the_register_budget(target):
         for case_name, case in spec.build_cases.items():
             try:
                 generate_case(spec, case, target)
-            except CapacityError as err:  # head dim 512 overflows sm100's TMEM, nothing else may fail
-                assert err.memory == "TMEM", (name, case_name, str(err))
+            except CapacityError as err:  # head dim 512 overflows sm100's TMEM (or, beside two row formats'
+                # tiles, its shared memory: sparse_mqa_decode_fp8), as test_model_shape_builds allows
+                assert err.memory in ("TMEM", "shared memory") and case["D"] == 512, (name, case_name, str(err))
 
 
 @pytest.mark.parametrize("shape,threads", [((3, 5), 256), ((1, 200), 256), ((1, 768), 256), ((2, 384), 256),
