@@ -99,6 +99,12 @@ def spec_peer(name: str, inputs: dict, config: dict, causal: bool = False) -> tu
         return grouped_mm_peer(inputs)
     if name in ("sparse_mqa_decode", "sparse_mqa_prefill"):
         return sparse_attention_peer(inputs)
+    if name == "sparse_mqa_decode_fp8":  # a runtime that keeps its rows in BF16 (dequantised once, untimed)
+        from duotile.kernels_spec.sparse_mqa_decode_fp8 import all_rows
+
+        rows = all_rows(inputs["kv"], inputs["kv_scale"], inputs.get("cmp"), inputs.get("cmp_scale"))
+        label, call = sparse_attention_peer({**inputs, "kv": rows.to(torch.bfloat16)})
+        return label + " over BF16 rows", call
     raise KeyError(f"no torch peer for {name!r}")
 
 
