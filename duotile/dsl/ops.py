@@ -498,21 +498,7 @@ def mxfp4_values(packed: Tile, codes: Tile, first=None) -> Tile:
     every code of the rows, loaded once before a K loop, of which each step reads its 2C / 32
     columns from ``first`` on (a loaded 4-byte-wide tile a step is a global-memory latency a step
     on targets whose bulk copies need 16 bytes a row)."""
-    for name, t in (("packed", packed), ("codes", codes)):
-        if not isinstance(t, Tile):
-            raise builder.error(f"dsl.mxfp4_values: {name} must be a tile, got {type(t).__name__}")
-        if t.dtype != dtypes.u8 or len(t.shape) != 2:
-            raise builder.error(f"dsl.mxfp4_values: {name} must be a 2-d u8 tile, got {t.dtype} "
-                                f"{_fmt(t.shape)}")
-    rows, cols = packed.shape
-    if (2 * cols) % MXFP4_BLOCK:
-        raise builder.error(f"dsl.mxfp4_values: {_fmt(packed.shape)} packed bytes hold {2 * cols} values a row, "
-                            f"not whole blocks of {MXFP4_BLOCK}")
-    count = 2 * cols // MXFP4_BLOCK
-    _check_code_columns("dsl.mxfp4_values", codes, rows, count, first, f"one a {MXFP4_BLOCK} values of each row")
-    t = TileType((rows, 2 * cols), dtypes.bf16, Role.OPERAND)
-    op = Op("mxfp4", args=(packed.value, codes.value), attrs=_code_attrs(first, count), result=Value(t, hint="fp4"))
-    return Tile(builder.current().emit(op))
+    return _packed_fp4("mxfp4", packed, ("codes", codes, dtypes.u8), MXFP4_BLOCK, first)
 
 
 def mxfp8_values(values: Tile, codes: Tile, first=None, block: int | None = None) -> Tile:
@@ -526,12 +512,7 @@ def mxfp8_values(values: Tile, codes: Tile, first=None, block: int | None = None
     are then exact at every code. With ``first`` (an index) and ``block`` (the columns of ``values``
     a code covers) ``codes`` may be wider: value (r, c) takes code (r, first + c // block), as
     ``mxfp4_values`` takes its ``first``."""
-    for name, t, dtype in (("values", values, dtypes.f8e4m3), ("codes", codes, dtypes.u8)):
-        if not isinstance(t, Tile):
-            raise builder.error(f"dsl.mxfp8_values: {name} must be a tile, got {type(t).__name__}")
-        if t.dtype != dtype or len(t.shape) != 2:
-            raise builder.error(f"dsl.mxfp8_values: {name} must be a 2-d {dtype} tile, got {t.dtype} "
-                                f"{_fmt(t.shape)}")
+    _check_2d_tiles("dsl.mxfp8_values", ("values", values, dtypes.f8e4m3), ("codes", codes, dtypes.u8))
     (rows, cols), (crows, groups) = values.shape, codes.shape
     if (first is None) != (block is None):
         raise builder.error("dsl.mxfp8_values: give first and block together (the codes' first column and the "
@@ -557,21 +538,7 @@ def nvfp4_values(packed: Tile, scales: Tile) -> Tile:
     as ``mxfp4_values``); ``scales``, a (R, 2C / 16) e4m3 tile, one scale a 16 values, no global
     scale. Value (r, c) is e2m1(r, c) x scales[r, c // 16]: exact in bf16 for every pair (two
     significant bits times four), NaN where the scale is. Both tiles are loaded ones."""
-    for name, t, dtype in (("packed", packed, dtypes.u8), ("scales", scales, dtypes.f8e4m3)):
-        if not isinstance(t, Tile):
-            raise builder.error(f"dsl.nvfp4_values: {name} must be a tile, got {type(t).__name__}")
-        if t.dtype != dtype or len(t.shape) != 2:
-            raise builder.error(f"dsl.nvfp4_values: {name} must be a 2-d {dtype} tile, got {t.dtype} "
-                                f"{_fmt(t.shape)}")
-    rows, cols = packed.shape
-    if _divides(NVFP4_BLOCK, 2 * cols) is False:
-        raise builder.error(f"dsl.nvfp4_values: {_fmt(packed.shape)} packed bytes hold {2 * cols} values a row, "
-                            f"not whole blocks of {NVFP4_BLOCK}")
-    count = 2 * cols // NVFP4_BLOCK
-    _check_code_columns("dsl.nvfp4_values", scales, rows, count, None, f"one a {NVFP4_BLOCK} values of each row")
-    t = TileType((rows, 2 * cols), dtypes.bf16, Role.OPERAND)
-    op = Op("nvfp4", args=(packed.value, scales.value), attrs=_code_attrs(None, count), result=Value(t, hint="fp4"))
-    return Tile(builder.current().emit(op))
+    return _packed_fp4("nvfp4", packed, ("scales", scales, dtypes.f8e4m3), NVFP4_BLOCK, None)
 
 
 def cumsum(x: Tile, exclusive: bool = False) -> Tile:
@@ -584,6 +551,31 @@ def cumsum(x: Tile, exclusive: bool = False) -> Tile:
         raise builder.error(f"dsl.cumsum sums i32 tiles (counts, positions), got {x.dtype}: cast with .to(dsl.i32)")
     op = Op("cumsum", args=(x.value,), attrs={"exclusive": bool(exclusive)},
             result=Value(TileType(x.shape, dtypes.i32, Role.VECTOR), hint="scan"))
+    return Tile(builder.current().emit(op))
+
+
+def _check_2d_tiles(what: str, *tiles) -> None:
+    """Each (name, tile, dtype) is a 2-d tile of that dtype, else an error naming it."""
+    for name, t, dtype in tiles:
+        if not isinstance(t, Tile):
+            raise builder.error(f"{what}: {name} must be a tile, got {type(t).__name__}")
+        if t.dtype != dtype or len(t.shape) != 2:
+            raise builder.error(f"{what}: {name} must be a 2-d {dtype} tile, got {t.dtype} {_fmt(t.shape)}")
+
+
+def _packed_fp4(name: str, packed: Tile, scales: tuple, block: int, first) -> Tile:
+    """The op ``name`` of packed e2m1 codes (R, C) and their per-``block`` scales ``(label, tile,
+    dtype)``: bf16 values (R, 2C), the scales' columns from ``first`` on (``mxfp4_values``)."""
+    what = f"dsl.{name}_values"
+    _check_2d_tiles(what, ("packed", packed, dtypes.u8), scales)
+    rows, cols = packed.shape
+    if _divides(block, 2 * cols) is False:
+        raise builder.error(f"{what}: {_fmt(packed.shape)} packed bytes hold {2 * cols} values a row, "
+                            f"not whole blocks of {block}")
+    count = 2 * cols // block
+    _check_code_columns(what, scales[1], rows, count, first, f"one a {block} values of each row")
+    t = TileType((rows, 2 * cols), dtypes.bf16, Role.OPERAND)
+    op = Op(name, args=(packed.value, scales[1].value), attrs=_code_attrs(first, count), result=Value(t, hint="fp4"))
     return Tile(builder.current().emit(op))
 
 
