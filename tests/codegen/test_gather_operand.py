@@ -77,3 +77,43 @@ def test_the_gather_into_shared_memory_is_asynchronous():
     art = build_module(spec.kernel, phases[0], tgt, tgt.phase_knobs(phases[0], knobs))
     assert '"parallel_prefer_async": True' in art.stages["tilelang"]
     assert "cp_async_gs_conditional<16>" in art.stages["cuda"] and "cp.async" in art.stages["ptx"]
+
+
+def _fp8_phases():
+    spec = load_all()["sparse_mqa_decode_fp8"]
+    case = spec.model_shapes["v41/csa_r2_topk640/decode16"]
+    sig = spec.kernel.bind(spec.meta_inputs(case))
+    config = choose_config(spec.kernel, "sm90", sig, spec.constants_of(case))
+    return spec, specialize_phases(spec.kernel, sig, "sm90", config, spec.constants_of(case))
+
+
+def test_a_computed_index_tile_of_a_gather_lives_in_shared_memory_too():
+    """Regression: the stored-row decode gathers its window rows by ``where(slots < W, slots, -1)``
+    and its compressed rows by ``where(slots >= W, slots - W, -1)``, tiles computed from the
+    loaded slots. Kept in registers, they took the replicated layout again: 8 of 256 threads
+    issued every row copy (128 copies of 16 bytes each a step)."""
+    _, (phases, knobs) = _fp8_phases()
+    tgt = get_target("sm90")
+    module = phases[0]
+    plan = make_plan(module, tgt.arch, int(knobs.get("threads", 256)))
+    gathers = [op for op in module.walk() if op.name == "gather"]
+    assert len(gathers) == 4 and all(plan.scope[op.args[0].id] == "shared" for op in gathers)
+    assert {op.args[0].id for op in gathers} != {gathers[0].args[0].id}  # two computed index tiles
+
+
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="needs nvcc")
+def test_u8_rows_are_gathered_by_cp_async_by_every_thread():
+    """Regression: a u8 gather's zero fill was an i32 literal, so TileLang widened every byte to
+    i32 and back and copied with plain loads; typed as the tile, the packed NVFP4 rows go by
+    cp.async like the e4m3 ones, and no copy loop is guarded by a thread's replica."""
+    spec, (phases, knobs) = _fp8_phases()
+    tgt = get_target("sm90")
+    art = build_module(spec.kernel, phases[0], tgt, tgt.phase_knobs(phases[0], knobs))
+    cuda = art.stages["cuda"]
+    assert 'T.cast(0, "uint8")' in art.stages["tilelang"]
+    assert "cp_async_gs_conditional<16>((&(((uchar*)cmp" in cuda
+    assert "cp_async_gs_conditional<16>((&(((fp8_e4_t*)kv" in cuda
+    lines = cuda.splitlines()
+    copies = [i for i, line in enumerate(lines) if "cp_async_gs_conditional<16>" in line]
+    guard = "((int)threadIdx.x) & 31) >> 2)"  # a replica's owner: the guard the copies had
+    assert copies and not any(guard in line for i in copies for line in lines[i - 3:i])

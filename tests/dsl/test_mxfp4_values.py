@@ -114,7 +114,8 @@ def _generate(kernel, target, tensors):
 def test_cuda_targets_call_the_helper_into_shared_memory(target):
     pytest.importorskip("tilelang")
     text = _generate(unpack, target, _meta())
-    assert "T.import_source(PRMT + MXFP4_X8)" in text and "duotile_mxfp4x8_bf16" in text
+    assert "T.import_source(PRMT + MUL_BF16X2 + UE8M0_BF16X2 + FP4_X8 + MXFP4_X8)" in text
+    assert "duotile_mxfp4x8_bf16" in text
     loop = text[text.index("T.sync_threads()"):]  # a barrier before the helper's writes and one after them
     assert loop.index("duotile_mxfp4x8_bf16") < loop.index("T.sync_threads()", 1) < loop.index("T.copy(fp4")
     assert "fp4" in text.split("T.alloc_shared((16, 64,)")[0].splitlines()[-1]  # the values live in shared memory
@@ -168,9 +169,9 @@ def test_the_device_helper_itself_gives_every_value_at_every_code(tmp_path):
     instructions emulated (prmt's byte select with sign replication; mul.rn.bf16x2 as the exact
     product rounded once to bf16), over four bytes of every kind at every scale code: bit for bit
     the reference's e2m1 value x 2^(code - 127) in bf16, element 2j from byte j's low nibble."""
-    from duotile.codegen.tilelang_cuda.device_helpers import MXFP4_X8, PRMT
+    from duotile.codegen.tilelang_cuda.device_helpers import with_needs
 
-    lines = run_on_host(PRMT + MXFP4_X8, HOST_MAIN, tmp_path)
+    lines = run_on_host("".join(text for _, text in with_needs("MXFP4_X8")), HOST_MAIN, tmp_path)
     got = torch.tensor([[int(h, 16) for h in line.split(" ")] for line in lines], dtype=torch.int32)
     byte = torch.arange(256)
     packed = torch.stack((byte, 255 - byte, byte ^ 0x5A, (byte * 7) % 256), dim=1).to(torch.uint8).repeat(256, 1)

@@ -1,9 +1,12 @@
 """``dsl.mxfp8_values``: block-scaled FP8 values (e4m3, a UE8M0 code per block of columns) as bf16.
 Its meaning on the interpreter for every e4m3 byte at every code and for each block size, the type
-rules at the spec line and in verify_ir, the sm90 lowering (a loop into the shared operand, its
-codes read from shared memory) and ascend950's refusal naming the op."""
+rules at the spec line and in verify_ir, the CUDA lowering (a device helper into the shared operand,
+its codes read from shared memory, run on the host over every byte at every code) and
+ascend950's refusal naming the op."""
 
 from __future__ import annotations
+
+import shutil
 
 import pytest
 import torch
@@ -15,6 +18,7 @@ from duotile.dsl.errors import DslError, UnsupportedError
 from duotile.dsl.ir import TileType
 from duotile.passes.verify_ir import verify_ir
 from tests.dsl.fragments import store_kernel
+from tests.host_cuda import run_on_host
 
 
 @dsl.kernel
@@ -122,15 +126,64 @@ def _generate(kernel, target, tensors):
 
 @pytest.mark.parametrize("target", ["sm90", "sm100"])
 def test_cuda_targets_scale_into_the_shared_operand(target):
-    """Outside a block-scaled gemm: one loop writes the bf16 values into shared memory, each
-    element's code read from the shared codes at its block; codes that no load made are refused."""
+    """Outside a block-scaled gemm: eight values a call of ``duotile_mxfp8x8_bf16`` into the shared
+    bf16 operand, each call's code read from the shared codes at its block (column i1 // 4 for a
+    block of 32); codes that no load made are refused."""
     pytest.importorskip("tilelang")
     text = _generate(scale, target, _meta())
     decl = next(line for line in text.splitlines() if line.strip().startswith("fp8"))
     assert "T.alloc_shared((16, 128,)" in decl and '"bfloat16"' in decl
-    assert "[i0, i1 // 32]" in text and 'T.reinterpret(' in text and "2143289344" in text  # NaN at 255
+    assert "T.import_source(MUL_BF16X2 + UE8M0_BF16X2 + MXFP8_X8)" in text
+    call = next(line for line in text.splitlines() if "call_extern" in line)
+    assert "[i0, 8 * i1])" in call and "[i0, i1 // 4]" in call
     with pytest.raises(UnsupportedError, match=r"mxfp8_values reads its scale codes from shared memory.*dsl.load"):
         _generate(computed_codes, target, {k: v[:, :64] if k != "s" else v[:, :2] for k, v in _meta().items()})
+
+
+@pytest.mark.parametrize("target", ["sm90", "sm100"])
+def test_a_block_below_eight_values_is_scaled_value_by_value(target):
+    """A code per 4 columns is finer than the helper's eight values: the loop over each value, its
+    code's float bits (255 NaN) times the value."""
+    pytest.importorskip("tilelang")
+    module, knobs = specialize(scale, scale.bind(_meta(groups=64)), target, {}, constants={"BLOCK": 4})
+    text = get_target(target).generate(module, knobs).stages["tilelang"]
+    assert "duotile_mxfp8x8_bf16" not in text
+    assert "[i0, i1 // 4]" in text and "T.reinterpret(" in text and "2143289344" in text
+
+
+HOST_MAIN = r"""
+int main() {
+  for (int code = 0; code < 256; ++code)
+    for (int byte = 0; byte < 256; byte += 8) {
+      unsigned char values[8];
+      for (int i = 0; i < 8; ++i) values[i] = (unsigned char)(byte + i);
+      unsigned short out[8];
+      duotile_mxfp8x8_bf16(values, out, code);
+      for (int i = 0; i < 8; ++i) std::printf("%04x%c", out[i], i == 7 ? '\n' : ' ');
+    }
+  return 0;
+}
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(shutil.which("g++") is None, reason="needs a host C++ compiler")
+def test_the_device_helper_itself_gives_every_byte_at_every_code(tmp_path):
+    """The helper's own source (device_helpers.MXFP8_X8 and what it calls), compiled for the host
+    with its PTX conversions and multiply emulated, over every e4m3 byte at every code: bit for bit
+    the reference's value x 2^(code - 127) rounded once to bf16 (subnormals kept, +-Inf past the
+    range); NaN for code 255 and for the NaN bytes."""
+    from duotile.codegen.tilelang_cuda.device_helpers import with_needs
+
+    lines = run_on_host("".join(text for _, text in with_needs("MXFP8_X8")), HOST_MAIN, tmp_path)
+    got = torch.tensor([[int(h, 16) for h in line.split(" ")] for line in lines], dtype=torch.int32).view(256, 256)
+    x = torch.arange(256, dtype=torch.uint8).repeat(256, 1).view(torch.float8_e4m3fn)
+    s = torch.arange(256, dtype=torch.uint8)[:, None]
+    want = reference(x, s, 256)
+    nan = want.isnan()
+    assert torch.equal(got[~nan], want.view(torch.int16).int()[~nan] & 0xFFFF)
+    assert ((got[nan] & 0x7F80) == 0x7F80).all() and ((got[nan] & 0x7F) != 0).all()
+    assert bool(nan[255].all()) and bool(nan[:, 0x7F].all()) and int(got[127, 0x38]) == 0x3F80
 
 
 def test_ascend_refuses_the_op_naming_it():
@@ -186,4 +239,4 @@ def test_a_loop_that_reads_past_the_code_tile_fails_on_the_interpreter():
 def test_cuda_targets_read_the_codes_from_first(target):
     pytest.importorskip("tilelang")
     text = _generate(scale_hoisted, target, _meta(cols=256, groups=8))
-    assert "s0_smem[i0, 2 * c + i1 // 32]" in text  # the step's codes: from column 2c of the wide tile
+    assert "s0_smem[i0, 2 * c + i1 // 4]" in text  # the step's codes: from column 2c of the wide tile

@@ -1,7 +1,7 @@
 """``dsl.nvfp4_values``: V4.1's NVFP4-like values (e2m1 codes two a byte, an E4M3 scale a 16) as
 bf16. Its meaning on the interpreter for every byte at every E4M3 scale, the type rules at the spec
-line and in verify_ir, the CUDA targets' loop (its magnitude formula checked against the e2m1 table)
-and ascend950's refusal naming the op."""
+line and in verify_ir, the CUDA targets' device helper (run on the host over every byte at every scale) and
+ascend950's refusal naming the op."""
 
 from __future__ import annotations
 
@@ -15,10 +15,10 @@ from duotile.codegen.compile import specialize
 from duotile.codegen.target import get_target
 from duotile.dsl.errors import DslError, UnsupportedError
 from duotile.dsl.ir import TileType
-from duotile.dsl.ops import E2M1_MAGNITUDES
 from duotile.kernels_spec.moe_gemm_mxfp4 import fp4_values
 from duotile.passes.verify_ir import verify_ir
 from tests.dsl.fragments import store_kernel
+from tests.host_cuda import run_on_host
 
 
 @dsl.kernel
@@ -88,21 +88,57 @@ def _generate(target):
 
 
 @pytest.mark.parametrize("target", ["sm90", "sm100"])
-def test_cuda_targets_decode_into_shared_memory(target):
-    """One loop over the values into the shared operand: the nibble of byte i1 // 2 (the low one
-    for even i1), its magnitude, the sign from bit 3, times the block's scale read from shared
-    memory."""
+def test_cuda_targets_call_the_helper_into_shared_memory(target):
+    """Eight values a call of ``duotile_nvfp4x8_bf16``: four packed bytes from column 4 i1, the
+    scale of block i1 // 2, sixteen bytes into the shared operand, between two barriers."""
     pytest.importorskip("tilelang")
     text = _generate(target)
-    line = next(x for x in text.splitlines() if "T.shift_right(" in x)
-    assert "[i0, i1 // 2]" in line and "4 * (i1 % 2)" in line and "[i0, i1 // 16]" in line and ">= 8, -" in line
+    assert "T.import_source(PRMT + MUL_BF16X2 + FP4_X8 + NVFP4_X8)" in text
+    lines = text.splitlines()
+    at = next(i for i, x in enumerate(lines) if "duotile_nvfp4x8_bf16" in x and "call_extern" in x)
+    call = lines[at]
+    assert "[i0, 4 * i1])" in call and "[i0, 8 * i1])" in call and "[i0, i1 // 2])" in call
+    assert "T.Parallel(16, 8)" in lines[at - 1]
+    assert "T.sync_threads()" in lines[at - 2] and "T.sync_threads()" in lines[at + 1]
     assert "fp4" in text.split("T.alloc_shared((16, 64,)")[0].splitlines()[-1]
 
 
-def test_the_loops_magnitude_formula_is_the_e2m1_table():
-    """The emitted magnitude: half the code below 4, 6 for code 7, else the code less 2."""
-    formula = [m * 0.5 if m < 4 else (6.0 if m == 7 else float(m - 2)) for m in range(8)]
-    assert formula == list(E2M1_MAGNITUDES)
+HOST_MAIN = r"""
+int main() {
+  for (int scale = 0; scale < 256; ++scale)
+    for (int byte = 0; byte < 256; ++byte) {
+      unsigned char packed[4] = {(unsigned char)byte, (unsigned char)(255 - byte), (unsigned char)(byte ^ 0x5A),
+                                 (unsigned char)(byte * 7)};
+      unsigned char s = (unsigned char)scale;
+      unsigned short out[8];
+      duotile_nvfp4x8_bf16(packed, out, &s);
+      for (int i = 0; i < 8; ++i) std::printf("%04x%c", out[i], i == 7 ? '\n' : ' ');
+    }
+  return 0;
+}
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(shutil.which("g++") is None, reason="needs a host C++ compiler")
+def test_the_device_helper_itself_gives_every_value_at_every_scale(tmp_path):
+    """The helper's own source (device_helpers.NVFP4_X8 and what it calls), compiled for the host
+    with its PTX instructions emulated, over four bytes of every kind at every E4M3 scale byte
+    (subnormal, negative and NaN scales too): bit for bit the e2m1 value x the scale in bf16,
+    element 2j from byte j's low nibble; NaN for the two NaN scales."""
+    from duotile.codegen.tilelang_cuda.device_helpers import with_needs
+
+    lines = run_on_host("".join(text for _, text in with_needs("NVFP4_X8")), HOST_MAIN, tmp_path)
+    got = torch.tensor([[int(h, 16) for h in line.split(" ")] for line in lines], dtype=torch.int32)
+    byte = torch.arange(256)
+    packed = torch.stack((byte, 255 - byte, byte ^ 0x5A, (byte * 7) % 256), dim=1).to(torch.uint8).repeat(256, 1)
+    scale = torch.arange(256).repeat_interleave(256).to(torch.uint8)[:, None].view(torch.float8_e4m3fn)
+    want = (fp4_values(packed) * scale.double()).to(torch.bfloat16)
+    nan = want.isnan()
+    bits = want.view(torch.int16).int() & 0xFFFF
+    assert torch.equal(got[~nan], bits[~nan])
+    assert ((got[nan] & 0x7F80) == 0x7F80).all() and ((got[nan] & 0x7F) != 0).all()
+    assert bool(nan.view(256, 256, 8)[0x7F].all()) and bool(nan.view(256, 256, 8)[0xFF].all())
 
 
 def test_ascend_refuses_the_op_naming_it():
@@ -114,14 +150,15 @@ def test_ascend_refuses_the_op_naming_it():
 @pytest.mark.slow
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="needs nvcc")
 @pytest.mark.parametrize("target", ["sm90", "sm100"])
-def test_nvcc_builds_the_loop(target, tmp_path):
-    """TileLang lowers the loop and nvcc builds it: the nibble shifts and the sign select in the
-    CUDA source, a cubin out."""
+def test_nvcc_builds_the_helper(target, tmp_path):
+    """TileLang lowers the helper's loop and nvcc builds it: the helper's bf16 multiplies in the
+    CUDA source, a barrier after its calls, a cubin out."""
     pytest.importorskip("tilelang")
     from duotile.codegen.build import build_module
 
     module, knobs = specialize(unpack, unpack.bind(_meta()), target, {})
     art = build_module(unpack, module, get_target(target), knobs, workdir=str(tmp_path / target), use_cache=False)
     cuda = art.stages["cuda"]
-    assert ">> (" in cuda and "& 15" in cuda and "fp42_smem" in cuda
+    after = cuda[cuda.index("duotile_nvfp4x8_bf16(("):]
+    assert "mul.rn.bf16x2" in cuda and "__syncthreads()" in after
     assert art.files, "no cubin"

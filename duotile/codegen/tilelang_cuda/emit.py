@@ -18,7 +18,7 @@ from . import overlap, tma_store
 from .arch import Arch
 from .block_scaled import code_column
 from .block_scaled import emit_gemm as emit_block_scaled_gemm
-from .device_helpers import MXFP4_E4M3_X16, MXFP4_X8, PRMT, SCAN
+from .device_helpers import SCAN, with_needs
 from .exprs import ElementPrinter, index, literal
 from .linear_grid import linear_head, needs_linear_grid
 from .manual_ws import PRODUCER_THREADS, ManualWarpSpecialization
@@ -365,6 +365,8 @@ def _gather(e: Emitter, op: Op):
             if _signed(off):
                 conds.append(f"{gidx[-1]} >= 0")
     other = literal(op.attrs["other"], v.type.dtype)
+    if not v.type.dtype.is_float and v.type.dtype.bits < 32:  # typed as the tile: an i32 literal kept
+        other = f'T.cast({other}, "{v.type.dtype.tilelang_name}")'  # u8 rows out of cp.async (byte selects)
     # into shared memory: cp.async, a dead row zero-filled, every copy issued before one wait
     # (plain loads of rows named by an index are serialised by the compiler: 16 a thread took
     # about 11 us a 64-row block of sparse decode on an H200, the loads' latency end to end)
@@ -390,26 +392,19 @@ def _mxfp4(e: Emitter, op: Op):
     spreads over every thread (no register tile in it)."""
     packed, codes = op.args
     _shared_inputs(e, op, "dsl.mxfp4_values", ("packed codes", "scale codes"))
-    e.src.helper("PRMT", PRMT)
     raw = op.result.id in e.plan.raw
-    e.src.helper(*(("MXFP4_E4M3_X16", MXFP4_E4M3_X16) if raw else ("MXFP4_X8", MXFP4_X8)))
+    _helpers(e, "MXFP4_E4M3_X16" if raw else "MXFP4_X8")
     rows, cols = (int(d) for d in op.result.type.shape)
     src, dst, scales = e.name(packed), e.name(op.result), e.name(codes)
-    # the helper's reads and writes are opaque to TileLang's barrier planning: one barrier before
-    # the loop (a gemm may still read the tile the last trip wrote) and one after it (every
-    # thread's values are written before anything reads them). Pointers TileLang could see
-    # (T.access_ptr) made it put a barrier before every call, eight a 128-wide step.
-    e.src.line("T.sync_threads()", op.loc)
+    # Pointers TileLang could see (T.access_ptr) made it put a barrier before every call, eight a
+    # 128-wide step: hence T.address_of and the two barriers of _helper_loop.
     if raw:
-        e.src.line(f"for i0, i1 in T.Parallel({rows}, {cols // 16}):", op.loc)
-        e.src.line(f'    T.call_extern("handle", "duotile_mxfp4x16_e4m3", T.address_of({src}[i0, 8 * i1]), '
-                   f"T.address_of({dst}[i0, 16 * i1]))", op.loc)
+        _helper_loop(e, op, rows, cols // 16, f'"duotile_mxfp4x16_e4m3", T.address_of({src}[i0, 8 * i1]), '
+                                              f"T.address_of({dst}[i0, 16 * i1])")
     else:
-        e.src.line(f"for i0, i1 in T.Parallel({rows}, {cols // 8}):", op.loc)
-        column = code_column(op, f"i1 // {MXFP4_BLOCK // 8}")
-        e.src.line(f'    T.call_extern("handle", "duotile_mxfp4x8_bf16", T.address_of({src}[i0, 4 * i1]), '
-                   f'T.address_of({dst}[i0, 8 * i1]), T.cast({scales}[i0, {column}], "int32"))', op.loc)
-    e.src.line("T.sync_threads()", op.loc)
+        code = f'T.cast({scales}[i0, {code_column(op, f"i1 // {MXFP4_BLOCK // 8}")}], "int32")'
+        _helper_loop(e, op, rows, cols // 8, f'"duotile_mxfp4x8_bf16", T.address_of({src}[i0, 4 * i1]), '
+                                             f"T.address_of({dst}[i0, 8 * i1]), {code}")
 
 
 @handles("cumsum")
@@ -446,9 +441,11 @@ def _cumsum(e: Emitter, op: Op):
 
 @handles("mxfp8")
 def _mxfp8(e: Emitter, op: Op):
-    """``dsl.mxfp8_values``: each value times its block's 2^(code - 127) in fp32 (the code's
-    float bits; 255 is NaN, 0 the subnormal 2^-127), rounded to bf16, into the shared result. For
-    a block-scaled gemm nothing: the loaded e4m3 tile is the operand (``block_scaled.py``)."""
+    """``dsl.mxfp8_values``: eight e4m3 values a call of the device helper
+    (``device_helpers.MXFP8_X8``), eight bytes read from shared memory, times their block's
+    2^(code - 127) and rounded to bf16, sixteen bytes written into the shared result (a block of 8
+    or more values a code; a smaller one, each value by the loop of ``_mxfp8_loop``). For a
+    block-scaled gemm nothing: the loaded e4m3 tile is the operand (``block_scaled.py``)."""
     values, codes = op.args
     _shared_inputs(e, op, "dsl.mxfp8_values", ("values", "scale codes"))
     if op.result.id in e.plan.raw:
@@ -456,6 +453,20 @@ def _mxfp8(e: Emitter, op: Op):
         return
     rows, cols = (int(d) for d in op.result.type.shape)
     block = cols // int(op.attrs["count"])
+    if block % 8:
+        _mxfp8_loop(e, op, rows, cols, block)
+        return
+    _helpers(e, "MXFP8_X8")
+    src, dst = e.name(values), e.name(op.result)
+    code = f'T.cast({e.name(codes)}[i0, {code_column(op, f"i1 // {block // 8}")}], "int32")'
+    _helper_loop(e, op, rows, cols // 8, f'"duotile_mxfp8x8_bf16", T.address_of({src}[i0, 8 * i1]), '
+                                         f"T.address_of({dst}[i0, 8 * i1]), {code}")
+
+
+def _mxfp8_loop(e: Emitter, op: Op, rows: int, cols: int, block: int) -> None:
+    """Each value times its block's 2^(code - 127) in fp32 (the code's float bits; 255 is NaN, 0 the
+    subnormal 2^-127), rounded to bf16."""
+    values, codes = op.args
     code = f'T.cast({e.name(codes)}[i0, {code_column(op, f"i1 // {block}")}], "int32")'
     bits = f"T.if_then_else({code} == 255, 2143289344, T.if_then_else({code} == 0, 4194304, T.shift_left({code}, 23)))"
     e.src.line(f"for i0, i1 in T.Parallel({rows}, {cols}):", op.loc)
@@ -465,21 +476,32 @@ def _mxfp8(e: Emitter, op: Op):
 
 @handles("nvfp4")
 def _nvfp4(e: Emitter, op: Op):
-    """``dsl.nvfp4_values``: each value's e2m1 code from its byte's nibble, its magnitude (half the
-    code below 4, else the code less 2, and 6 for code 7) times its block's E4M3 scale in fp32,
-    rounded to bf16 (exact), into the shared result."""
+    """``dsl.nvfp4_values``: eight values a call of the device helper (``device_helpers.NVFP4_X8``):
+    four packed bytes and the block's E4M3 scale byte read from shared memory, sixteen bytes of
+    bf16 (each e2m1 value times the scale, exact) written into the shared result."""
     packed, scales = op.args
     _shared_inputs(e, op, "dsl.nvfp4_values", ("packed codes", "scales"))
+    _helpers(e, "NVFP4_X8")
     rows, cols = (int(d) for d in op.result.type.shape)
-    byte = f'T.cast({e.name(packed)}[i0, i1 // 2], "int32")'
-    nib = f"T.bitwise_and(T.shift_right({byte}, 4 * (i1 % 2)), 15)"
-    mag = f"T.bitwise_and({nib}, 7)"
-    value = (f'T.if_then_else({mag} < 4, T.cast({mag}, "float32") * 0.5, '
-             f'T.if_then_else({mag} == 7, T.float32(6), T.cast({mag} - 2, "float32")))')
-    signed = f"T.if_then_else({nib} >= 8, -{value}, {value})"
-    e.src.line(f"for i0, i1 in T.Parallel({rows}, {cols}):", op.loc)
-    e.src.line(f'    {e.name(op.result)}[i0, i1] = T.cast({signed} * T.cast({e.name(scales)}[i0, i1 // {NVFP4_BLOCK}], '
-               f'"float32"), "bfloat16")', op.loc)
+    src, dst, sc = e.name(packed), e.name(op.result), e.name(scales)
+    _helper_loop(e, op, rows, cols // 8, f'"duotile_nvfp4x8_bf16", T.address_of({src}[i0, 4 * i1]), '
+                                         f"T.address_of({dst}[i0, 8 * i1]), "
+                                         f"T.address_of({sc}[i0, i1 // {NVFP4_BLOCK // 8}])")
+
+
+def _helpers(e: Emitter, name: str) -> None:
+    for n, text in with_needs(name):
+        e.src.helper(n, text)
+
+
+def _helper_loop(e: Emitter, op: Op, rows: int, calls: int, args: str) -> None:
+    """A value op's helper called over (rows, calls) by every thread, between two barriers: its
+    reads and writes through pointers are opaque to TileLang's barrier planning (a gemm may still
+    read the tile the last trip wrote; every value is written before anything reads it)."""
+    e.src.line("T.sync_threads()", op.loc)
+    e.src.line(f"for i0, i1 in T.Parallel({rows}, {calls}):", op.loc)
+    e.src.line(f'    T.call_extern("handle", {args})', op.loc)
+    e.src.line("T.sync_threads()", op.loc)
 
 
 @handles("store")

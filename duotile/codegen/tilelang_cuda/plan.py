@@ -150,10 +150,11 @@ def _share_loaded_inputs(ops: list[Op], plan: Plan) -> None:
             e = op.attrs["expr"]
             writes.setdefault(into.id, []).append(e.kind == "arg" and op.args[e.attr].id in loaded)
     loaded |= {v for v, copies in writes.items() if all(copies)}
+    computed = {op.result.id for op in ops if op.name == "map" and op.result is not None and op.attrs.get("into") is None}
     for op in ops:
         if op.name == "gather" and plan.scope.get(op.result.id) == "shared":
             rows = op.args[0]
-            if rows.id in loaded and plan.scope.get(rows.id) == "fragment":
+            if (rows.id in loaded or rows.id in computed) and plan.scope.get(rows.id) == "fragment":
                 plan.scope[rows.id] = "shared"
         if op.name in ("mxfp4", "mxfp8", "nvfp4"):  # read as words (a helper), as a block-scaled MMA's operand
             for a in op.args:
