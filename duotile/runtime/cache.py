@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 import torch
 
 from .config import ModelConfig
+from .stored import Nvfp4Rows, StoredRing
 
 
 def bank_slot(p: int, ratio: int, banks: int) -> int:
@@ -95,6 +96,8 @@ class CompressorState:
 class Rows:
     """A growing [n, width] tensor with capacity doubling."""
 
+    planes = ("data",)
+
     def __init__(self, width: int, dtype: torch.dtype, device: torch.device | str):
         self.data = torch.zeros(16, width, dtype=dtype, device=device)
         self.n = 0
@@ -132,14 +135,19 @@ class SequenceCache:
     engram_history: list[int] = field(default_factory=list)
 
     @classmethod
-    def create(cls, cfg: ModelConfig, dtype: torch.dtype, device: torch.device | str = "cpu") -> SequenceCache:
+    def create(cls, cfg: ModelConfig, dtype: torch.dtype, device: torch.device | str = "cpu",
+               stored: bool = False) -> SequenceCache:
+        """``stored`` (V4.1 with quantised rows): window rings and compressed rows as their bytes
+        (``stored.py``); otherwise as the values they decode to, in ``dtype``."""
         layers = []
         for layer in range(cfg.num_hidden_layers):
-            lc = LayerCache(torch.zeros(cfg.sliding_window, cfg.head_dim, dtype=dtype, device=device))
+            w, d = cfg.sliding_window, cfg.head_dim
+            ring = StoredRing(w, d, dtype, device) if stored else torch.zeros(w, d, dtype=dtype, device=device)
+            lc = LayerCache(ring)
             ratio, kind = cfg.ratio(layer), cfg.attention_kind(layer)
             owns = kind in ("csa", "hca", "full")
             if owns:
-                lc.comp = Rows(cfg.head_dim, dtype, device)
+                lc.comp = Nvfp4Rows(d, device) if stored else Rows(d, dtype, device)
             if kind in ("csa", "full"):
                 lc.index_keys = Rows(cfg.index_head_dim, dtype, device)
             if kind == "csa":
@@ -154,7 +162,9 @@ class SequenceCache:
         """Bytes of the tensors this reference cache holds right now."""
         total = 0
         for lc in self.layers:
-            tensors = [lc.ring] + [r.data for r in (lc.comp, lc.index_keys) if r is not None]
+            stores = [x for x in (lc.ring, lc.comp, lc.index_keys) if x is not None]
+            tensors = [getattr(x, name) if hasattr(x, "planes") else x
+                       for x in stores for name in getattr(x, "planes", (None,))]
             for st in (lc.comp_state, lc.index_state):
                 if st is not None:
                     tensors += st.tensors()
@@ -230,29 +240,36 @@ def format_bytes(cfg: ModelConfig, num_tokens: int, include_nextn: bool = False)
     return CacheBytes(window, comp, idx, state, history)
 
 
-def append_each(stores: list[Rows], rows: torch.Tensor, counts: list[int], stack: bool) -> None:
-    """Store i gets the next ``counts[i]`` of ``rows`` (in order). With ``stack`` (a decode step:
-    the same sequences step after step), in one write, the stores kept as views of one stack
-    (``stacked.py``) whose capacity doubles when a store outgrows it; else store by store."""
+def append_each(stores: list, rows, counts: list[int], stack: bool) -> None:
+    """Store i gets the next ``counts[i]`` of ``rows`` (in order): a tensor for ``Rows``, a tuple
+    a plane for a store of several (``stored.Nvfp4Rows``). With ``stack`` (a decode step: the same
+    sequences step after step), in one write a plane, the stores' planes kept as views of one
+    stack each (``stacked.py``) whose capacity doubles when a store outgrows it; else store by
+    store."""
     from .device import ints
     from .stacked import restack, stack_of
 
     if not sum(counts):
         return
+    parts = rows if isinstance(rows, tuple) else (rows,)
     if not stack:
-        for s, part in zip(stores, rows.split(counts)):
-            if part.shape[0]:
-                s.append(part)
+        for i, s in enumerate(stores):
+            at = sum(counts[:i])
+            if counts[i]:
+                mine = tuple(p[at : at + counts[i]] for p in parts)
+                s.append(mine if isinstance(rows, tuple) else mine[0])
         return
     need = max(s.n + c for s, c in zip(stores, counts))
-    base = stack_of([s.data for s in stores])
-    cap = base.shape[1] if base is not None else max(s.data.shape[0] for s in stores)
-    if base is None or need > cap:
-        base, views = restack([s.data for s in stores], max(need, 2 * cap) if need > cap else cap)
-        for s, v in zip(stores, views):
-            s.data = v
     at = [(i, s.n + j) for i, (s, c) in enumerate(zip(stores, counts)) for j in range(c)]
-    where = ints(at, base.device, torch.long)
-    base[where[:, 0], where[:, 1]] = rows.to(base.dtype)
+    where = None
+    for name, part in zip(stores[0].planes, parts):
+        base = stack_of([getattr(s, name) for s in stores])
+        cap = base.shape[1] if base is not None else max(getattr(s, name).shape[0] for s in stores)
+        if base is None or need > cap:
+            base, views = restack([getattr(s, name) for s in stores], max(need, 2 * cap) if need > cap else cap)
+            for s, v in zip(stores, views):
+                setattr(s, name, v)
+        where = ints(at, base.device, torch.long) if where is None else where
+        base[where[:, 0], where[:, 1]] = part.to(base.dtype)
     for s, c in zip(stores, counts):
         s.n += c

@@ -122,6 +122,22 @@ def hadamard(n: int, device: torch.device | str = "cpu") -> torch.Tensor:
     return (h / math.sqrt(n)).to(device)
 
 
+# ---- cache rows as stored (model.md 3.4) ---------------------------------------------------------
+
+def decode_fp8_rows(values: torch.Tensor, codes: torch.Tensor, block: int = 32) -> torch.Tensor:
+    """FP32 values of FP8 rows as stored (the ``quantize`` kernel's bytes): each e4m3 value times
+    2^(code - 127) of its ``block`` channels, NaN at code 255."""
+    scale = codes.view(torch.float8_e8m0fnu).float()
+    return (values.float().unflatten(-1, (-1, block)) * scale[..., None]).flatten(-2)
+
+
+def decode_nvfp4_rows(packed: torch.Tensor, scales: torch.Tensor, block: int = 16) -> torch.Tensor:
+    """FP32 values of NVFP4-like rows as stored (``quantize_fp4``'s bytes): each e2m1 value (the
+    even element in a byte's low nibble) times the E4M3 scale of its ``block`` channels."""
+    values = fp4_decode(unpack_fp4(packed)).unflatten(-1, (-1, block))
+    return (values * scales.float()[..., None]).flatten(-2)
+
+
 # ---- storage codecs (checkpoint writer / loader) -------------------------------------------------
 
 def quantize_fp8_blocks(w: torch.Tensor, block: int) -> tuple[torch.Tensor, torch.Tensor]:

@@ -152,16 +152,23 @@ class Model:
 
     def __init__(self, checkpoint: Checkpoint, *, dtype: torch.dtype = torch.bfloat16, quant: bool = True,
                  batch_invariant: bool = False, device: torch.device | str = "cpu", kernels: str = "reference",
-                 packed_only: bool | None = None):
+                 packed_only: bool | None = None, stored_rows: bool | None = None):
         """``packed_only``: keep the quantised weights as released codes alone, each dequantised at
         its use on the reference path (a quarter or an eighth of the dequantised bytes); by default
-        so with the generated kernels (they read the codes), never with the reference ops."""
+        so with the generated kernels (they read the codes), never with the reference ops.
+        ``stored_rows``: keep V4.1's window rings and compressed rows as their bytes (``stored.py``,
+        528 and 288 bytes a row), by default wherever the rows are quantised (V4.1 with ``quant``);
+        the values read from them are the ones the dequantised cache held."""
         check_dtype(dtype)
         device = resolve_device(device)
         cfg = self.config = checkpoint.config
         packed = kernels == "generated" if packed_only is None else packed_only
         ws = WeightSource(checkpoint, device, packed=packed, dequantised=not packed)
         self.device, self.dtype = device, dtype
+        self.stored_rows = cfg.is_v41 and quant if stored_rows is None else stored_rows
+        if self.stored_rows and not (cfg.is_v41 and quant):
+            raise ValueError("stored_rows: V4.1's quantised cache rows only (V4 keeps its rows as values; "
+                             "quant=False rows are not quantised)")
         self.ctx = Ctx(make_ops(batch_invariant, kernels), dtype, quant)
         self.embed, self.norm, self.head = ws.t("embed.weight"), ws.t("norm.weight"), ws.t("head.weight")
         self.blocks = [Block(cfg, ws, layer) for layer in range(cfg.num_hidden_layers)]
@@ -178,7 +185,7 @@ class Model:
                 if name.startswith("mtp.")}
 
     def new_cache(self) -> SequenceCache:
-        return SequenceCache.create(self.config, self.dtype, self.device)
+        return SequenceCache.create(self.config, self.dtype, self.device, stored=self.stored_rows)
 
     @torch.no_grad()
     def forward(self, seqs: list[StepSeq], all_logits: bool = False) -> list[torch.Tensor]:

@@ -147,7 +147,8 @@ def _reference_of(op):
             "engram": engram.Engram.__call__, "moe_experts": moe.MoE.experts_out,
             "candidate_pool": attention_v41.pick_pool, "compress": compressor.pool_windows,
             "compress_decode": compressor.pool_decode,
-            "rope": common.rope, "kv_round": common.round_rows}
+            "rope": common.rope, "kv_round": common.round_rows, "kv_encode": common.kv_encode,
+            "sparse_attention_stored": common.sparse_attention_stored}
     return ops[op].__wrapped__
 
 
@@ -193,6 +194,9 @@ def _agree(op, got, want, args) -> bool:
         return got.dtype == want.dtype and bool(((got - want).abs() <= 2.0 ** -22 * pair).all())
     if op == "kv_round":  # the cache format's round trip is defined bit for bit (-0 apart from +0)
         return got.dtype == want.dtype == torch.float32 and torch.equal(got.view(torch.int32), want.view(torch.int32))
+    if op == "kv_encode":  # the cache rows' bytes: the quantisers' reference, bit for bit
+        return all(g.dtype == w.dtype and torch.equal(g.view(torch.uint8), w.view(torch.uint8).to(g.device))
+                   for g, w in zip(got, want))
     if op == "route":
         return torch.equal(got[0], want[0]) and torch.allclose(got[1], want[1], rtol=4e-7, atol=0)
     if op == "rms_norm":
@@ -228,7 +232,7 @@ def _agree(op, got, want, args) -> bool:
         # Measured on the H200, 2026-12-02: 1-3 ulps at magnitudes 1-2; bitwise on the CPU.
         scale = want.float().abs().amax(-1, keepdim=True)
         return got.dtype == want.dtype and _close(got, want, 2.0 ** -7, 2.0 ** -6 * scale)
-    if op == "sparse_attention":
+    if op in ("sparse_attention", "sparse_attention_stored"):
         return bool(((got - want).abs() <= 2.0 ** -7 * want.abs().amax(-1, keepdim=True) + 1e-6).all())
     qi, wts, keys = args[1], args[2], args[3]
     k = keys.float().abs()
@@ -296,7 +300,8 @@ def each_op_agrees(llm: LLM, name: str) -> None:
     want_ops = {"rms_norm", "embed", "topk", "route", "sparse_attention", "index_scores", "hc_pre",
                 "hc_collapse", "hc_post", "linear_q", "sample", "linear", "lm_head", "compress", "compress_decode",
                 "rope", "kv_round"}
-    want_ops |= {"moe_experts"} | ({"hc_head"} if name == "v4-tiny" else {"engram_hash", "engram", "candidate_pool"})
+    want_ops |= {"moe_experts"} | ({"hc_head"} if name == "v4-tiny" else {"engram_hash", "engram", "candidate_pool",
+                                                                          "kv_encode", "sparse_attention_stored"})
     assert set(seen) == want_ops, set(seen)
     assert [op for op, v in sorted(seen.items()) if not all(v)] == []
     report = llm.last_stats.ops
@@ -379,10 +384,18 @@ def test_a_generation_with_a_changing_batch_builds_once_per_width(capsys, tmp_pa
     line = next(ln for ln in out if ln.startswith("op rms_norm:"))
     calls, builds = (int(n) for n in re.match(r"op rms_norm: (\d+) generated \(on (\d+) build", line).groups())
     assert calls > 20 and 1 <= builds <= 3, line
-    line = next(ln for ln in out if ln.startswith("op kv_round:"))  # three formats: three builds, every call
+    # two round trips (the window's FP8, the index keys' MXFP4): two builds, every call; the NVFP4
+    # compressed rows are stored as bytes (kv_encode), never rounded as values
+    line = next(ln for ln in out if ln.startswith("op kv_round:"))
     calls, builds = (int(n) for n in re.match(r"op kv_round: (\d+) generated \(on (\d+) build\(s\)\), 0 reference$",
                                               line).groups())
-    assert calls > 20 and builds == 3, line
+    assert calls > 20 and builds == 2, line
+    # kv_encode's NVFP4 rows (its FP8 window rows share linear_q's quantize builds): a build a
+    # power-of-two bucket of the rows (1, 2, 3 sequences at a step; the prompt's)
+    line = next(ln for ln in out if ln.startswith("op kv_encode:"))
+    calls, builds = (int(n) for n in re.match(r"op kv_encode: (\d+) generated \(on (\d+) build\(s\)\), 0 reference$",
+                                              line).groups())
+    assert calls > 20 and 1 <= builds <= 4, line
 
 
 def _signatures(llm: LLM) -> list[tuple[str, object, dict, dict]]:

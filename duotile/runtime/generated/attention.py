@@ -7,6 +7,7 @@ from __future__ import annotations
 import torch
 
 from ..device import ints, ship
+from ..layers.common import KV_ENCODE_FLOOR
 from ..stacked import restack, stack_of
 
 # kv_round's formats (runtime/layers/common.py) -> the kv_round spec's constants
@@ -41,6 +42,39 @@ class AttentionKernels:
                                                          kv=keys.to(torch.bfloat16).contiguous(), idx=idx,
                                                          sink=sink.float().contiguous(), o=o)
         return o.float()
+
+    def _sparse_attention_stored(self, ctx, q, ring, idx, cmp, sink, scale: float) -> torch.Tensor:
+        """The stored-row decode kernel over the rings' and compressed rows' stacks as they are:
+        BF16 queries, the index list as given, FP32 out."""
+        values, codes = ring
+        b, _, d = values.shape
+        if ctx.dtype != torch.bfloat16 or b == 0 or scale != d ** -0.5:
+            return NotImplemented
+        o = torch.empty(q.shape, dtype=torch.bfloat16, device=q.device)
+        extra = {} if cmp is None else {"cmp": cmp[0], "cmp_scale": cmp[1]}
+        self._kernel("sparse_mqa_decode_fp8", q.device, {})(q=q.to(torch.bfloat16).contiguous(), kv=values,
+                                                             kv_scale=codes, idx=idx.contiguous(),
+                                                             sink=sink.float().contiguous(), o=o, **extra)
+        return o.float()
+
+    def _kv_encode(self, ctx, t: torch.Tensor, fmt: str):
+        """``quantize`` (FP8, a UE8M0 code per 32, its least floor) or ``quantize_fp4`` (NVFP4)
+        over the rows; no rows, no launch."""
+        rows = t.reshape(-1, t.shape[-1]).contiguous()
+        n, d = rows.shape
+        if fmt == "fp8/32":
+            q = torch.empty(n, d, dtype=torch.float8_e4m3fn, device=t.device)
+            scale = torch.empty(n, d // 32, dtype=torch.uint8, device=t.device)
+            if n:
+                self._kernel("quantize", t.device, {"BLOCK": 32, "FLOOR": KV_ENCODE_FLOOR})(x=rows, q=q, scale=scale)
+            return q, scale
+        if fmt == "nvfp4":
+            q = torch.empty(n, d // 2, dtype=torch.uint8, device=t.device)
+            scale = torch.empty(n, d // 16, dtype=torch.uint8, device=t.device)
+            if n:
+                self._kernel("quantize_fp4", t.device, {"FORMAT": "nvfp4"})(x=rows, q=q, scale=scale)
+            return q, scale.view(torch.float8_e4m3fn)
+        return NotImplemented
 
     def _index_scores(self, ctx, qi, wts, keys, n_visible) -> torch.Tensor:
         """The indexer over one sequence's key rows, which every query of the chunk reads (or, keys

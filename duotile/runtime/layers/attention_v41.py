@@ -20,6 +20,7 @@ from ..config import ModelConfig
 from ..device import ship
 from ..model_ops import model_op
 from ..stacked import stack_attr
+from ..stored import Nvfp4Rows, StoredRing
 from .common import (
     Ctx,
     Rotary,
@@ -28,6 +29,7 @@ from .common import (
     attend,
     grouped_output,
     index_scores,
+    kv_encode,
     matmul,
     pad_cat,
     rms_norm,
@@ -100,9 +102,11 @@ class AttentionV41:
         main = ctx.act(rope(ctx, self.rope, latent, pos))
         key = ctx.act(rms_norm(ctx, matmul(ctx, latent, self.wk), self.k_norm, cfg.rms_norm_eps))
         key = ctx.act(rope(ctx, self.rope, key, pos))
-        if ctx.quant:
-            main, key = ctx.act(round_rows(ctx, main, "nvfp4")), ctx.act(round_rows(ctx, key, "mxfp4"))
         lcs, decode = [seq.cache.layers[self.layer] for seq, _ in seqs], one_token_each(seqs)
+        stored = isinstance(lcs[0].comp, Nvfp4Rows)
+        if ctx.quant:  # rows as stored are encoded from the unrounded values (NVFP4 does not re-encode)
+            main = kv_encode(ctx, main, "nvfp4") if stored else ctx.act(round_rows(ctx, main, "nvfp4"))
+            key = ctx.act(round_rows(ctx, key, "mxfp4"))
         append_each([lc.comp for lc in lcs], main, counts, stack=decode)
         append_each([lc.index_keys for lc in lcs], key, counts, stack=decode)
 
@@ -158,8 +162,11 @@ class AttentionV41:
         q = ctx.act(rope(ctx, self.rope, ctx.act(self.wq_b(ctx, qr)).view(t, h, d), pos))
         kv = ctx.act(rms_norm(ctx, self.wkv(ctx, x), self.kv_norm, cfg.rms_norm_eps))
         kv = ctx.act(rope(ctx, self.rope, kv, pos))
+        encoded = None
         if ctx.quant:
             kv = ctx.act(round_rows(ctx, kv, "fp8/32"))
+            if isinstance(step.seqs[0].cache.layers[self.layer].ring, StoredRing):
+                encoded = kv_encode(ctx, kv, "fp8/32")  # the rounded rows' own bytes: their values kept
         qi = wts = None
         if self.kind in ("full", "reindex"):
             qi = ctx.act(self.idx_wq_b(ctx, qr)).view(t, cfg.index_n_heads, cfg.index_head_dim)
@@ -173,6 +180,6 @@ class AttentionV41:
         sels = self._select(ctx, seqs, qi, wts, pos) if self.ratio else None
 
         compressed = Selected([seq.cache.layers[self.kv_src].comp for seq, _ in seqs], sels) if self.ratio else None
-        out = attend(ctx, seqs, self.layer, q, kv, compressed, self.sink, d**-0.5)
+        out = attend(ctx, seqs, self.layer, q, kv, compressed, self.sink, d**-0.5, encoded)
         o = ctx.act(rope(ctx, self.rope, ctx.act(out), pos, inverse=True))
         return grouped_output(ctx, o.flatten(1), self.wo_a, self.wo_b, cfg.o_groups)

@@ -18,7 +18,12 @@ from ..config import ModelConfig
 from ..device import ship
 from ..model_ops import Tally, model_op
 from ..ops import FastOps
+from ..stored import FP8_BLOCK, StoredRing
 from .step import one_token_each
+
+# kv_encode's scale floor for FP8 rows: the quantize kernel's least, so that the only blocks it
+# moves are those whose amax is below 2^-118 (rows the kv_round trip, with no floor, left finer)
+KV_ENCODE_FLOOR = 2.0**-118
 
 
 @dataclass
@@ -262,12 +267,17 @@ class Visible:
 
 
 def attend(ctx: Ctx, seqs: list, layer: int, q: torch.Tensor, kv: torch.Tensor, compressed, sink: torch.Tensor,
-           scale: float) -> torch.Tensor:
+           scale: float, encoded: tuple | None = None) -> torch.Tensor:
     """A layer's sparse attention for a step's sequences (``(StepSeq, slice)`` pairs): each query's
     window rows, then its compressed rows (``Selected`` or ``Visible``; None: a window-only
     layer); each sequence's ring written after its rows were read; one ``sparse_attention`` over
-    all queries (rows padded, masked). A decode step gathers every sequence's rows at once."""
-    if one_token_each(seqs) and seqs[0][0].cache.layers[layer].ring.dtype == kv.dtype:
+    all queries (rows padded, masked). A decode step gathers every sequence's rows at once; over
+    rings as stored (``stored.py``; ``encoded`` is then ``kv``'s bytes, ``kv_encode``) it reads
+    them where they are (``sparse_attention_stored``)."""
+    ring0 = seqs[0][0].cache.layers[layer].ring
+    if one_token_each(seqs) and isinstance(ring0, StoredRing):
+        return _stored_decode(ctx, seqs, layer, q, encoded, compressed, sink, scale)
+    if one_token_each(seqs) and ring0.dtype == kv.dtype:
         keys, valid = _decode_keys(seqs, layer, kv, compressed)
         return sparse_attention(ctx, q, keys, valid, sink, scale)
     keys, valid = [], []
@@ -279,8 +289,62 @@ def attend(ctx: Ctx, seqs: list, layer: int, q: torch.Tensor, kv: torch.Tensor, 
             k, v = torch.cat([k, extra[0].to(k.dtype)], 1), torch.cat([v, ship(extra[1], v.device)], 1)
         keys.append(k)
         valid.append(v)
-        write_ring(ring, seq.start, kv[sl])  # its window rows above are a copy
+        mine = None if encoded is None else tuple(e[sl] for e in encoded)
+        write_ring(ring, seq.start, kv[sl], mine)  # its window rows above are a copy
     return sparse_attention(ctx, q, pad_cat(keys, 0.0), pad_cat(valid, False), sink, scale)
+
+
+def _stored_decode(ctx: Ctx, seqs: list, layer: int, q: torch.Tensor, encoded: tuple, compressed, sink, scale):
+    """``attend`` of a decode step over rings as stored: the rings' planes as stacks, the new rows'
+    bytes written first (slot P mod W), and one index list a query: its W window slots in position
+    order (-1 before position 0), then its selected compressed rows at W + row (-1 for none)."""
+    from ..stacked import stack_attr
+
+    rings = [seq.cache.layers[layer].ring for seq, _ in seqs]
+    values, codes = stack_attr(rings, "values"), stack_attr(rings, "codes")
+    b, size, dev = values.shape[0], values.shape[1], values.device
+    pos = ship(torch.tensor([seq.start for seq, _ in seqs]), dev)
+    each = torch.arange(b, device=dev)
+    values[each, pos % size], codes[each, pos % size] = encoded
+    window = pos[:, None] - size + 1 + torch.arange(size, device=dev)[None, :]  # positions P - W + 1 .. P
+    idx = torch.where(window >= 0, window % size, -1)
+    cmp = None
+    if compressed is not None:
+        cmp = (stack_attr(compressed.stores, "packed"), stack_attr(compressed.stores, "scales"))
+        sel = ship(torch.cat(compressed.sel), dev)
+        idx = torch.cat([idx, torch.where(sel >= 0, sel + size, -1)], 1)
+    return sparse_attention_stored(ctx, q, (values, codes), idx.to(torch.int32), cmp, sink, scale)
+
+
+@model_op("sparse_attention_stored")
+def sparse_attention_stored(ctx: Ctx, q: torch.Tensor, ring: tuple, idx: torch.Tensor, cmp: tuple | None,
+                            sink: torch.Tensor, scale: float) -> torch.Tensor:
+    """``sparse_attention`` of one query a sequence over its rows as stored: ``ring`` (values
+    [B, W, d] e4m3, codes [B, W, d / 32]), ``cmp`` (packed [B, N, d / 2], scales [B, N, d / 16])
+    or None; ``idx`` [B, L] names window row j < W or compressed row j - W, -1 none. FP32 out."""
+    rows = quant.decode_fp8_rows(*ring, FP8_BLOCK)
+    if cmp is not None:
+        rows = torch.cat([rows, quant.decode_nvfp4_rows(*cmp)], 1)
+    each = torch.arange(rows.shape[0], device=rows.device)[:, None]
+    keys = rows[each, idx.long().clamp(min=0)].to(q.dtype)
+    return sparse_attention(ctx, q, keys, idx >= 0, sink, scale)
+
+
+@model_op("kv_encode")
+def kv_encode(ctx: Ctx, t: torch.Tensor, fmt: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """V4.1 rows [T, d] as the cache stores them: ``fp8/32`` (e4m3 values, a UE8M0 code per 32
+    channels; the ``quantize`` kernel's, its floor 2^-118, so that rows already rounded to the
+    format keep their values) or ``nvfp4`` (e2m1 codes two a byte, an E4M3 scale per 16)."""
+    from ...kernels_spec.quantize import quantize_reference
+    from ...kernels_spec.quantize_fp4 import quantize_fp4_reference
+
+    if fmt == "fp8/32":
+        out = quantize_reference(t, BLOCK=32, FLOOR=KV_ENCODE_FLOOR)
+        return out["q"], out["scale"]
+    if fmt == "nvfp4":
+        out = quantize_fp4_reference(t, "nvfp4")
+        return out["q"], out["scale"].view(torch.float8_e4m3fn)
+    raise ValueError(f"kv_encode: format {fmt!r}: fp8/32 or nvfp4")
 
 
 def _decode_keys(seqs: list, layer: int, kv: torch.Tensor, compressed) -> tuple[torch.Tensor, torch.Tensor]:
@@ -310,13 +374,17 @@ def _decode_keys(seqs: list, layer: int, kv: torch.Tensor, compressed) -> tuple[
     return torch.cat([keys, rows.to(keys.dtype)], 1), torch.cat([valid, seen], 1)
 
 
-def write_ring(ring: torch.Tensor, start: int, new_rows: torch.Tensor) -> None:
-    """Store the chunk's rows at slot `pos % W` (only the last W matter)."""
+def write_ring(ring, start: int, new_rows: torch.Tensor, encoded: tuple | None = None) -> None:
+    """Store the chunk's rows at slot `pos % W` (only the last W matter); a ring as stored takes
+    their bytes (``encoded``)."""
     size = ring.shape[0]
     s = new_rows.shape[0]
     keep = min(s, size)
-    pos = torch.arange(start + s - keep, start + s)
-    ring[ship(pos % size, ring.device)] = new_rows[s - keep :].to(ring.dtype)
+    slots = ship(torch.arange(start + s - keep, start + s) % size, ring.device)
+    if isinstance(ring, StoredRing):
+        ring.write(slots, tuple(e[s - keep :] for e in encoded))
+    else:
+        ring[slots] = new_rows[s - keep :].to(ring.dtype)
 
 
 def grouped_output(ctx: Ctx, o: torch.Tensor, wo_a: Linear, wo_b: Linear, groups: int) -> torch.Tensor:

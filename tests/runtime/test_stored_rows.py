@@ -1,0 +1,83 @@
+"""V4.1's cache rows kept as bytes (runtime/stored.py): the same logits as the cache of values,
+bit for bit, at a fraction of the bytes; the codecs against the round trips; what is refused."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from duotile.kernels_spec.quantize import quantize_reference
+from duotile.kernels_spec.quantize_fp4 import quantize_fp4_reference
+from duotile.runtime import quant
+from duotile.runtime.cache import SequenceCache, format_bytes
+from duotile.runtime.engine import LLM
+from duotile.runtime.layers.common import KV_ENCODE_FLOOR
+from duotile.runtime.reference import Model
+from duotile.runtime.sampler import SamplingParams
+from duotile.runtime.stored import Nvfp4Rows, StoredRing
+
+
+def _generate(ckpt: str, stored: bool, invariant: bool):
+    llm = LLM(ckpt, batch_invariant=invariant)
+    llm.model.stored_rows = stored
+    params = SamplingParams(max_tokens=6, ignore_eos=True, return_logits=True)
+    # a prompt past the 16-row window (the ring wraps) beside short ones
+    return llm.generate([list(range(3, 43)), [2, 7], [3, 1, 4, 1, 5]], [params] * 3)
+
+
+@pytest.mark.parametrize("invariant", [False, True])
+def test_rows_as_bytes_give_the_logits_of_rows_as_values(ckpt_dir, invariant):
+    """The reference forward over rings and compressed rows kept as bytes: every request's logits
+    at every step equal those over the cache of dequantised values, bit for bit."""
+    ckpt = ckpt_dir("v41-tiny")
+    values, stored = _generate(ckpt, False, invariant), _generate(ckpt, True, invariant)
+    for a, b in zip(values, stored):
+        assert a.token_ids == b.token_ids
+        assert all(torch.equal(x, y) for x, y in zip(a.logits, b.logits))
+    assert stored[0].allocated_cache_bytes < 0.65 * values[0].allocated_cache_bytes
+
+
+def test_a_v41_cache_holds_its_rows_in_the_production_formats(ckpt_dir):
+    model = Model(LLM(ckpt_dir("v41-tiny")).checkpoint)
+    cache, cfg = model.new_cache(), model.config
+    ring = cache.layers[0].ring
+    assert isinstance(ring, StoredRing) and ring.nbytes() == cfg.sliding_window * (cfg.head_dim + cfg.head_dim // 32)
+    assert ring.nbytes() * cfg.num_hidden_layers == format_bytes(cfg, 0).window  # model.md 3.4's 528 B a row at 512
+    sources = [lc.comp for lc in cache.layers if lc.comp is not None]
+    assert sources and all(isinstance(c, Nvfp4Rows) for c in sources)
+    assert sources[0].packed.shape[1] + sources[0].scales.shape[1] == cfg.head_dim // 2 + cfg.head_dim // 16
+
+
+def test_stored_rows_are_refused_where_the_rows_are_not_quantised(ckpt_dir):
+    with pytest.raises(ValueError, match="stored_rows: V4.1's quantised cache rows only"):
+        Model(LLM(ckpt_dir("v4-tiny")).checkpoint, stored_rows=True)
+    with pytest.raises(ValueError, match="stored_rows"):
+        Model(LLM(ckpt_dir("v41-tiny")).checkpoint, quant=False, stored_rows=True)
+    assert not Model(LLM(ckpt_dir("v41-tiny")).checkpoint, quant=False).stored_rows
+    assert isinstance(SequenceCache.create(Model(LLM(ckpt_dir("v4-tiny")).checkpoint).config, torch.bfloat16)
+                      .layers[0].ring, torch.Tensor)
+
+
+def _rows(seed: int) -> torch.Tensor:
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(64, 512, generator=g) * torch.exp2(torch.randint(-30, 30, (64, 1), generator=g).float())
+    x[7] = 0.0
+    return x
+
+
+def test_fp8_rows_decode_to_the_round_trip_and_rounded_rows_keep_their_values():
+    """The bytes kv_encode stores (the quantize kernel's reference at its least floor) decode to
+    kv_round's values; encoding those values again changes none (what the window ring is given)."""
+    x = _rows(1)
+    rounded = quant.fp8_block_round(x, 32)
+    for rows in (x, rounded):
+        out = quantize_reference(rows, BLOCK=32, FLOOR=KV_ENCODE_FLOOR)
+        assert torch.equal(quant.decode_fp8_rows(out["q"], out["scale"]), rounded)
+
+
+def test_nvfp4_rows_decode_to_the_round_trip():
+    """NVFP4 bytes are encoded from the unrounded rows (rounded ones may take a smaller scale)."""
+    x = _rows(2)
+    out = quantize_fp4_reference(x, "nvfp4")
+    assert torch.equal(quant.decode_nvfp4_rows(out["q"], out["scale"].view(torch.float8_e4m3fn)),
+                       quant.nvfp4_round(x))
