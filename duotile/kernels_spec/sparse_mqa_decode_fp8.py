@@ -22,7 +22,8 @@ tensor-core work (small beside the rows' reads at decode).
 Model shapes (V4.1 alone: V4's rows keep 64 BF16 rope channels beside 448 FP8 ones): the SWA
 layers (0 and 1) read their ring alone, 128 rows a query; a CSA2 layer reads its ring and its
 top-512 compressed rows, 640 a query, of a 64K context's 32,768 (ratio 2); decode batches 1, 16
-and 64. The runtime keeps its caches in BF16 and does not call this kernel yet.
+and 64. The runtime's V4.1 decode calls it (the model op ``sparse_attention_stored``) on the rows
+its cache keeps as bytes (``runtime/stored.py``).
 """
 
 from __future__ import annotations
