@@ -148,7 +148,8 @@ def _reference_of(op):
             "candidate_pool": attention_v41.pick_pool, "compress": compressor.pool_windows,
             "compress_decode": compressor.pool_decode,
             "rope": common.rope, "kv_round": common.round_rows, "kv_encode": common.kv_encode,
-            "sparse_attention_stored": common.sparse_attention_stored}
+            "sparse_attention_stored": common.sparse_attention_stored,
+            "sparse_attention_rows": common.sparse_attention_rows}
     return ops[op].__wrapped__
 
 
@@ -232,7 +233,7 @@ def _agree(op, got, want, args) -> bool:
         # Measured on the H200, 2026-12-02: 1-3 ulps at magnitudes 1-2; bitwise on the CPU.
         scale = want.float().abs().amax(-1, keepdim=True)
         return got.dtype == want.dtype and _close(got, want, 2.0 ** -7, 2.0 ** -6 * scale)
-    if op in ("sparse_attention", "sparse_attention_stored"):
+    if op in ("sparse_attention", "sparse_attention_stored", "sparse_attention_rows"):
         return bool(((got - want).abs() <= 2.0 ** -7 * want.abs().amax(-1, keepdim=True) + 1e-6).all())
     qi, wts, keys = args[1], args[2], args[3]
     k = keys.float().abs()
@@ -297,11 +298,11 @@ def each_op_agrees(llm: LLM, name: str) -> None:
     ops._serves = {op: checked(op, k) for op, k in ops._serves.items()}
     llm.generate([[3, 1, 4, 1, 5, 9, 2, 6], [2, 7]], [SamplingParams(max_tokens=3, ignore_eos=True),
                   SamplingParams(temperature=0.8, seed=5, max_tokens=3, ignore_eos=True)])
-    want_ops = {"rms_norm", "embed", "topk", "route", "sparse_attention", "index_scores", "hc_pre",
+    want_ops = {"rms_norm", "embed", "topk", "route", "sparse_attention_rows", "index_scores", "hc_pre",
                 "hc_collapse", "hc_post", "linear_q", "sample", "linear", "lm_head", "compress", "compress_decode",
                 "rope", "kv_round"}
-    want_ops |= {"moe_experts"} | ({"hc_head"} if name == "v4-tiny" else {"engram_hash", "engram", "candidate_pool",
-                                                                          "kv_encode", "sparse_attention_stored"})
+    want_ops |= {"moe_experts"} | ({"hc_head", "sparse_attention"} if name == "v4-tiny" else
+                                   {"engram_hash", "engram", "candidate_pool", "kv_encode", "sparse_attention_stored"})
     assert set(seen) == want_ops, set(seen)
     assert [op for op, v in sorted(seen.items()) if not all(v)] == []
     report = llm.last_stats.ops
@@ -333,8 +334,8 @@ def test_batch_invariance_holds_with_generated_kernels(ckpt_dir):
     alone = _run(llm, prompt, watched, 1, 0, None, 256, 16, seed=0)
     served = llm.last_stats.ops
     assert served["rms_norm"][0] > 0 and all(served[op] == (served[op][0], 0) and served[op][0] > 0 for op in (
-        "topk", "route", "sparse_attention", "index_scores", "hc_pre", "hc_collapse", "hc_post",
-        "moe_experts", "sample", "engram", "candidate_pool", "compress", "kv_round")), served
+        "topk", "route", "sparse_attention_rows", "sparse_attention_stored", "kv_encode", "index_scores", "hc_pre",
+        "hc_collapse", "hc_post", "moe_experts", "sample", "engram", "candidate_pool", "compress", "kv_round")), served
     assert served["rope"][0] > 0
     llm.scheduler = Scheduler(16, 64, 5)  # the prompt in chunks of 5 beside two short requests
     others = SamplingParams(temperature=0.7, max_tokens=2, seed=3, ignore_eos=True)
@@ -412,7 +413,9 @@ def every_build_lowers_for_the_gpu_targets(llm: LLM) -> None:
     generated for sm90 and sm100 with the config a user gets: the interpreter takes any tile, the GPU
     generators do not (a 4-head decode's 4-row accumulator cannot be split over sm90's warps)."""
     calls = _signatures(llm)
-    assert {spec for spec, *_ in calls} >= {"sparse_mqa_decode", "rmsnorm", "topk", "moe_gemm_mxfp4"}
+    specs = {spec for spec, *_ in calls}
+    assert specs >= {"sparse_mqa_prefill", "rmsnorm", "topk", "moe_gemm_mxfp4"}
+    assert specs & {"sparse_mqa_decode", "sparse_mqa_decode_fp8"}  # V4's rows as values, V4.1's as bytes
     failed = []
     for target in ("sm90", "sm100"):
         tgt = get_target(target)
@@ -471,7 +474,7 @@ def test_generated_logits_stay_within_twice_the_references_own_spread(ckpt_dir, 
     generated = LLM(ckpt_dir(name), kernels="generated")
     got = _teacher_forced(generated, seq, len(prompt) - 1)
     served = generated.model.ctx.tally.snapshot()
-    assert all(served[op][0] > 0 and served[op][1] == 0 for op in ("linear", "sparse_attention", "moe_experts"))
+    assert all(served[op][0] > 0 and served[op][1] == 0 for op in ("linear", "sparse_attention_rows", "moe_experts"))
     assert (got - ref).abs().max().item() <= 2 * spread
 
 

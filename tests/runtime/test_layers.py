@@ -121,3 +121,44 @@ def test_engram_hash_matches_the_formula(build):
                 assert ids[t, (order - 1) * cfg.engram_n_heads + head].item() == h % p + offset
     assert torch.equal(engram.hash_ids(toks[:2], torch.tensor(toks[2:])), ids[2:])
     assert isinstance(engram, Engram)
+
+
+@pytest.mark.parametrize("start, s", [(0, 5), (3, 4), (40, 6), (10, 20)])
+def test_window_rows_name_each_querys_window_once_in_position_order(start, s):
+    """A chunk's window rows are the ring's W - 1 rows before it and its own S rows, each once;
+    query i (position start + i) names the W of them at positions start + i - W + 1 .. start + i,
+    -1 before position 0 (a ring that wrapped, a chunk longer than the window)."""
+    from duotile.runtime.layers.common import window_rows
+
+    w, d = 16, 8
+    ring = torch.zeros(w, d)
+    for p in range(max(0, start - w), start):  # row of position p holds p in every channel
+        ring[p % w] = p
+    new = torch.arange(start, start + s, dtype=torch.float32)[:, None].expand(s, d)
+    rows, idx = window_rows(ring, start, new)
+    assert rows.shape == (w - 1 + s, d) and idx.shape == (s, w)
+    for i in range(s):
+        for j in range(w):
+            pos = start + i - w + 1 + j
+            assert (idx[i, j] == -1) if pos < 0 else (rows[idx[i, j], 0] == pos)
+
+
+def test_a_prefill_chunk_reads_its_rows_once_not_once_a_query(ckpt_dir):
+    """The chunk's attention op gets each sequence's rows once (window rows + compressed rows) and
+    an index list a query, where it was given a [S, L, d] copy of every query's rows."""
+    from duotile.runtime.engine import LLM
+    from duotile.runtime.sampler import SamplingParams
+
+    llm = LLM(ckpt_dir("v41-tiny"), kernels="generated")
+    ops, seen = llm.model.ctx.ops, []
+    served = ops._serves["sparse_attention_rows"]
+
+    def watch(ctx, q, rows, idx, sink, scale):
+        seen.append((q.shape[0], rows.shape[0], idx.shape))
+        return served(ctx, q, rows, idx, sink, scale)
+
+    ops._serves["sparse_attention_rows"] = watch
+    llm.generate([list(range(3, 33))], [SamplingParams(max_tokens=1, ignore_eos=True)])
+    w = llm.config.sliding_window
+    assert seen and all(t == 30 and w - 1 + t <= n <= w - 1 + t + 30 and shape[0] == t for t, n, shape in seen)
+    assert max(shape[1] for *_, shape in seen) > w  # the compressed rows' slots after the window's

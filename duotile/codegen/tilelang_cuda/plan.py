@@ -150,7 +150,8 @@ def _share_loaded_inputs(ops: list[Op], plan: Plan) -> None:
             e = op.attrs["expr"]
             writes.setdefault(into.id, []).append(e.kind == "arg" and op.args[e.attr].id in loaded)
     loaded |= {v for v, copies in writes.items() if all(copies)}
-    computed = {op.result.id for op in ops if op.name == "map" and op.result is not None and op.attrs.get("into") is None}
+    computed = {op.result.id for op in ops
+                if op.name == "map" and op.result is not None and op.attrs.get("into") is None}
     for op in ops:
         if op.name == "gather" and plan.scope.get(op.result.id) == "shared":
             rows = op.args[0]

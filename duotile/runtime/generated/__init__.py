@@ -44,7 +44,7 @@ _OP_OF = {
     "moe_combine": "moe_experts", "candidate_pool": "candidate_pool", "compressor_prefill": "compress",
     "compressor_decode": "compress_decode",
     "rope": "rope", "kv_round": "kv_round", "gemm_f32": "linear", "quantize_fp4": "kv_encode",
-    "sparse_mqa_decode_fp8": "sparse_attention_stored",
+    "sparse_mqa_decode_fp8": "sparse_attention_stored", "sparse_mqa_prefill": "sparse_attention_rows",
 }
 
 class GeneratedOps(DenseKernels, AttentionKernels, StreamKernels, MoEKernels):
@@ -66,7 +66,8 @@ class GeneratedOps(DenseKernels, AttentionKernels, StreamKernels, MoEKernels):
                         "moe_experts": self._moe_experts, "candidate_pool": self._candidate_pool,
                         "compress": self._compress, "compress_decode": self._compress_decode,
                         "rope": self._rope, "kv_round": self._kv_round, "kv_encode": self._kv_encode,
-                        "sparse_attention_stored": self._sparse_attention_stored}
+                        "sparse_attention_stored": self._sparse_attention_stored,
+                        "sparse_attention_rows": self._sparse_attention_rows}
         self._moe_packs: dict[int, tuple] = {}  # id(MoE) -> (the MoE, its weights stacked for the kernels)
         # weight's place -> (weight, version, BF16 copy or None), the most recent BF16_KEPT of them: a
         # weight dequantised for one use (a packed-only layer on the reference path) is not kept long

@@ -43,6 +43,19 @@ class AttentionKernels:
                                                          sink=sink.float().contiguous(), o=o)
         return o.float()
 
+    def _sparse_attention_rows(self, ctx, q, rows, idx, sink, scale: float) -> torch.Tensor:
+        """The prefill kernel: each query over its own index list into the rows the chunk's queries
+        share (BF16, as the forward's activations are), FP32 out."""
+        t, d = q.shape[0], rows.shape[-1]
+        if ctx.dtype != torch.bfloat16 or t == 0 or rows.shape[0] == 0 or scale != d ** -0.5:
+            return NotImplemented
+        o = torch.empty(q.shape, dtype=torch.bfloat16, device=q.device)
+        self._kernel("sparse_mqa_prefill", q.device, {})(q=q.to(torch.bfloat16).contiguous(),
+                                                          kv=rows.to(torch.bfloat16).contiguous(),
+                                                          idx=ship(idx.to(torch.int32), q.device).contiguous(),
+                                                          sink=sink.float().contiguous(), o=o)
+        return o.float()
+
     def _sparse_attention_stored(self, ctx, q, ring, idx, cmp, sink, scale: float) -> torch.Tensor:
         """The stored-row decode kernel over the rings' and compressed rows' stacks as they are:
         BF16 queries, the index list as given, FP32 out."""

@@ -197,7 +197,13 @@ def sparse_attention(ctx: Ctx, q: torch.Tensor, keys: torch.Tensor, valid: torch
 
     q [S, H, d]; keys [S, L, d] (K = V); valid [S, L]. Returns o [S, H, d] in FP32.
     """
-    ops = ctx.ops
+    return attention_with_sink(ctx.ops, q, keys, valid, sink, scale)
+
+
+def attention_with_sink(ops, q: torch.Tensor, keys: torch.Tensor, valid: torch.Tensor, sink: torch.Tensor,
+                        scale: float) -> torch.Tensor:
+    """``sparse_attention``'s math on ``ops`` (fast or batch-invariant): the reference body of the
+    three attention ops, which differ in how the rows reach it."""
     q, keys = q.float(), keys.float()
     if ops.invariant:
         logits = ops.sum(q[:, :, None, :] * keys[:, None, :, :], -1)
@@ -213,19 +219,20 @@ def sparse_attention(ctx: Ctx, q: torch.Tensor, keys: torch.Tensor, valid: torch
     return torch.einsum("shl,sld->shd", p, keys)
 
 
-def window_keys(ring: torch.Tensor, start: int, new_rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Per-query window rows [S, W, d] (slot j = position P-W+1+j) and their validity [S, W].
+def window_rows(ring, start: int, new_rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """A chunk's window rows, each once: [W - 1 + S, d] (positions start - W + 1 .. start + S - 1,
+    the ring's rows of positions < start first), and each query's W of them [S, W] as row indices
+    in position order, -1 before position 0.
 
     `ring` [W, d] holds the rows of positions < start at slot `pos % W`; new_rows [S, d] are the chunk's.
     """
     size = ring.shape[0]
     prev_pos = torch.arange(start - size + 1, start)
     prev = ring[ship(prev_pos % size, ring.device)].to(new_rows.dtype)
-    ext = torch.cat([prev, new_rows], 0)  # positions start-W+1 .. start+S-1
     s = new_rows.shape[0]
-    keys = ext.unfold(0, size, 1).transpose(1, 2)[:s]  # [S, W, d]
-    pos = torch.arange(s)[:, None] + start - size + 1 + torch.arange(size)[None, :]
-    return keys, ship(pos >= 0, ring.device)
+    at = torch.arange(s)[:, None] + torch.arange(size)[None, :]  # query i's slot j: row i + j
+    pos = at + start - size + 1
+    return torch.cat([prev, new_rows], 0), ship(torch.where(pos >= 0, at, -1), ring.device)
 
 
 def pad_cat(parts: list[torch.Tensor], fill) -> torch.Tensor:
@@ -251,7 +258,8 @@ class Selected:
     sel: list[torch.Tensor]
 
     def rows(self, i: int) -> tuple[torch.Tensor, torch.Tensor]:
-        return self.stores[i].data[self.sel[i].clamp(min=0)], self.sel[i] >= 0
+        """Sequence i's stored rows [n, d] and each query's indices into them [S_i, K] (-1 none)."""
+        return self.stores[i].view, self.sel[i]
 
 
 @dataclass
@@ -263,7 +271,8 @@ class Visible:
 
     def rows(self, i: int) -> tuple[torch.Tensor, torch.Tensor]:
         rows, visible = self.stores[i].view, self.n_visible[i]
-        return rows[None].expand(len(visible), -1, -1), torch.arange(rows.shape[0])[None, :] < visible[:, None]
+        at = torch.arange(rows.shape[0])[None, :].expand(len(visible), -1)
+        return rows, torch.where(at < visible[:, None], at, -1)
 
 
 def attend(ctx: Ctx, seqs: list, layer: int, q: torch.Tensor, kv: torch.Tensor, compressed, sink: torch.Tensor,
@@ -280,18 +289,30 @@ def attend(ctx: Ctx, seqs: list, layer: int, q: torch.Tensor, kv: torch.Tensor, 
     if one_token_each(seqs) and ring0.dtype == kv.dtype:
         keys, valid = _decode_keys(seqs, layer, kv, compressed)
         return sparse_attention(ctx, q, keys, valid, sink, scale)
-    keys, valid = [], []
+    rows, idx, base = [], [], 0
     for i, (seq, sl) in enumerate(seqs):
         ring = seq.cache.layers[layer].ring
-        k, v = window_keys(ring, seq.start, kv[sl])
+        r, ix = window_rows(ring, seq.start, kv[sl])
         if compressed is not None:
-            extra = compressed.rows(i)
-            k, v = torch.cat([k, extra[0].to(k.dtype)], 1), torch.cat([v, ship(extra[1], v.device)], 1)
-        keys.append(k)
-        valid.append(v)
+            extra, sel = compressed.rows(i)
+            sel = ship(sel, ix.device)
+            ix = torch.cat([ix, torch.where(sel >= 0, sel + r.shape[0], -1)], 1)
+            r = torch.cat([r, extra.to(r.dtype)])
+        rows.append(r)
+        idx.append(torch.where(ix >= 0, ix + base, -1))
+        base += r.shape[0]
         mine = None if encoded is None else tuple(e[sl] for e in encoded)
         write_ring(ring, seq.start, kv[sl], mine)  # its window rows above are a copy
-    return sparse_attention(ctx, q, pad_cat(keys, 0.0), pad_cat(valid, False), sink, scale)
+    return sparse_attention_rows(ctx, q, torch.cat(rows), pad_cat(idx, -1), sink, scale)
+
+
+@model_op("sparse_attention_rows")
+def sparse_attention_rows(ctx: Ctx, q: torch.Tensor, rows: torch.Tensor, idx: torch.Tensor, sink: torch.Tensor,
+                          scale: float) -> torch.Tensor:
+    """``sparse_attention`` of a chunk's queries [T, H, d] over rows they share: ``rows`` [N, d]
+    (each sequence's window rows once, then its compressed rows), ``idx`` [T, L] each query's own
+    (-1 none). FP32 out."""
+    return attention_with_sink(ctx.ops, q, rows[idx.clamp(min=0)], idx >= 0, sink, scale)
 
 
 def _stored_decode(ctx: Ctx, seqs: list, layer: int, q: torch.Tensor, encoded: tuple, compressed, sink, scale):
@@ -327,7 +348,7 @@ def sparse_attention_stored(ctx: Ctx, q: torch.Tensor, ring: tuple, idx: torch.T
         rows = torch.cat([rows, quant.decode_nvfp4_rows(*cmp)], 1)
     each = torch.arange(rows.shape[0], device=rows.device)[:, None]
     keys = rows[each, idx.long().clamp(min=0)].to(q.dtype)
-    return sparse_attention(ctx, q, keys, idx >= 0, sink, scale)
+    return attention_with_sink(ctx.ops, q, keys, idx >= 0, sink, scale)
 
 
 @model_op("kv_encode")
