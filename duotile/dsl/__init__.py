@@ -36,6 +36,7 @@ from .ops import (
     nvfp4_values,
     pipelined,
     range,
+    require,
     rsqrt,
     scalar,
     sigmoid,
@@ -53,7 +54,7 @@ __all__ = [
     "Module", "Role", "Const", "KernelDef", "OptionalTensor", "Tensor", "Tunable", "kernel",
     "arange", "bitcast", "cdiv", "cumsum", "empty", "exp", "exp2", "full", "gemm", "grid", "load", "log", "log2",
     "maximum", "minimum", "mxfp4_values", "mxfp8_values", "next_pow2", "nvfp4_values", "pipelined", "range",
-    "rsqrt", "scalar", "sigmoid", "sqrt",
+    "require", "rsqrt", "scalar", "sigmoid", "sqrt",
     "store", "where", "workspace", "zeros",
     "SMALLER_POW2", "boolean", "choice", "enum", "int_range", "is_power_of_two", "pow2",
 ]

@@ -24,6 +24,7 @@ class Builder:
         self.stack: list[Block] = [self.root]
         self.tensor_names: set[str] = set()  # the kernel's tensors, then its workspaces
         self.workspaces: list = []  # TensorParams declared by dsl.workspace, in order
+        self.requires: list = []  # dsl.require's (condition, message, spec line) on sizes
 
     def loc(self) -> SourceLoc | None:
         """The spec line that is running now: between the op and the kernel function, the

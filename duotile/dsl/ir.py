@@ -157,6 +157,8 @@ class Module:
     batch_dim: str | None = None
     source_file: str = ""
     phase: int | None = None  # which phase of a multi-phase kernel this module is (split_phases)
+    # dsl.require's conditions on sizes: (condition, message, spec line), checked by bind_shapes
+    requires: list[tuple[Any, str, Any]] = field(default_factory=list)
 
     def param(self, name: str) -> TensorParam:
         for p in self.params:

@@ -205,7 +205,7 @@ class KernelDef:
             raise DslError(f"kernel {self.name!r}: `{stray.name}` outside dsl.grid; every tile op belongs "
                            "to a grid", stray.loc)
         return Module(self.name, params + b.workspaces, b.root, config=cfg, constants=consts,
-                      batch_dim=self.batch_dim, source_file=self.source_file)
+                      batch_dim=self.batch_dim, source_file=self.source_file, requires=b.requires)
 
 
 def kernel(fn=None, *, batch_dim: str | None = None, dynamic: tuple[str, ...] | list[str] = (),

@@ -166,6 +166,21 @@ def workspace(name: str, shape, dtype: DType = dtypes.f32):
     return TensorRef(param, ())
 
 
+def require(condition, message: str) -> None:
+    """A condition on the kernel's sizes (``kv.R >= q.D + q.D // 32``) that a call must meet, or
+    fail with ``message`` at this line: checked now where it is already decided, else once the
+    call's sizes are bound (``passes/bind_shapes.py``); a condition on a dynamic size is not
+    checked. For what a read past a tensor's end would otherwise take silently as zeros."""
+    if condition in (True, False, sympy.true, sympy.false):
+        if not bool(condition):
+            raise builder.error(message)
+        return
+    if not isinstance(condition, sympy.core.relational.Relational):
+        raise builder.error(f"dsl.require takes a comparison of sizes, got {condition!r}")
+    b = builder.current()
+    b.requires.append((condition, message, b.loc()))
+
+
 def cdiv(a, b) -> Expr:
     return sympy.ceiling(as_expr(a) / as_expr(b))
 

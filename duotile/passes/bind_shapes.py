@@ -95,6 +95,7 @@ def bind_shapes(module: Module, shapes: dict[str, int], dynamic: tuple[str, ...]
     static = {names[s]: shapes[names[s]] for s in sorted(symbols - absent, key=names.get) if names[s] not in dynamic}
     left = tuple(sorted(names[s] for s in symbols if names[s] in dynamic))
     bound = Rewriter(expr).module(module, shapes=static, dynamic=left)
+    _check_requires(bound, shapes)
     for op in bound.walk():
         if op.result is not None:
             for d in op.result.type.shape:
@@ -103,3 +104,11 @@ def bind_shapes(module: Module, shapes: dict[str, int], dynamic: tuple[str, ...]
                            if d.free_symbols & {dynamic_symbol(n) for n in left} else f"after binding {shapes}")
                     raise DslError(f"tile dimension {d} of {op.name} is not a constant: {why}", op.loc)
     return bound
+
+
+def _check_requires(module: Module, shapes: dict[str, int]) -> None:
+    """``dsl.require``'s conditions at these sizes: one that is false is the call's error, at its
+    spec line; one that still holds a dynamic size is left (the sizes a build serves are not known)."""
+    for cond, message, loc in module.requires:
+        if cond in (sympy.false, False):
+            raise DslError(f"{module.name}: {message} (sizes {shapes})", loc)

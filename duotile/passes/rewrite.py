@@ -77,6 +77,8 @@ class Rewriter:
         params = [dataclasses.replace(p, shape=tuple(self.expr(d) for d in p.shape)) for p in m.params]
         fields = dict(name=m.name, params=params, body=self.block(m.body), config=dict(m.config),
                       constants=dict(m.constants), shapes=dict(m.shapes), dynamic=m.dynamic, batch_dim=m.batch_dim,
-                      source_file=m.source_file, phase=m.phase)
+                      source_file=m.source_file, phase=m.phase,
+                      requires=[(self.expr(c) if hasattr(c, "free_symbols") else c, msg, loc)
+                                for c, msg, loc in m.requires])
         fields.update(changes)
         return Module(**fields)

@@ -1,0 +1,52 @@
+"""``dsl.require``: a condition on a kernel's sizes that a call must meet. Where a read past a
+tensor's end would take zeros silently (a cache row one format too short), the call is refused
+with the spec's message at the spec's line, once its sizes are known."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from duotile import codegen, dsl
+from duotile.dsl.errors import DslError
+
+
+@dsl.kernel
+def head(x: dsl.Tensor["R", "C", dsl.f32], out: dsl.Tensor["R", "K", dsl.f32], *, K: dsl.Const = 4):
+    dsl.require(x.C >= out.K + 2, "x's rows must hold K values and 2 more")
+    for r in dsl.grid(x.R):
+        dsl.store(out[r, 0], dsl.load(x[r, 2], (1, 4)))
+
+
+def _call(cols: int):
+    x = torch.arange(3 * cols, dtype=torch.float32).reshape(3, cols)
+    out = torch.zeros(3, 4)
+    codegen.compile(head, "interpret")(x=x, out=out)
+    return x, out
+
+
+def test_a_call_that_meets_the_condition_runs():
+    x, out = _call(6)
+    assert torch.equal(out, x[:, 2:6])
+
+
+def test_a_call_that_does_not_is_refused_at_the_spec_line_with_its_sizes():
+    with pytest.raises(DslError, match=r"x's rows must hold K values and 2 more \(sizes .*'C': 5") as err:
+        _call(5)
+    assert "test_require.py:16" in str(err.value)
+
+
+def test_a_condition_decided_while_tracing_fails_at_once_and_a_non_condition_is_refused():
+    def make(text):
+        src = f"def k(x: dsl.Tensor['R', dsl.f32], out: dsl.Tensor['R', dsl.f32]):\n    {text}\n" \
+              "    for _ in dsl.grid(1):\n        dsl.store(out[0], dsl.load(x[0], (4,)))\n"
+        scope = {"dsl": dsl}
+        exec(compile(src, "fragment.py", "exec"), scope)  # noqa: S102
+        return dsl.kernel(scope["k"])
+
+    args = {"x": torch.zeros(4), "out": torch.zeros(4)}
+    with pytest.raises(DslError, match="four is not five") as err:
+        codegen.compile(make("dsl.require(4 == 5, 'four is not five')"), "interpret")(**args)
+    assert "fragment.py:2" in str(err.value)
+    with pytest.raises(DslError, match="dsl.require takes a comparison of sizes"):
+        codegen.compile(make("dsl.require(x.R + 1, 'no comparison')"), "interpret")(**args)
