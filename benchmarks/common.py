@@ -102,7 +102,8 @@ def spec_peer(name: str, inputs: dict, config: dict, causal: bool = False) -> tu
     if name == "sparse_mqa_decode_fp8":  # a runtime that keeps its rows in BF16 (dequantised once, untimed)
         from duotile.kernels_spec.sparse_mqa_decode_fp8 import all_rows
 
-        rows = all_rows(inputs["kv"], inputs["kv_scale"], inputs.get("cmp"), inputs.get("cmp_scale"))
+        rows = all_rows(inputs["q"].shape[-1], inputs["kv"], inputs["kv_scale"], inputs.get("cmp"),
+                        inputs.get("cmp_scale"))
         label, call = sparse_attention_peer({**inputs, "kv": rows.to(torch.bfloat16)})
         return label + " over BF16 rows", call
     raise KeyError(f"no torch peer for {name!r}")

@@ -1,13 +1,16 @@
 """Sparse decode attention over V4.1-Flash's cache rows as stored (model.md 3.4), dequantised in the
-kernel: ``sparse_mqa_decode`` with the K = V rows read from two row formats.
+kernel: ``sparse_mqa_decode`` with the K = V rows read from two row formats, each row its values and
+then its scales, as the cache keeps them (``kv_insert.py`` writes the window's, ``runtime/stored.py``
+keeps both).
 
-* the window ring, ``kv`` (B, W, D) and ``kv_scale`` (B, W, D / 32): each row 512 e4m3 values and
-  16 UE8M0 codes, one a 32 channels (rope channels included; 528 bytes a row against 1,024 in
-  BF16); channel c is ``kv[b, j, c] x 2^(kv_scale[b, j, c // 32] - 127)``;
-* optionally the compressed rows (V4.1's CSA2 layers), ``cmp`` (B, N, D / 2) and ``cmp_scale``
-  (B, N, D / 16): NVFP4-like, e2m1 codes two a byte (the even channel in the low nibble) and an
-  E4M3 scale a 16 channels, no global scale (288 bytes a row); channel c is
-  ``e2m1(cmp[b, j], c) x cmp_scale[b, j, c // 16]``.
+* the window ring, rows of R >= D + D / 32 bytes: D e4m3 values, then D / 32 UE8M0 codes, one a 32
+  channels (rope channels included; 528 bytes a row at D = 512, against 1,024 in BF16). The kernel
+  takes the ring twice, as the same memory: ``kv`` (B, W, R) e4m3 for the values and ``kv_scale``
+  (B, W, R) u8 for the codes. Channel c is ``kv[b, j, c] x 2^(kv_scale[b, j, D + c // 32] - 127)``;
+* optionally the compressed rows (V4.1's CSA2 layers), rows of RC >= D / 2 + D / 16 bytes:
+  NVFP4-like, e2m1 codes two a byte (the even channel in the low nibble), then an E4M3 scale a 16
+  channels, no global scale (288 bytes a row); again twice, ``cmp`` (B, N, RC) u8 and ``cmp_scale``
+  (B, N, RC) e4m3. Channel c is ``e2m1(cmp[b, j], c) x cmp_scale[b, j, D / 2 + c // 16]``.
 
 A slot of the index list names window row j for 0 <= j < W and compressed row j - W for
 W <= j < W + N; -1, or an index past them, names no row. Everything else is
@@ -42,12 +45,12 @@ CODE_BLOCK = 32  # channels a UE8M0 code covers in V4.1's window rows
 
 # SPLIT defaults to 16, the two-phase form, as sparse_mqa_decode's
 @dsl.kernel(batch_dim="B", dynamic=("B", "L", "N"))
-def sparse_mqa_decode_fp8(q: dsl.Tensor["B", "H", "D", dsl.bf16], kv: dsl.Tensor["B", "W", "D", dsl.f8e4m3],
-                          kv_scale: dsl.Tensor["B", "W", "G", dsl.u8], idx: dsl.Tensor["B", "L", dsl.i32],
+def sparse_mqa_decode_fp8(q: dsl.Tensor["B", "H", "D", dsl.bf16], kv: dsl.Tensor["B", "W", "R", dsl.f8e4m3],
+                          kv_scale: dsl.Tensor["B", "W", "R", dsl.u8], idx: dsl.Tensor["B", "L", dsl.i32],
                           sink: dsl.Tensor["H", dsl.f32], o: dsl.Tensor["B", "H", "D", dsl.bf16],
                           lse: dsl.OptionalTensor["B", "H", dsl.f32] = None,
-                          cmp: dsl.OptionalTensor["B", "N", "DH", dsl.u8] = None,
-                          cmp_scale: dsl.OptionalTensor["B", "N", "GC", dsl.f8e4m3] = None, *,
+                          cmp: dsl.OptionalTensor["B", "N", "RC", dsl.u8] = None,
+                          cmp_scale: dsl.OptionalTensor["B", "N", "RC", dsl.f8e4m3] = None, *,
                           BN: dsl.Tunable = dsl.choice(64, 32, 128),
                           STAGES: dsl.Tunable = dsl.int_range(1, 3, default=1),
                           SPLIT: dsl.Tunable = dsl.choice(16, 1, 2, 4, 8, 32),
@@ -56,16 +59,22 @@ def sparse_mqa_decode_fp8(q: dsl.Tensor["B", "H", "D", dsl.bf16], kv: dsl.Tensor
         raise dsl.DslError("sparse_mqa_decode_fp8: give cmp and cmp_scale together (the compressed rows and "
                            "their scales), or neither")
 
+    d = q.D
+    dsl.require(kv.R >= d + d // CODE_BLOCK, "kv's rows (R bytes) are short of D e4m3 values and their D / 32 codes")
+    if cmp is not None:
+        dsl.require(cmp.RC >= d // 2 + d // NVFP4_BLOCK,
+                    "cmp's rows (RC bytes) are short of D / 2 bytes of e2m1 pairs and their D / 16 scales")
+
     def rows_of(b):
         def rows(slots):
             win = dsl.where(slots < kv.W, slots, -1)  # a compressed row's slot reads zeros here
-            window = dsl.mxfp8_values(dsl.load(kv[b, win, 0], (BN, q.D), role="operand"),
-                                      dsl.load(kv_scale[b, win, 0], (BN, kv_scale.G), role="operand"))
+            window = dsl.mxfp8_values(dsl.load(kv[b, win, 0], (BN, d), role="operand"),
+                                      dsl.load(kv_scale[b, win, d], (BN, d // CODE_BLOCK), role="operand"))
             if cmp is None:
                 return window
             far = dsl.where(slots >= kv.W, slots - kv.W, -1)  # and a window row's slot here
-            compressed = dsl.nvfp4_values(dsl.load(cmp[b, far, 0], (BN, cmp.DH), role="operand"),
-                                          dsl.load(cmp_scale[b, far, 0], (BN, cmp_scale.GC), role="operand"))
+            compressed = dsl.nvfp4_values(dsl.load(cmp[b, far, 0], (BN, d // 2), role="operand"),
+                                          dsl.load(cmp_scale[b, far, d // 2], (BN, d // NVFP4_BLOCK), role="operand"))
             return window, compressed
         return rows
 
@@ -86,19 +95,36 @@ def nvfp4_dequantised(packed: torch.Tensor, scales: torch.Tensor) -> torch.Tenso
     return fp4_values(packed) * scales.double().repeat_interleave(NVFP4_BLOCK, -1)
 
 
-def all_rows(kv, kv_scale, cmp=None, cmp_scale=None) -> torch.Tensor:
-    """Every row a slot can name, dequantised (float64): the window's W, then the compressed N."""
-    window = dequantised(kv, kv_scale)
-    return window if cmp is None else torch.cat([window, nvfp4_dequantised(cmp, cmp_scale)], 1)
+def ring_rows(values: torch.Tensor, codes: torch.Tensor) -> torch.Tensor:
+    """Window rows as the cache keeps them (u8 [..., D + D / 32]): the e4m3 values' bytes, then the
+    codes."""
+    return torch.cat([values.view(torch.uint8), codes], -1)
+
+
+def compressed_rows(packed: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
+    """Compressed rows as the cache keeps them (u8 [..., D / 2 + D / 16]): the e2m1 pairs, then the
+    E4M3 scales' bytes."""
+    return torch.cat([packed, scales.view(torch.uint8)], -1)
+
+
+def all_rows(d: int, kv, kv_scale, cmp=None, cmp_scale=None) -> torch.Tensor:
+    """Every row a slot can name, dequantised (float64): the window's W, then the compressed N
+    (the kernel's tensors: each format's rows as values and as scale bytes)."""
+    window = dequantised(kv[..., :d], kv_scale[..., d : d + d // CODE_BLOCK])
+    if cmp is None:
+        return window
+    half = d // 2
+    return torch.cat([window, nvfp4_dequantised(cmp[..., :half], cmp_scale[..., half : half + d // NVFP4_BLOCK])], 1)
 
 
 def sparse_mqa_decode_fp8_reference(q, kv, kv_scale, idx, sink, cmp=None, cmp_scale=None) -> dict:
     """model.md 2.5.6 over the dequantised rows (3.4's row formats), window rows first."""
-    return sparse_mqa_decode_reference(q, all_rows(kv, kv_scale, cmp, cmp_scale), idx, sink)
+    return sparse_mqa_decode_reference(q, all_rows(q.shape[-1], kv, kv_scale, cmp, cmp_scale), idx, sink)
 
 
 def _dequantised_inputs(inputs: dict) -> dict:
-    rows = all_rows(inputs["kv"], inputs["kv_scale"], inputs.get("cmp"), inputs.get("cmp_scale"))
+    rows = all_rows(inputs["q"].shape[-1], inputs["kv"], inputs["kv_scale"], inputs.get("cmp"),
+                    inputs.get("cmp_scale"))
     return {**inputs, "kv": rows}
 
 
@@ -114,21 +140,24 @@ def _inputs(case, device, seed):
     b, h, d, w, n = case["B"], case["H"], case["D"], case["W"], case.get("N", 0)
     base = random_inputs({**case, "N": w + n}, device, seed, (b, h, d), (b, 0, d))
     if device.type == "meta":
-        out = {**base, "kv": torch.empty(b, w, d, dtype=torch.float8_e4m3fn),
-               "kv_scale": torch.empty(b, w, d // CODE_BLOCK, dtype=torch.uint8)}
+        ring = torch.empty(b, w, d + d // CODE_BLOCK, dtype=torch.uint8)
+        out = {**base, "kv": ring.view(torch.float8_e4m3fn), "kv_scale": ring}
         if n:
-            out.update(cmp=torch.empty(b, n, d // 2, dtype=torch.uint8),
-                       cmp_scale=torch.empty(b, n, d // NVFP4_BLOCK, dtype=torch.float8_e4m3fn))
+            rows = torch.empty(b, n, d // 2 + d // NVFP4_BLOCK, dtype=torch.uint8)
+            out.update(cmp=rows, cmp_scale=rows.view(torch.float8_e4m3fn))
         return out
     g = torch.Generator(device=device).manual_seed(seed + 7)
     lo, hi = case.get("codes", (122, 132))
     kv = (torch.randn(b, w, d, generator=g, device=device) * 4).to(torch.float8_e4m3fn)
     codes = torch.randint(lo, hi + 1, (b, w, d // CODE_BLOCK), generator=g, device=device, dtype=torch.uint8)
-    out = {**base, "kv": kv, "kv_scale": codes}
+    ring = ring_rows(kv, codes)
+    out = {**base, "kv": ring.view(torch.float8_e4m3fn), "kv_scale": ring}
     if n:
-        out["cmp"] = torch.randint(0, 256, (b, n, d // 2), generator=g, device=device, dtype=torch.uint8)
-        out["cmp_scale"] = torch.exp2(torch.randint(-2, 3, (b, n, d // NVFP4_BLOCK), generator=g,
-                                                    device=device).float()).to(torch.float8_e4m3fn)
+        packed = torch.randint(0, 256, (b, n, d // 2), generator=g, device=device, dtype=torch.uint8)
+        scales = torch.exp2(torch.randint(-2, 3, (b, n, d // NVFP4_BLOCK), generator=g,
+                                          device=device).float()).to(torch.float8_e4m3fn)
+        rows = compressed_rows(packed, scales)
+        out.update(cmp=rows, cmp_scale=rows.view(torch.float8_e4m3fn))
     return out
 
 

@@ -5,12 +5,13 @@
 * ``Nvfp4Rows``: a KV source's compressed rows, growing: e2m1 codes two a byte and an E4M3 scale a
   16 channels, 288 bytes a row.
 
-Each keeps its bytes as planes (``planes``: the attribute names of tensors with one row a cache
-row), so that a decode step stacks each plane of its sequences (``stacked.py``) and the
-stored-row decode kernel (``kernels_spec/sparse_mqa_decode_fp8.py``) reads them as they are. The
-bytes are written by the ``kv_encode`` model op (the ``quantize`` / ``quantize_fp4`` kernels'
-format). A read through ``[]`` / ``view`` / ``data`` decodes them: the values the reference
-attends over, the ones the dequantised cache held (the rows were rounded to the same format).
+Each row is its values, then its scales, in one u8 tensor (``planes``: the one attribute, so that
+a decode step stacks its sequences' rows, ``stacked.py``); the stored-row decode kernel
+(``kernels_spec/sparse_mqa_decode_fp8.py``) reads them as they are, and ``kv_insert`` writes the
+window's row in that layout. The bytes are written by the ``kv_encode`` model op (the ``quantize``
+/ ``quantize_fp4`` kernels' formats). A read through ``[]`` / ``view`` / ``data`` decodes them: the
+values the reference attends over, the ones the dequantised cache held (the rows were rounded to
+the same format).
 """
 
 from __future__ import annotations
@@ -24,64 +25,74 @@ NVFP4_BLOCK = 16  # channels an E4M3 scale of a compressed row covers
 
 
 class StoredRing:
-    """A window ring of ``size`` rows as stored; ``ring[slots]`` reads rows as ``dtype`` values,
-    ``write(slots, (values, codes))`` stores encoded rows."""
+    """A window ring of ``size`` rows as stored: ``rows`` [W, D + D / 32] u8, each row its e4m3
+    values' bytes, then its codes (``kv_insert``'s row). ``ring[slots]`` reads rows as ``dtype``
+    values; ``write(slots, rows)`` stores rows of bytes (``kv_encode``)."""
 
-    planes = ("values", "codes")
+    planes = ("rows",)
 
     def __init__(self, size: int, width: int, dtype: torch.dtype, device: torch.device | str):
-        self.values = torch.zeros(size, width, dtype=torch.float8_e4m3fn, device=device)
-        self.codes = torch.full((size, width // FP8_BLOCK), 127, dtype=torch.uint8, device=device)
-        self.dtype = dtype
+        self.rows = torch.zeros(size, width + width // FP8_BLOCK, dtype=torch.uint8, device=device)
+        self.rows[:, width:] = 127  # a scale of one
+        self.width, self.dtype = width, dtype
 
     @property
     def shape(self) -> torch.Size:
-        return self.values.shape
+        return torch.Size((self.rows.shape[0], self.width))
 
     @property
     def device(self) -> torch.device:
-        return self.values.device
+        return self.rows.device
 
     def __getitem__(self, slots) -> torch.Tensor:
-        return decode_fp8_rows(self.values[slots], self.codes[slots], FP8_BLOCK).to(self.dtype)
+        return decode_ring_rows(self.rows[slots], self.width).to(self.dtype)
 
-    def write(self, slots: torch.Tensor, encoded: tuple[torch.Tensor, torch.Tensor]) -> None:
-        self.values[slots], self.codes[slots] = encoded
+    def write(self, slots: torch.Tensor, rows: torch.Tensor) -> None:
+        self.rows[slots] = rows
 
     def nbytes(self) -> int:
-        return sum(t.numel() * t.element_size() for t in (self.values, self.codes))
+        return self.rows.numel()
 
 
 class Nvfp4Rows:
     """Compressed rows as stored, with capacity doubling (``cache.Rows``' interface: ``n``,
-    ``append``, ``view``, ``data``; the last two decode)."""
+    ``append``, ``view``, ``data``; the last two decode): ``rows`` [capacity, D / 2 + D / 16] u8,
+    each row its e2m1 pairs, then its E4M3 scales' bytes."""
 
-    planes = ("packed", "scales")
+    planes = ("rows",)
 
     def __init__(self, width: int, device: torch.device | str):
-        self.packed = torch.zeros(16, width // 2, dtype=torch.uint8, device=device)
-        self.scales = torch.zeros(16, width // NVFP4_BLOCK, dtype=torch.float8_e4m3fn, device=device)
-        self.n = 0
+        self.rows = torch.zeros(16, width // 2 + width // NVFP4_BLOCK, dtype=torch.uint8, device=device)
+        self.width, self.n = width, 0
 
-    def append(self, encoded: tuple[torch.Tensor, torch.Tensor]) -> None:
-        need = self.n + encoded[0].shape[0]
-        for name, rows in zip(self.planes, encoded):
-            plane = getattr(self, name)
-            if need > plane.shape[0]:
-                grown = plane.new_zeros(max(need, 2 * plane.shape[0]), plane.shape[1])
-                grown[: self.n] = plane[: self.n]
-                setattr(self, name, grown)
-            getattr(self, name)[self.n : need] = rows
+    def append(self, rows: torch.Tensor) -> None:
+        need = self.n + rows.shape[0]
+        if need > self.rows.shape[0]:
+            grown = self.rows.new_zeros(max(need, 2 * self.rows.shape[0]), self.rows.shape[1])
+            grown[: self.n] = self.rows[: self.n]
+            self.rows = grown
+        self.rows[self.n : need] = rows
         self.n = need
 
     @property
     def data(self) -> torch.Tensor:
         """Every row of the capacity, decoded (FP32)."""
-        return decode_nvfp4_rows(self.packed, self.scales, NVFP4_BLOCK)
+        return decode_compressed_rows(self.rows, self.width)
 
     @property
     def view(self) -> torch.Tensor:
         return self.data[: self.n]
 
     def nbytes(self) -> int:
-        return sum(t.numel() * t.element_size() for t in (self.packed, self.scales))
+        return self.rows.numel()
+
+
+def decode_ring_rows(rows: torch.Tensor, width: int) -> torch.Tensor:
+    """FP32 values of window rows as stored (u8 [..., width + width / 32])."""
+    return decode_fp8_rows(rows[..., :width].view(torch.float8_e4m3fn), rows[..., width:], FP8_BLOCK)
+
+
+def decode_compressed_rows(rows: torch.Tensor, width: int) -> torch.Tensor:
+    """FP32 values of compressed rows as stored (u8 [..., width / 2 + width / 16])."""
+    half = width // 2
+    return decode_nvfp4_rows(rows[..., :half], rows[..., half:].view(torch.float8_e4m3fn), NVFP4_BLOCK)

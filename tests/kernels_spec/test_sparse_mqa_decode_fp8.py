@@ -10,7 +10,7 @@ import torch
 from duotile import codegen
 from duotile.kernels_spec import get
 from duotile.kernels_spec.quantize import quantize_reference
-from duotile.kernels_spec.sparse_mqa_decode_fp8 import dequantised
+from duotile.kernels_spec.sparse_mqa_decode_fp8 import dequantised, ring_rows
 from duotile.runtime import quant
 from duotile.runtime.layers.common import Ctx, sparse_attention
 from duotile.runtime.ops import FastOps
@@ -44,7 +44,8 @@ def test_rows_as_stored_give_the_bits_of_the_rows_the_runtime_keeps():
     assert torch.equal(dequantised(values, codes).float(), kept)
     common = {k: x[k] for k in ("q", "idx", "sink", "o", "lse")}
     from_bf16 = _run(BF16, {**common, "kv": kept.to(torch.bfloat16)})
-    from_fp8 = _run(FP8, {**common, "kv": values, "kv_scale": codes})
+    ring = ring_rows(values, codes)  # the cache's rows: values, then codes
+    from_fp8 = _run(FP8, {**common, "kv": ring.view(torch.float8_e4m3fn), "kv_scale": ring})
     assert torch.equal(from_fp8["o"].view(torch.int16), from_bf16["o"].view(torch.int16))
     assert torch.equal(from_fp8["lse"], from_bf16["lse"])
     idx = x["idx"]
@@ -62,11 +63,27 @@ def test_each_code_scales_its_own_32_channels():
     case = {"B": 1, "H": 64, "D": 128, "W": 4, "L": 32, "valid": "all"}
     x = FP8.make_inputs(case, CPU, 1)
     x["idx"].fill_(2)
-    x["kv_scale"][0, 2] = torch.tensor([120, 127, 131, 136], dtype=torch.uint8)
+    x["kv_scale"][0, 2, 128:] = torch.tensor([120, 127, 131, 136], dtype=torch.uint8)  # the row's codes
     got = _run(FP8, x)
-    want = dequantised(x["kv"][0, 2], x["kv_scale"][0, 2])
+    want = dequantised(x["kv"][0, 2, :128], x["kv_scale"][0, 2, 128:])
     # softmax over 32 copies of one row and the sink: o = row x 32 e^l / (32 e^l + e^sink), the same
     # factor for every channel
     factor = got["o"][0].float() / want.float()[None, :]
     finite = want != 0
     assert torch.allclose(factor[:, finite], factor[:, finite][:, :1].expand(-1, int(finite.sum())), rtol=2 ** -7)
+
+
+def test_rows_too_short_for_their_format_are_named():
+    """A ring whose rows hold the values but not their codes (D bytes, not D + D / 32) is refused
+    at the spec line, naming the tensor and the bytes a row needs."""
+    import pytest
+
+    from duotile.dsl.errors import DslError
+
+    case = {"B": 1, "H": 64, "D": 128, "W": 4, "L": 8, "valid": "all"}
+    x = FP8.make_inputs(case, CPU, 1)
+    short = x["kv_scale"][..., :128].contiguous()
+    with pytest.raises(DslError, match=r"kv's rows \(R bytes\) are short of D e4m3 values and their D / 32 codes "
+                                       r"\(sizes .*'D': 128.*'R': 128") as err:
+        _run(FP8, {**x, "kv": short.view(torch.float8_e4m3fn), "kv_scale": short})
+    assert "sparse_mqa_decode_fp8.py" in str(err.value)  # the spec line of the requirement

@@ -42,10 +42,11 @@ def test_a_v41_cache_holds_its_rows_in_the_production_formats(ckpt_dir):
     cache, cfg = model.new_cache(), model.config
     ring = cache.layers[0].ring
     assert isinstance(ring, StoredRing) and ring.nbytes() == cfg.sliding_window * (cfg.head_dim + cfg.head_dim // 32)
+    assert ring.rows.shape == (cfg.sliding_window, cfg.head_dim + cfg.head_dim // 32)  # kv_insert's row layout
     assert ring.nbytes() * cfg.num_hidden_layers == format_bytes(cfg, 0).window  # model.md 3.4's 528 B a row at 512
     sources = [lc.comp for lc in cache.layers if lc.comp is not None]
     assert sources and all(isinstance(c, Nvfp4Rows) for c in sources)
-    assert sources[0].packed.shape[1] + sources[0].scales.shape[1] == cfg.head_dim // 2 + cfg.head_dim // 16
+    assert sources[0].rows.shape[1] == cfg.head_dim // 2 + cfg.head_dim // 16  # model.md 3.4's 288 B at 512
 
 
 def test_stored_rows_are_refused_where_the_rows_are_not_quantised(ckpt_dir):
@@ -81,3 +82,31 @@ def test_nvfp4_rows_decode_to_the_round_trip():
     out = quantize_fp4_reference(x, "nvfp4")
     assert torch.equal(quant.decode_nvfp4_rows(out["q"], out["scale"].view(torch.float8_e4m3fn)),
                        quant.nvfp4_round(x))
+
+
+def test_kv_insert_writes_the_row_the_stored_ring_reads():
+    """The window row kv_insert writes (its reference, at kv_encode's floor), decoded as the ring
+    decodes its rows, is the runtime's window row: the normed and rotated row's FP8 round trip, bit
+    for bit (a row laid out otherwise, codes first or a block of 64, decodes to other values); and
+    its bytes re-encode to the same values."""
+    from duotile.kernels_spec.kv_insert import kv_insert_reference
+    from duotile.runtime.layers.common import Ctx, kv_encode
+    from duotile.runtime.ops import FastOps
+    from duotile.runtime.stored import decode_ring_rows
+
+    g = torch.Generator().manual_seed(5)
+    b, d, w, rope = 4, 512, 128, 64
+    kv, weight = torch.randn(b, d, generator=g).to(torch.bfloat16), torch.rand(d, generator=g) + 0.5
+    positions = torch.tensor([0, 5, 130, 1000])
+    cos, sin = torch.rand(1024, rope // 2, generator=g), torch.rand(1024, rope // 2, generator=g)
+    cache = kv_insert_reference(kv, weight, positions, cos, sin, WINDOW=w, FLOOR=KV_ENCODE_FLOOR)["cache"]
+    rows = cache[torch.arange(b), positions % w]
+    x = kv.float()
+    y = (x * torch.rsqrt((x * x).mean(-1, keepdim=True) + 1e-6) * weight).to(torch.bfloat16).float()
+    a, c, s = y[:, d - rope :: 2], cos[positions], sin[positions]
+    bb = y[:, d - rope + 1 :: 2]
+    y = torch.cat([y[:, : d - rope], torch.stack([a * c - bb * s, a * s + bb * c], -1).flatten(1)], 1)
+    want = quant.fp8_block_round(y.to(torch.bfloat16).float(), 32)
+    assert rows.shape == (b, d + d // 32)
+    assert torch.equal(decode_ring_rows(rows, d), want)
+    assert torch.equal(decode_ring_rows(kv_encode(Ctx(FastOps()), want, "fp8/32"), d), want)

@@ -57,22 +57,24 @@ class AttentionKernels:
         return o.float()
 
     def _sparse_attention_stored(self, ctx, q, ring, idx, cmp, sink, scale: float) -> torch.Tensor:
-        """The stored-row decode kernel over the rings' and compressed rows' stacks as they are:
-        BF16 queries, the index list as given, FP32 out."""
-        values, codes = ring
-        b, _, d = values.shape
+        """The stored-row decode kernel over the rings' and compressed rows' stacks as they are
+        (each passed as its values' and its scales' tensor, the same memory): BF16 queries, the
+        index list as given, FP32 out."""
+        b, d = q.shape[0], q.shape[-1]
         if ctx.dtype != torch.bfloat16 or b == 0 or scale != d ** -0.5:
             return NotImplemented
         o = torch.empty(q.shape, dtype=torch.bfloat16, device=q.device)
-        extra = {} if cmp is None else {"cmp": cmp[0], "cmp_scale": cmp[1]}
-        self._kernel("sparse_mqa_decode_fp8", q.device, {})(q=q.to(torch.bfloat16).contiguous(), kv=values,
-                                                             kv_scale=codes, idx=idx.contiguous(),
-                                                             sink=sink.float().contiguous(), o=o, **extra)
+        extra = {} if cmp is None else {"cmp": cmp, "cmp_scale": cmp.view(torch.float8_e4m3fn)}
+        self._kernel("sparse_mqa_decode_fp8", q.device, {})(q=q.to(torch.bfloat16).contiguous(),
+                                                             kv=ring.view(torch.float8_e4m3fn), kv_scale=ring,
+                                                             idx=idx.contiguous(), sink=sink.float().contiguous(),
+                                                             o=o, **extra)
         return o.float()
 
     def _kv_encode(self, ctx, t: torch.Tensor, fmt: str):
         """``quantize`` (FP8, a UE8M0 code per 32, its least floor) or ``quantize_fp4`` (NVFP4)
-        over the rows; no rows, no launch."""
+        over the rows, each row's values and scales then joined as the cache stores them; no rows,
+        no launch."""
         rows = t.reshape(-1, t.shape[-1]).contiguous()
         n, d = rows.shape
         if fmt == "fp8/32":
@@ -80,13 +82,13 @@ class AttentionKernels:
             scale = torch.empty(n, d // 32, dtype=torch.uint8, device=t.device)
             if n:
                 self._kernel("quantize", t.device, {"BLOCK": 32, "FLOOR": KV_ENCODE_FLOOR})(x=rows, q=q, scale=scale)
-            return q, scale
+            return torch.cat([q.view(torch.uint8), scale], -1)
         if fmt == "nvfp4":
             q = torch.empty(n, d // 2, dtype=torch.uint8, device=t.device)
             scale = torch.empty(n, d // 16, dtype=torch.uint8, device=t.device)
             if n:
                 self._kernel("quantize_fp4", t.device, {"FORMAT": "nvfp4"})(x=rows, q=q, scale=scale)
-            return q, scale.view(torch.float8_e4m3fn)
+            return torch.cat([q, scale], -1)
         return NotImplemented
 
     def _index_scores(self, ctx, qi, wts, keys, n_visible) -> torch.Tensor:

@@ -18,7 +18,7 @@ from ..config import ModelConfig
 from ..device import ship
 from ..model_ops import Tally, model_op
 from ..ops import FastOps
-from ..stored import FP8_BLOCK, StoredRing
+from ..stored import FP8_BLOCK, StoredRing, decode_compressed_rows, decode_ring_rows
 from .step import one_token_each
 
 # kv_encode's scale floor for FP8 rows: the quantize kernel's least, so that the only blocks it
@@ -276,7 +276,7 @@ class Visible:
 
 
 def attend(ctx: Ctx, seqs: list, layer: int, q: torch.Tensor, kv: torch.Tensor, compressed, sink: torch.Tensor,
-           scale: float, encoded: tuple | None = None) -> torch.Tensor:
+           scale: float, encoded: torch.Tensor | None = None) -> torch.Tensor:
     """A layer's sparse attention for a step's sequences (``(StepSeq, slice)`` pairs): each query's
     window rows, then its compressed rows (``Selected`` or ``Visible``; None: a window-only
     layer); each sequence's ring written after its rows were read; one ``sparse_attention`` over
@@ -301,8 +301,8 @@ def attend(ctx: Ctx, seqs: list, layer: int, q: torch.Tensor, kv: torch.Tensor, 
         rows.append(r)
         idx.append(torch.where(ix >= 0, ix + base, -1))
         base += r.shape[0]
-        mine = None if encoded is None else tuple(e[sl] for e in encoded)
-        write_ring(ring, seq.start, kv[sl], mine)  # its window rows above are a copy
+        # its window rows above are a copy
+        write_ring(ring, seq.start, kv[sl], None if encoded is None else encoded[sl])
     return sparse_attention_rows(ctx, q, torch.cat(rows), pad_cat(idx, -1), sink, scale)
 
 
@@ -315,56 +315,59 @@ def sparse_attention_rows(ctx: Ctx, q: torch.Tensor, rows: torch.Tensor, idx: to
     return attention_with_sink(ctx.ops, q, rows[idx.clamp(min=0)], idx >= 0, sink, scale)
 
 
-def _stored_decode(ctx: Ctx, seqs: list, layer: int, q: torch.Tensor, encoded: tuple, compressed, sink, scale):
-    """``attend`` of a decode step over rings as stored: the rings' planes as stacks, the new rows'
-    bytes written first (slot P mod W), and one index list a query: its W window slots in position
-    order (-1 before position 0), then its selected compressed rows at W + row (-1 for none)."""
+def _stored_decode(ctx: Ctx, seqs: list, layer: int, q: torch.Tensor, encoded: torch.Tensor, compressed, sink,
+                   scale):
+    """``attend`` of a decode step over rings as stored: the rings' rows as one stack, the new
+    rows' bytes written first (slot P mod W), and one index list a query: its W window slots in
+    position order (-1 before position 0), then its selected compressed rows at W + row (-1 for
+    none)."""
     from ..stacked import stack_attr
 
-    rings = [seq.cache.layers[layer].ring for seq, _ in seqs]
-    values, codes = stack_attr(rings, "values"), stack_attr(rings, "codes")
-    b, size, dev = values.shape[0], values.shape[1], values.device
+    ring = stack_attr([seq.cache.layers[layer].ring for seq, _ in seqs], "rows")
+    b, size, dev = ring.shape[0], ring.shape[1], ring.device
     pos = ship(torch.tensor([seq.start for seq, _ in seqs]), dev)
     each = torch.arange(b, device=dev)
-    values[each, pos % size], codes[each, pos % size] = encoded
+    ring[each, pos % size] = encoded
     window = pos[:, None] - size + 1 + torch.arange(size, device=dev)[None, :]  # positions P - W + 1 .. P
     idx = torch.where(window >= 0, window % size, -1)
     cmp = None
     if compressed is not None:
-        cmp = (stack_attr(compressed.stores, "packed"), stack_attr(compressed.stores, "scales"))
+        cmp = stack_attr(compressed.stores, "rows")
         sel = ship(torch.cat(compressed.sel), dev)
         idx = torch.cat([idx, torch.where(sel >= 0, sel + size, -1)], 1)
-    return sparse_attention_stored(ctx, q, (values, codes), idx.to(torch.int32), cmp, sink, scale)
+    return sparse_attention_stored(ctx, q, ring, idx.to(torch.int32), cmp, sink, scale)
 
 
 @model_op("sparse_attention_stored")
-def sparse_attention_stored(ctx: Ctx, q: torch.Tensor, ring: tuple, idx: torch.Tensor, cmp: tuple | None,
-                            sink: torch.Tensor, scale: float) -> torch.Tensor:
-    """``sparse_attention`` of one query a sequence over its rows as stored: ``ring`` (values
-    [B, W, d] e4m3, codes [B, W, d / 32]), ``cmp`` (packed [B, N, d / 2], scales [B, N, d / 16])
-    or None; ``idx`` [B, L] names window row j < W or compressed row j - W, -1 none. FP32 out."""
-    rows = quant.decode_fp8_rows(*ring, FP8_BLOCK)
+def sparse_attention_stored(ctx: Ctx, q: torch.Tensor, ring: torch.Tensor, idx: torch.Tensor,
+                            cmp: torch.Tensor | None, sink: torch.Tensor, scale: float) -> torch.Tensor:
+    """``sparse_attention`` of one query a sequence over its rows as stored: ``ring`` [B, W, d +
+    d / 32] u8 (values, then codes), ``cmp`` [B, N, d / 2 + d / 16] u8 (e2m1 pairs, then scales) or
+    None; ``idx`` [B, L] names window row j < W or compressed row j - W, -1 none. FP32 out."""
+    d = q.shape[-1]
+    rows = decode_ring_rows(ring, d)
     if cmp is not None:
-        rows = torch.cat([rows, quant.decode_nvfp4_rows(*cmp)], 1)
+        rows = torch.cat([rows, decode_compressed_rows(cmp, d)], 1)
     each = torch.arange(rows.shape[0], device=rows.device)[:, None]
     keys = rows[each, idx.long().clamp(min=0)].to(q.dtype)
     return attention_with_sink(ctx.ops, q, keys, idx >= 0, sink, scale)
 
 
 @model_op("kv_encode")
-def kv_encode(ctx: Ctx, t: torch.Tensor, fmt: str) -> tuple[torch.Tensor, torch.Tensor]:
-    """V4.1 rows [T, d] as the cache stores them: ``fp8/32`` (e4m3 values, a UE8M0 code per 32
-    channels; the ``quantize`` kernel's, its floor 2^-118, so that rows already rounded to the
-    format keep their values) or ``nvfp4`` (e2m1 codes two a byte, an E4M3 scale per 16)."""
+def kv_encode(ctx: Ctx, t: torch.Tensor, fmt: str) -> torch.Tensor:
+    """V4.1 rows [T, d] as the cache stores them, u8 [T, row bytes], each row its values, then its
+    scales: ``fp8/32`` (d e4m3 values, a UE8M0 code per 32 channels; the ``quantize`` kernel's, its
+    floor 2^-118, so that rows already rounded to the format keep their values) or ``nvfp4`` (e2m1
+    codes two a byte, an E4M3 scale per 16)."""
     from ...kernels_spec.quantize import quantize_reference
     from ...kernels_spec.quantize_fp4 import quantize_fp4_reference
 
     if fmt == "fp8/32":
-        out = quantize_reference(t, BLOCK=32, FLOOR=KV_ENCODE_FLOOR)
-        return out["q"], out["scale"]
+        out = quantize_reference(t, BLOCK=FP8_BLOCK, FLOOR=KV_ENCODE_FLOOR)
+        return torch.cat([out["q"].view(torch.uint8), out["scale"]], -1)
     if fmt == "nvfp4":
         out = quantize_fp4_reference(t, "nvfp4")
-        return out["q"], out["scale"].view(torch.float8_e4m3fn)
+        return torch.cat([out["q"], out["scale"]], -1)
     raise ValueError(f"kv_encode: format {fmt!r}: fp8/32 or nvfp4")
 
 
@@ -395,7 +398,7 @@ def _decode_keys(seqs: list, layer: int, kv: torch.Tensor, compressed) -> tuple[
     return torch.cat([keys, rows.to(keys.dtype)], 1), torch.cat([valid, seen], 1)
 
 
-def write_ring(ring, start: int, new_rows: torch.Tensor, encoded: tuple | None = None) -> None:
+def write_ring(ring, start: int, new_rows: torch.Tensor, encoded: torch.Tensor | None = None) -> None:
     """Store the chunk's rows at slot `pos % W` (only the last W matter); a ring as stored takes
     their bytes (``encoded``)."""
     size = ring.shape[0]
@@ -403,7 +406,7 @@ def write_ring(ring, start: int, new_rows: torch.Tensor, encoded: tuple | None =
     keep = min(s, size)
     slots = ship(torch.arange(start + s - keep, start + s) % size, ring.device)
     if isinstance(ring, StoredRing):
-        ring.write(slots, tuple(e[s - keep :] for e in encoded))
+        ring.write(slots, encoded[s - keep :])
     else:
         ring[slots] = new_rows[s - keep :].to(ring.dtype)
 
