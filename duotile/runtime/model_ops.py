@@ -34,6 +34,7 @@ OPS: dict[str, str] = {
     "linear_q": "a GEMM against an FP8 / FP4 weight, its activation quantised first",
     "rope": "interleaved rotary embedding of the rope channels (inverse at -P too)",
     "kv_round": "the window / compressed KV row's cache-format round trip",
+    "kv_insert": "V4.1's window row of a decode step, fused: kv norm, rope, FP8 bytes, written into its ring slot",
     "kv_encode": "V4.1's window / compressed KV rows as the cache stores them (FP8 + UE8M0, NVFP4-like bytes)",
     "compress": "compressor pooling of completed windows (gated softmax over a window's slots)",
     "compress_decode": "compressor pooling of a decode step: one new token a sequence, all sequences at once",

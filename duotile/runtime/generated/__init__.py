@@ -45,6 +45,7 @@ _OP_OF = {
     "compressor_decode": "compress_decode",
     "rope": "rope", "kv_round": "kv_round", "gemm_f32": "linear", "quantize_fp4": "kv_encode",
     "sparse_mqa_decode_fp8": "sparse_attention_stored", "sparse_mqa_prefill": "sparse_attention_rows",
+    "kv_insert": "kv_insert",
 }
 
 class GeneratedOps(DenseKernels, AttentionKernels, StreamKernels, MoEKernels):
@@ -66,6 +67,7 @@ class GeneratedOps(DenseKernels, AttentionKernels, StreamKernels, MoEKernels):
                         "moe_experts": self._moe_experts, "candidate_pool": self._candidate_pool,
                         "compress": self._compress, "compress_decode": self._compress_decode,
                         "rope": self._rope, "kv_round": self._kv_round, "kv_encode": self._kv_encode,
+                        "kv_insert": self._kv_insert,
                         "sparse_attention_stored": self._sparse_attention_stored,
                         "sparse_attention_rows": self._sparse_attention_rows}
         self._moe_packs: dict[int, tuple] = {}  # id(MoE) -> (the MoE, its weights stacked for the kernels)

@@ -71,6 +71,22 @@ class AttentionKernels:
                                                              o=o, **extra)
         return o.float()
 
+    def _kv_insert(self, ctx, rotary, x, weight, eps: float, positions: torch.Tensor, ring: torch.Tensor):
+        """``kv_insert`` on the rings' stack in place: the rotary's table rows 0 .. the largest
+        position (its cached blocks of 64, joined), the positions on the device."""
+        b, d = x.shape
+        if b == 0 or x.dtype not in (torch.bfloat16, torch.float32) or rotary.dim % 32:
+            return NotImplemented
+        dev = x.device
+        blocks = [rotary._block(k) for k in range(int(positions.max()) // rotary.BLOCK + 1)]
+        cos, sin = (torch.cat([blk[i] for blk in blocks]).to(dev) for i in (0, 1))
+        consts = {"FORMAT": "fp8", "WINDOW": int(ring.shape[1]), "ROPE": rotary.dim, "EPS": float(eps),
+                  "FLOOR": KV_ENCODE_FLOOR}
+        self._kernel("kv_insert", dev, consts)(kv=x.contiguous(), weight=weight.float().contiguous(),
+                                                positions=ship(positions.to(torch.int32), dev), cos=cos,
+                                                sin=sin, cache=ring)
+        return None
+
     def _kv_encode(self, ctx, t: torch.Tensor, fmt: str):
         """``quantize`` (FP8, a UE8M0 code per 32, its least floor) or ``quantize_fp4`` (NVFP4)
         over the rows, each row's values and scales then joined as the cache stores them; no rows,

@@ -327,7 +327,8 @@ def _stored_decode(ctx: Ctx, seqs: list, layer: int, q: torch.Tensor, encoded: t
     b, size, dev = ring.shape[0], ring.shape[1], ring.device
     pos = ship(torch.tensor([seq.start for seq, _ in seqs]), dev)
     each = torch.arange(b, device=dev)
-    ring[each, pos % size] = encoded
+    if encoded is not None:  # (kv_insert wrote them already)
+        ring[each, pos % size] = encoded
     window = pos[:, None] - size + 1 + torch.arange(size, device=dev)[None, :]  # positions P - W + 1 .. P
     idx = torch.where(window >= 0, window % size, -1)
     cmp = None
@@ -351,6 +352,20 @@ def sparse_attention_stored(ctx: Ctx, q: torch.Tensor, ring: torch.Tensor, idx: 
     each = torch.arange(rows.shape[0], device=rows.device)[:, None]
     keys = rows[each, idx.long().clamp(min=0)].to(q.dtype)
     return attention_with_sink(ctx.ops, q, keys, idx >= 0, sink, scale)
+
+
+@model_op("kv_insert")
+def kv_insert(ctx: Ctx, rotary: Rotary, x: torch.Tensor, weight: torch.Tensor, eps: float,
+              positions: torch.Tensor, ring: torch.Tensor) -> None:
+    """A decode step's window rows into their rings as stored: each token's ``x`` [B, d] (the
+    ``wkv`` projection) normed, rotated at its position (host [B]), rounded to FP8 and written as
+    bytes at slot P mod W of its sequence's ring ``ring`` [B, W, d + d / 32] (the rings' stack),
+    each step in the activation dtype as the prefill path takes it."""
+    kv = ctx.act(rms_norm(ctx, x, weight, eps))
+    kv = ctx.act(rope(ctx, rotary, kv, positions))
+    rows = kv_encode(ctx, ctx.act(round_rows(ctx, kv, "fp8/32")), "fp8/32")
+    each = torch.arange(ring.shape[0], device=ring.device)
+    ring[each, ship(positions % ring.shape[1], ring.device)] = rows
 
 
 @model_op("kv_encode")
