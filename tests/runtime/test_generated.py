@@ -504,3 +504,23 @@ def test_a_kernel_is_made_once_whatever_the_order_of_its_constants():
     assert ops._kernel("kv_round", dev, {"BLOCK": 64, "FLOOR": 0.0, "FORMAT": "fp8"}) is first
     assert ops._kernel("kv_round", dev, {"FORMAT": "fp8", "BLOCK": 32, "FLOOR": 0.0}) is not first
     assert len(ops._kernels) == 2
+
+
+def test_a_steps_positions_go_to_the_device_once_for_all_its_rope_calls():
+    """Every layer's rope calls of a step pass the step's one positions tensor: its blocks and its
+    shipped indices are worked out once (four rope calls a layer made four host reads and copies);
+    other positions (a compressor's) get their own, and the rotations are the reference's."""
+    from duotile.runtime.layers.common import Rotary
+    from duotile.runtime.presets import get_preset
+
+    ops = GeneratedOps(FastOps())
+    rotary = Rotary(get_preset("v41-tiny"), compressed=False)
+    positions, other = torch.tensor([3, 70, 129]), torch.tensor([3, 70, 129])
+    first = ops._rope_rows(positions, rotary.BLOCK, torch.device("cpu"))
+    assert ops._rope_rows(positions, rotary.BLOCK, torch.device("cpu"))[2] is first[2]
+    again = ops._rope_rows(other, rotary.BLOCK, torch.device("cpu"))
+    assert again[2] is not first[2] and torch.equal(again[2], first[2]) and first[:2] == (0, 2)
+    x = torch.randn(3, 2, 128)
+    ctx = Ctx(ops)
+    for _ in range(2):
+        assert torch.equal(ops._rope(ctx, rotary, x, positions), rotary.apply(x, positions))

@@ -78,14 +78,24 @@ class AttentionKernels:
         if b == 0 or x.dtype not in (torch.bfloat16, torch.float32) or rotary.dim % 32:
             return NotImplemented
         dev = x.device
-        blocks = [rotary._block(k) for k in range(int(positions.max()) // rotary.BLOCK + 1)]
-        cos, sin = (torch.cat([blk[i] for blk in blocks]).to(dev) for i in (0, 1))
+        cos, sin = self._rope_table(rotary, int(positions.max()) // rotary.BLOCK + 1, dev)
         consts = {"FORMAT": "fp8", "WINDOW": int(ring.shape[1]), "ROPE": rotary.dim, "EPS": float(eps),
                   "FLOOR": KV_ENCODE_FLOOR}
         self._kernel("kv_insert", dev, consts)(kv=x.contiguous(), weight=weight.float().contiguous(),
                                                 positions=ship(positions.to(torch.int32), dev), cos=cos,
                                                 sin=sin, cache=ring)
         return None
+
+    def _rope_table(self, rotary, blocks: int, dev) -> tuple[torch.Tensor, torch.Tensor]:
+        """The rotary's cos / sin rows of positions 0 .. 64 ``blocks`` - 1 on ``dev``, joined once
+        and kept (the latest a rotary), grown in powers of two of its blocks as a context grows."""
+        blocks = 1 << (blocks - 1).bit_length()
+        key = ("rope_table", rotary, dev)
+        kept = self._consts.get(key)
+        if kept is None or kept[0] < blocks:
+            parts = [rotary._block(k) for k in range(blocks)]
+            kept = self._consts[key] = (blocks, *(torch.cat([p[i] for p in parts]).to(dev) for i in (0, 1)))
+        return kept[1], kept[2]
 
     def _kv_encode(self, ctx, t: torch.Tensor, fmt: str):
         """``quantize`` (FP8, a UE8M0 code per 32, its least floor) or ``quantize_fp4`` (NVFP4)
@@ -176,6 +186,18 @@ class AttentionKernels:
             return out
         return out[ints(done, dev, torch.long)] if done else out[:0]
 
+    def _rope_rows(self, positions: torch.Tensor, block: int, dev) -> tuple[int, int, torch.Tensor]:
+        """The first and last 64-position block a step's positions (host) span and the positions
+        counted from the first, on ``dev``: worked out once for the positions tensor a step's
+        layers all pass (four rope calls a layer), not once a call."""
+        kept = self._consts.get(("rope_rows",))
+        if kept is not None and kept[0] is positions and kept[1] == (block, dev):
+            return kept[2]
+        lo, hi = int(positions.min()) // block, int(positions.max()) // block
+        out = lo, hi, ship((positions - lo * block).to(torch.int32), dev)
+        self._consts[("rope_rows",)] = (positions, (block, dev), out)
+        return out
+
     def _rope(self, ctx, rotary, x: torch.Tensor, positions: torch.Tensor, inverse: bool = False) -> torch.Tensor:
         """``rope`` over the rows' own table rows: the rotary's blocks of 64 positions that the
         positions span, the positions counted from the first (as ``Rotary.cos_sin`` reads them)."""
@@ -183,12 +205,11 @@ class AttentionKernels:
             return NotImplemented
         if positions.numel() == 0:  # no rows: nothing to launch
             return torch.empty(x.shape, dtype=torch.float32, device=x.device)
-        lo, hi = int(positions.min()) // rotary.BLOCK, int(positions.max()) // rotary.BLOCK
+        lo, hi, idx = self._rope_rows(positions, rotary.BLOCK, x.device)
         blocks = [rotary._block(b) for b in range(lo, hi + 1)]
         cos, sin = blocks[0] if len(blocks) == 1 else (torch.cat([blk[i] for blk in blocks]) for i in (0, 1))
         rows = x.reshape(x.shape[0], -1, x.shape[-1]).contiguous()  # [T, heads (or 1), C]
         out = torch.empty(rows.shape, dtype=torch.float32, device=x.device)
-        idx = ship((positions - lo * rotary.BLOCK).to(torch.int32), x.device)
         self._kernel("rope", x.device, {"ROPE": rotary.dim, "INVERSE": bool(inverse)})(
             x=rows, positions=idx, cos=cos.to(x.device).reshape(-1), sin=sin.to(x.device).reshape(-1), out=out)
         return out.reshape(x.shape)
