@@ -14,8 +14,10 @@ visible row (P + 1 < RATIO) gets a row of -inf.
 
 Keys are bf16 rows, or FP8 rows (model.md 3.1's FP8 index key: 128 e4m3 values and an f32 scale
 a row, ``k_scale``): the e4m3 tile is widened to bf16 (exactly) for the same bf16 gemm, and each
-row's dots are multiplied by its scale before the ReLU. The MXFP4 row format and the prefill
-form (a chunk of queries of one sequence) are not written.
+row's dots are multiplied by its scale before the ReLU. Or MXFP4 rows as the cache stores them
+(model.md 3.4's index key, u8 ``k``, rows of R >= D / 2 + D / 32 bytes: D e2m1 codes two a byte,
+then a UE8M0 code per 32; 68 bytes at D = 128), decoded by ``dsl.mxfp4_values`` into the same bf16
+operand, exactly. The prefill form (a chunk of queries of one sequence) is not written.
 
 A block scores ``NB`` consecutive tiles of ``BN`` rows of one sequence: one gemm
 ``k_tile @ q^T`` (BN x H, f32) a tile, ReLU, times ``w`` per head, summed over the heads (the
@@ -40,7 +42,9 @@ from __future__ import annotations
 import torch
 
 from .. import dsl
+from ..dsl.ops import MXFP4_BLOCK
 from . import model_shapes as shapes
+from .moe_gemm_mxfp4 import fp4_values
 from .registry import Dim, OneOf, Spec, register
 
 NEG_INF = float("-inf")
@@ -51,7 +55,7 @@ MIN_HEADS = 16  # the least width of the dots tile (the heads, padded)
 
 @dsl.kernel(batch_dim="B", dynamic=("B", "L"))
 def indexer_logits(q: dsl.Tensor["B", "H", "D", dsl.bf16], w: dsl.Tensor["B", "H", dsl.f32],
-                   k: dsl.Tensor["B", "L", "D", dsl.bf16 | dsl.f8e4m3], pos: dsl.Tensor["B", dsl.i32],
+                   k: dsl.Tensor["B", "L", "R", dsl.bf16 | dsl.f8e4m3 | dsl.u8], pos: dsl.Tensor["B", dsl.i32],
                    logits: dsl.Tensor["B", "L", dsl.f32],
                    k_scale: dsl.OptionalTensor["B", "L", dsl.f32] = None, *,
                    RATIO: dsl.Const = 4,
@@ -63,13 +67,23 @@ def indexer_logits(q: dsl.Tensor["B", "H", "D", dsl.bf16], w: dsl.Tensor["B", "H
     # fewer heads than MIN_HEADS (a small model's 2) are padded with zero queries of weight 0,
     # which add exact zeros: the dots tile keeps a width the tensor cores' instructions take
     H, D = dsl.maximum(q.H, MIN_HEADS), q.D
+    packed = k.dtype == dsl.u8  # MXFP4 rows as stored
+    if packed:
+        dsl.require(k.R >= D // 2 + D // MXFP4_BLOCK,
+                    "k's MXFP4 rows (R bytes) are short of D / 2 bytes of e2m1 pairs and their D / 32 codes")
+    else:  # (sizes compare as symbols: == would be False before binding)
+        for cond in (k.R >= D, k.R <= D):
+            dsl.require(cond, "k's rows must hold D values, as the queries' rows do")
     for b, g in dsl.grid(q.B, dsl.cdiv(dsl.cdiv(k.L, BN), NB)):
         q_tile = dsl.load(q[b, 0, 0], (H, D), role="operand")
         wts = dsl.load(w[b, 0], (H,))
         visible = (dsl.load(pos[b], (1,)) + 1) // RATIO  # rows of this sequence's window count
         for i in dsl.pipelined(NB, stages=STAGES):
             row = (g * NB + i) * BN
-            if k_scale is None:
+            if packed:
+                k_tile = dsl.mxfp4_values(dsl.load(k[b, row, 0], (BN, D // 2), role="operand"),
+                                          dsl.load(k[b, row, D // 2], (BN, D // MXFP4_BLOCK), role="operand"))
+            elif k_scale is None:
                 k_tile = dsl.load(k[b, row, 0], (BN, D), role="operand")
             else:  # FP8 rows: e4m3 values are exact in bf16 (a bf16 gemm), the scale comes after it
                 k_tile = dsl.load(k[b, row, 0], (BN, D)).to(dsl.bf16)
@@ -81,10 +95,21 @@ def indexer_logits(q: dsl.Tensor["B", "H", "D", dsl.bf16], w: dsl.Tensor["B", "H
             dsl.store(logits[b, row], dsl.where(row + dsl.arange(BN) < visible, s, NEG_INF))
 
 
-def _keys(k: torch.Tensor, k_scale: torch.Tensor | None, lo: int, hi: int) -> torch.Tensor:
-    """Rows lo .. hi-1 of the keys in float64, FP8 rows times their scale (model.md 3.1)."""
+def _keys(k: torch.Tensor, k_scale: torch.Tensor | None, lo: int, hi: int, d: int) -> torch.Tensor:
+    """Rows lo .. hi-1 of the keys in float64: FP8 rows times their scale (model.md 3.1), MXFP4 rows
+    (u8) decoded (3.4)."""
+    if k.dtype == torch.uint8:
+        return mxfp4_key_values(k[:, lo:hi], d)
     rows = k[:, lo:hi].double()
     return rows if k_scale is None else rows * k_scale[:, lo:hi].double()[:, :, None]
+
+
+def mxfp4_key_values(rows: torch.Tensor, d: int) -> torch.Tensor:
+    """MXFP4 key rows as stored (u8 [..., >= d / 2 + d / 32]) in float64: each e2m1 value (the even
+    element in a byte's low nibble) times 2^(code - 127) of its 32 (NaN at code 255)."""
+    codes = rows[..., d // 2 : d // 2 + d // MXFP4_BLOCK]
+    scale = torch.where(codes == 255, torch.nan, torch.exp2(codes.double() - 127))
+    return fp4_values(rows[..., : d // 2]) * scale.repeat_interleave(MXFP4_BLOCK, -1)
 
 
 def indexer_logits_reference(q, w, k, pos, k_scale=None, RATIO: int = 4) -> dict:
@@ -98,7 +123,7 @@ def indexer_logits_reference(q, w, k, pos, k_scale=None, RATIO: int = 4) -> dict
     out = torch.empty(b, rows, dtype=torch.float32, device=q.device)
     chunk = max(1, (1 << 24) // max(1, b * h))
     for lo in range(0, rows, chunk):
-        dots = torch.einsum("bhd,bld->bhl", q64, _keys(k, k_scale, lo, lo + chunk))
+        dots = torch.einsum("bhd,bld->bhl", q64, _keys(k, k_scale, lo, lo + chunk, q.shape[-1]))
         out[:, lo:lo + chunk] = (dots.clamp(min=0) * w64[:, :, None]).sum(1).float()
     visible = torch.div(pos.long() + 1, RATIO, rounding_mode="floor")
     cols = torch.arange(rows, device=q.device)
@@ -112,9 +137,9 @@ def _error_bound(case, output, inputs) -> torch.Tensor:
     gamma = 2.0 * (q.shape[2] + q.shape[1] + 3) * 2.0 ** -24  # (+1: an FP8 row's scale multiply)
     v = (w.double().abs()[:, :, None] * q.double().abs()).sum(1)  # (B, D)
     bound = torch.empty(k.shape[:2], dtype=torch.float64, device=k.device)
-    chunk = max(1, (1 << 24) // max(1, k.shape[0] * k.shape[2]))
+    chunk = max(1, (1 << 24) // max(1, k.shape[0] * q.shape[2]))
     for lo in range(0, k.shape[1], chunk):
-        bound[:, lo:lo + chunk] = torch.einsum("bld,bd->bl", _keys(k, k_scale, lo, lo + chunk).abs(), v)
+        bound[:, lo:lo + chunk] = torch.einsum("bld,bd->bl", _keys(k, k_scale, lo, lo + chunk, q.shape[2]).abs(), v)
     return (gamma * bound).float()
 
 
@@ -148,14 +173,15 @@ def _positions(case, b: int, g: torch.Generator) -> torch.Tensor:
 def _inputs(case, device, seed):
     b, h, rows, d = case["B"], case["H"], case["L"], case["D"]
     out = {"logits": torch.full((b, rows), float("nan"), dtype=torch.float32, device=device)}
-    fp8 = case.get("dtype") == "f8e4m3"
+    fp8, mxfp4 = case.get("dtype") == "f8e4m3", case.get("dtype") == "mxfp4"
     if fp8:
         out["k_scale"] = torch.empty(b, rows, dtype=torch.float32, device=device)
     if device.type == "meta":
-        k_dtype = torch.float8_e4m3fn if fp8 else torch.bfloat16
+        k_dtype = torch.float8_e4m3fn if fp8 else (torch.uint8 if mxfp4 else torch.bfloat16)
+        width = d // 2 + d // MXFP4_BLOCK if mxfp4 else d
         return {"q": torch.empty(b, h, d, dtype=torch.bfloat16, device=device),
                 "w": torch.empty(b, h, dtype=torch.float32, device=device),
-                "k": torch.empty(b, rows, d, dtype=k_dtype, device=device),
+                "k": torch.empty(b, rows, width, dtype=k_dtype, device=device),
                 "pos": torch.empty(b, dtype=torch.int32, device=device), **out}
     # model-sized keys (up to 4 GiB) are drawn where they are used: a CUDA generator on a GPU
     gen_device = device if device.type == "cuda" else torch.device("cpu")
@@ -181,6 +207,11 @@ def _inputs(case, device, seed):
         for lo in range(0, rows, step):
             k8[:, lo:lo + step] = (k[:, lo:lo + step].float() / scale[:, lo:lo + step, None]).to(k8.dtype)
         k = k8
+    if mxfp4:  # model.md 3.4's index-key row as the cache stores it: e2m1 pairs, then UE8M0 codes
+        from .quantize_fp4 import quantize_fp4_reference
+
+        enc = quantize_fp4_reference(k.reshape(b * rows, d), "mxfp4")
+        k = torch.cat([enc["q"], enc["scale"]], -1).reshape(b, rows, -1)
     return {"q": q.to(device), "w": w.to(device), "k": k.to(device),
             "pos": _positions(case, b, g_cpu).to(device), **out}
 
@@ -203,14 +234,21 @@ def indexer_shapes(m: shapes.ModelDims) -> dict[str, dict]:
                 out[f"{m.short}/r{ratio}_ctx{label}/decode{b}"] = {
                     "B": b, "H": m.index_heads, "L": rows, "D": m.index_head_dim, "RATIO": ratio,
                     "model": m.name}
-        for b in (1, 16):  # FP8 keys with a row scale (model.md 3.1), at 1M context
-            out[f"{m.short}/r{ratio}_ctx1m_fp8/decode{b}"] = {
-                "B": b, "H": m.index_heads, "L": shapes.CONTEXT // ratio, "D": m.index_head_dim, "RATIO": ratio,
-                "dtype": "f8e4m3", "model": m.name}
+        for b in (1, 16):  # FP8 keys with a row scale (model.md 3.1), and MXFP4 keys as stored, at 1M context
+            for kind in ("fp8", "mxfp4"):
+                out[f"{m.short}/r{ratio}_ctx1m_{kind}/decode{b}"] = {
+                    "B": b, "H": m.index_heads, "L": shapes.CONTEXT // ratio, "D": m.index_head_dim, "RATIO": ratio,
+                    "dtype": "f8e4m3" if kind == "fp8" else "mxfp4", "model": m.name}
     return out
 
 
 SMALL = {"BN": 32, "NB": 2, "STAGES": 1}
+
+
+def _key_bytes(c) -> float:
+    """A key row's bytes: bf16, FP8 with its f32 scale, or MXFP4 as stored."""
+    d = c["D"]
+    return {"f8e4m3": d + 4.0, "mxfp4": d / 2 + d / MXFP4_BLOCK}.get(c.get("dtype"), 2.0 * d)
 SPEC = register(Spec(
     kernel=indexer_logits,
     reference=indexer_logits_reference,
@@ -235,6 +273,10 @@ SPEC = register(Spec(
         # FP8 index keys with a scale per row (model.md 3.1's alternative to MXFP4)
         "fp8_keys_v4": {"B": 5, "H": 64, "L": 90, "D": 128, "RATIO": 4, "dtype": "f8e4m3", "config": SMALL},
         "fp8_keys_v41": {"B": 2, "H": 32, "L": 130, "D": 128, "RATIO": 1, "dtype": "f8e4m3", "visible": "all"},
+        # MXFP4 index keys as the cache stores them (model.md 3.4: 68-byte rows at D = 128)
+        "mxfp4_keys_v41": {"B": 3, "H": 32, "L": 100, "D": 128, "RATIO": 2, "dtype": "mxfp4", "config": SMALL},
+        "mxfp4_keys_few_heads": {"B": 2, "H": 2, "L": 70, "D": 64, "RATIO": 1, "dtype": "mxfp4", "visible": "all",
+                                 "config": SMALL},
     },
     build_cases={"v4_1m_decode16": {"B": 16, "H": 64, "L": 262144, "D": 128, "RATIO": 4},
                  "v41_r1_1m_decode4": {"B": 4, "H": 32, "L": 1 << 20, "D": 128, "RATIO": 1}},
@@ -242,9 +284,10 @@ SPEC = register(Spec(
     extra_error=_error_bound,
     constants_of=lambda case: {"RATIO": case.get("RATIO", 4)},
     flops=lambda c: 2.0 * c["B"] * c["H"] * c["L"] * c["D"],
-    bytes_moved=lambda c: c["B"] * (2.0 * c["L"] * c["D"] + 4.0 * c["L"] + 2.0 * c["H"] * c["D"] + 4.0 * c["H"]),
+    bytes_moved=lambda c: c["B"] * (_key_bytes(c) * c["L"] + 4.0 * c["L"] + 2.0 * c["H"] * c["D"] + 4.0 * c["H"]),
     model_shapes=shapes.for_models(indexer_shapes),
     sweep={"B": Dim(1, 6, large=64), "H": OneOf(32, 64, 2), "L": Dim(1, 300, large=70000), "D": OneOf(64, 128),
-           "RATIO": OneOf(1, 2, 4), "values": OneOf("normal", "normal", "ints"), "dtype": OneOf("bf16", "f8e4m3"),
+           "RATIO": OneOf(1, 2, 4), "values": OneOf("normal", "normal", "ints"),
+           "dtype": OneOf("bf16", "f8e4m3", "mxfp4"),
            "config": {"BN": OneOf(32, 64), "NB": OneOf(1, 2, 4), "STAGES": OneOf(1, 2)}},
 ))

@@ -242,3 +242,16 @@ def test_sm100_reads_each_steps_scale_words_from_the_wide_code_tiles(ablock):
     first_a = "4 * k" if ablock == 32 else "k"
     assert [f"{first_a} + {j if ablock == 32 else 0}" in a_word for j in range(4)] == [True] * 4, a_word
     assert all(f"4 * k + {j}" in b_word for j in range(4)), b_word
+
+
+def test_the_rule_passes_over_a_scaled_tile_whose_size_is_not_bound_yet():
+    """Regression: a config space is drawn from the traced module before its sizes are bound; a
+    scaled-values tile of a size symbol (the indexer's MXFP4 keys, (BN, D)) feeding an sm100 gemm
+    made the rule's int() of its shape raise, and no config could be chosen."""
+    from duotile.codegen.choose_config import choose_config
+    from duotile.kernels_spec import load_all
+
+    spec = load_all()["indexer_logits"]
+    case = spec.model_shapes["v41/r2_ctx1m_mxfp4/decode16"]
+    sig = spec.kernel.bind(spec.meta_inputs(case))
+    assert choose_config(spec.kernel, "sm100", sig, spec.constants_of(case))

@@ -58,6 +58,8 @@ class BlockScaledGemm:
 def _operand(op: Op | None, uses: dict[int, int]) -> Operand | None:
     if op is None or op.name not in SCALED or uses.get(op.result.id, 0) != 1:
         return None
+    if not all(getattr(d, "is_Integer", False) for d in op.result.type.shape):
+        return None  # a tile of a size not yet bound (a kernel's config space is drawn before binding)
     rows, k = (int(d) for d in op.result.type.shape)
     block = MXFP4_BLOCK if op.name == "mxfp4" else k // int(op.attrs["count"])
     return Operand(op, rows, k, block)
