@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 import torch
 
 from .config import ModelConfig
-from .stored import Nvfp4Rows, StoredRing
+from .stored import PackedRows, StoredRing
 
 
 def bank_slot(p: int, ratio: int, banks: int) -> int:
@@ -147,9 +147,10 @@ class SequenceCache:
             ratio, kind = cfg.ratio(layer), cfg.attention_kind(layer)
             owns = kind in ("csa", "hca", "full")
             if owns:
-                lc.comp = Nvfp4Rows(d, device) if stored else Rows(d, dtype, device)
+                lc.comp = PackedRows(d, "nvfp4", device) if stored else Rows(d, dtype, device)
             if kind in ("csa", "full"):
-                lc.index_keys = Rows(cfg.index_head_dim, dtype, device)
+                c = cfg.index_head_dim
+                lc.index_keys = PackedRows(c, "mxfp4", device) if stored else Rows(c, dtype, device)
             if kind == "csa":
                 lc.comp_state = CompressorState.empty(2 * cfg.head_dim, device)
                 lc.index_state = CompressorState.empty(2 * cfg.index_head_dim, device)
@@ -242,7 +243,7 @@ def format_bytes(cfg: ModelConfig, num_tokens: int, include_nextn: bool = False)
 
 def append_each(stores: list, rows, counts: list[int], stack: bool) -> None:
     """Store i gets the next ``counts[i]`` of ``rows`` (in order): a tensor for ``Rows``, a tuple
-    a plane for a store of several (``stored.Nvfp4Rows``). With ``stack`` (a decode step: the same
+    a plane for a store of several (a store of several planes). With ``stack`` (a decode step: the same
     sequences step after step), in one write a plane, the stores' planes kept as views of one
     stack each (``stacked.py``) whose capacity doubles when a store outgrows it; else store by
     store."""

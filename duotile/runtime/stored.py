@@ -2,8 +2,8 @@
 
 * ``StoredRing``: a layer's window ring, W rows of 512 e4m3 values and 16 UE8M0 codes (one a 32
   channels): 528 bytes a row where the dequantised ring held 1,024 (BF16) or 2,048 (FP32).
-* ``Nvfp4Rows``: a KV source's compressed rows, growing: e2m1 codes two a byte and an E4M3 scale a
-  16 channels, 288 bytes a row.
+* ``PackedRows``: a KV source's compressed rows, growing: e2m1 codes two a byte and an E4M3 scale a
+  16 channels, 288 bytes a row; and its index keys, MXFP4 (a UE8M0 code a 32), 68 bytes a row.
 
 Each row is its values, then its scales, in one u8 tensor (``planes``: the one attribute, so that
 a decode step stacks its sequences' rows, ``stacked.py``); the stored-row decode kernel
@@ -18,10 +18,12 @@ from __future__ import annotations
 
 import torch
 
-from .quant import decode_fp8_rows, decode_nvfp4_rows
+from .quant import decode_fp8_rows, decode_nvfp4_rows, dequantize_fp4_rows
 
 FP8_BLOCK = 32  # channels a UE8M0 code of a window row covers (V4.1)
 NVFP4_BLOCK = 16  # channels an E4M3 scale of a compressed row covers
+MXFP4_BLOCK = 32  # channels a UE8M0 code of an index key covers
+FP4_BLOCKS = {"nvfp4": NVFP4_BLOCK, "mxfp4": MXFP4_BLOCK}
 
 
 class StoredRing:
@@ -54,16 +56,18 @@ class StoredRing:
         return self.rows.numel()
 
 
-class Nvfp4Rows:
-    """Compressed rows as stored, with capacity doubling (``cache.Rows``' interface: ``n``,
-    ``append``, ``view``, ``data``; the last two decode): ``rows`` [capacity, D / 2 + D / 16] u8,
-    each row its e2m1 pairs, then its E4M3 scales' bytes."""
+class PackedRows:
+    """Growing FP4 rows as stored, with capacity doubling (``cache.Rows``' interface: ``n``,
+    ``append``, ``view``, ``data``; the last two decode): ``rows`` [capacity, row bytes] u8, each
+    row its e2m1 pairs, then its scales. ``fmt``: ``nvfp4`` (an E4M3 scale a 16 channels: a KV
+    source's compressed rows, 288 bytes at 512) or ``mxfp4`` (a UE8M0 code a 32: its index keys, 68
+    bytes at 128)."""
 
     planes = ("rows",)
 
-    def __init__(self, width: int, device: torch.device | str):
-        self.rows = torch.zeros(16, width // 2 + width // NVFP4_BLOCK, dtype=torch.uint8, device=device)
-        self.width, self.n = width, 0
+    def __init__(self, width: int, fmt: str, device: torch.device | str):
+        self.width, self.fmt, self.n = width, fmt, 0
+        self.rows = torch.zeros(16, width // 2 + width // FP4_BLOCKS[fmt], dtype=torch.uint8, device=device)
 
     def append(self, rows: torch.Tensor) -> None:
         need = self.n + rows.shape[0]
@@ -77,7 +81,7 @@ class Nvfp4Rows:
     @property
     def data(self) -> torch.Tensor:
         """Every row of the capacity, decoded (FP32)."""
-        return decode_compressed_rows(self.rows, self.width)
+        return decode_fp4_rows(self.rows, self.width, self.fmt)
 
     @property
     def view(self) -> torch.Tensor:
@@ -92,7 +96,10 @@ def decode_ring_rows(rows: torch.Tensor, width: int) -> torch.Tensor:
     return decode_fp8_rows(rows[..., :width].view(torch.float8_e4m3fn), rows[..., width:], FP8_BLOCK)
 
 
-def decode_compressed_rows(rows: torch.Tensor, width: int) -> torch.Tensor:
-    """FP32 values of compressed rows as stored (u8 [..., width / 2 + width / 16])."""
+def decode_fp4_rows(rows: torch.Tensor, width: int, fmt: str) -> torch.Tensor:
+    """FP32 values of FP4 rows as stored (u8 [..., width / 2 + its scales]): NVFP4-like (E4M3 per
+    16) or MXFP4 (UE8M0 per 32)."""
     half = width // 2
-    return decode_nvfp4_rows(rows[..., :half], rows[..., half:].view(torch.float8_e4m3fn), NVFP4_BLOCK)
+    if fmt == "nvfp4":
+        return decode_nvfp4_rows(rows[..., :half], rows[..., half:].view(torch.float8_e4m3fn), NVFP4_BLOCK)
+    return dequantize_fp4_rows(rows[..., :half], rows[..., half:].view(torch.float8_e8m0fnu), MXFP4_BLOCK)

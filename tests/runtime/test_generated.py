@@ -245,6 +245,10 @@ def _agree(op, got, want, args) -> bool:
     if op in ("sparse_attention", "sparse_attention_stored", "sparse_attention_rows"):
         return bool(((got - want).abs() <= 2.0 ** -7 * want.abs().amax(-1, keepdim=True) + 1e-6).all())
     qi, wts, keys = args[1], args[2], args[3]
+    if keys.dtype == torch.uint8:  # V4.1's index keys as stored: their values bound the error
+        from duotile.runtime.stored import decode_fp4_rows
+
+        keys = decode_fp4_rows(keys, qi.shape[-1], "mxfp4")
     k = keys.float().abs()
     dots = torch.einsum("shc,snc->shn", qi.float().abs(), k) if k.dim() == 3 else qi.float().abs() @ k.T
     terms = dots * wts.float().abs()[:, :, None]  # |q_h||k| per head
@@ -408,12 +412,12 @@ def test_a_generation_with_a_changing_batch_builds_once_per_width(capsys, tmp_pa
     calls, builds = (int(n) for n in re.match(r"op kv_round: (\d+) generated \(on (\d+) build\(s\)\), 0 reference$",
                                               line).groups())
     assert calls > 20 and builds == 2, line
-    # kv_encode's NVFP4 rows and a prefill's window rows (its FP8 rows share linear_q's quantize
-    # builds): a build a power-of-two bucket of the rows (1, 2, 3 sequences at a step; the prompt's)
+    # kv_encode's NVFP4 rows and MXFP4 index keys (its FP8 window rows share linear_q's quantize
+    # builds): a build a format and power-of-two bucket of the rows (1, 2, 3 sequences; the prompt's)
     line = next(ln for ln in out if ln.startswith("op kv_encode:"))
     calls, builds = (int(n) for n in re.match(r"op kv_encode: (\d+) generated \(on (\d+) build\(s\)\), 0 reference$",
                                               line).groups())
-    assert calls >= 10 and 1 <= builds <= 4, line
+    assert calls >= 10 and 2 <= builds <= 8, line
     # a decode step's window rows go into the rings by kv_insert: one build (its batch is dynamic)
     line = next(ln for ln in out if ln.startswith("op kv_insert:"))
     assert re.match(r"op kv_insert: \d+ generated \(on 1 build\(s\)\), 0 reference$", line), line

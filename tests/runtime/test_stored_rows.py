@@ -14,7 +14,7 @@ from duotile.runtime.engine import LLM
 from duotile.runtime.layers.common import KV_ENCODE_FLOOR
 from duotile.runtime.reference import Model
 from duotile.runtime.sampler import SamplingParams
-from duotile.runtime.stored import Nvfp4Rows, StoredRing
+from duotile.runtime.stored import PackedRows, StoredRing
 
 
 def _generate(ckpt: str, stored: bool, invariant: bool):
@@ -45,8 +45,12 @@ def test_a_v41_cache_holds_its_rows_in_the_production_formats(ckpt_dir):
     assert ring.rows.shape == (cfg.sliding_window, cfg.head_dim + cfg.head_dim // 32)  # kv_insert's row layout
     assert ring.nbytes() * cfg.num_hidden_layers == format_bytes(cfg, 0).window  # model.md 3.4's 528 B a row at 512
     sources = [lc.comp for lc in cache.layers if lc.comp is not None]
-    assert sources and all(isinstance(c, Nvfp4Rows) for c in sources)
+    assert sources and all(isinstance(c, PackedRows) for c in sources)
     assert sources[0].rows.shape[1] == cfg.head_dim // 2 + cfg.head_dim // 16  # model.md 3.4's 288 B at 512
+    keys = [lc.index_keys for lc in cache.layers if lc.index_keys is not None]
+    c = cfg.index_head_dim
+    assert keys and all(isinstance(k, PackedRows) and k.fmt == "mxfp4" for k in keys)
+    assert keys[0].rows.shape[1] == c // 2 + c // 32  # MXFP4 index keys: 68 B at 128
 
 
 def test_stored_rows_are_refused_where_the_rows_are_not_quantised(ckpt_dir):

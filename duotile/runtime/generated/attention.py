@@ -115,6 +115,12 @@ class AttentionKernels:
             if n:
                 self._kernel("quantize_fp4", t.device, {"FORMAT": "nvfp4"})(x=rows, q=q, scale=scale)
             return torch.cat([q, scale], -1)
+        if fmt == "mxfp4":
+            q = torch.empty(n, d // 2, dtype=torch.uint8, device=t.device)
+            scale = torch.empty(n, d // 32, dtype=torch.uint8, device=t.device)
+            if n:
+                self._kernel("quantize_fp4", t.device, {"FORMAT": "mxfp4"})(x=rows, q=q, scale=scale)
+            return torch.cat([q, scale], -1)
         return NotImplemented
 
     def _index_scores(self, ctx, qi, wts, keys, n_visible) -> torch.Tensor:
@@ -125,7 +131,7 @@ class AttentionKernels:
             return NotImplemented
         if s == 0 or n == 0:  # no queries or no key rows yet: an empty score matrix, no launch
             return torch.empty(s, n, dtype=torch.float32, device=qi.device)
-        k = keys.to(torch.bfloat16)
+        k = keys if keys.dtype == torch.uint8 else keys.to(torch.bfloat16)  # MXFP4 rows as stored, or values
         k = k.contiguous() if k.dim() == 3 else k[None].expand(s, n, keys.shape[1]).contiguous()
         pos = ship((n_visible - 1).to(torch.int32), qi.device)
         logits = torch.empty(s, n, dtype=torch.float32, device=qi.device)

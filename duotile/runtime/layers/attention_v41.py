@@ -20,7 +20,7 @@ from ..config import ModelConfig
 from ..device import ship
 from ..model_ops import model_op
 from ..stacked import stack_attr
-from ..stored import Nvfp4Rows, StoredRing
+from ..stored import PackedRows, StoredRing
 from .common import (
     Ctx,
     Rotary,
@@ -104,10 +104,11 @@ class AttentionV41:
         key = ctx.act(rms_norm(ctx, matmul(ctx, latent, self.wk), self.k_norm, cfg.rms_norm_eps))
         key = ctx.act(rope(ctx, self.rope, key, pos))
         lcs, decode = [seq.cache.layers[self.layer] for seq, _ in seqs], one_token_each(seqs)
-        stored = isinstance(lcs[0].comp, Nvfp4Rows)
-        if ctx.quant:  # rows as stored are encoded from the unrounded values (NVFP4 does not re-encode)
-            main = kv_encode(ctx, main, "nvfp4") if stored else ctx.act(round_rows(ctx, main, "nvfp4"))
-            key = ctx.act(round_rows(ctx, key, "mxfp4"))
+        stored = isinstance(lcs[0].comp, PackedRows)
+        if ctx.quant and stored:  # encoded from the unrounded values (an NVFP4 value may not re-encode)
+            main, key = kv_encode(ctx, main, "nvfp4"), kv_encode(ctx, key, "mxfp4")
+        elif ctx.quant:
+            main, key = ctx.act(round_rows(ctx, main, "nvfp4")), ctx.act(round_rows(ctx, key, "mxfp4"))
         append_each([lc.comp for lc in lcs], main, counts, stack=decode)
         append_each([lc.index_keys for lc in lcs], key, counts, stack=decode)
 
@@ -137,7 +138,7 @@ class AttentionV41:
         call (the keys as one stack, `stacked.py`, each row masked past what its sequence sees),
         the candidate pool likewise (kept per sequence as a row of the step's pool)."""
         cfg, stores = self.cfg, [seq.cache.layers[self.kv_src].index_keys for seq, _ in seqs]
-        keys = stack_attr(stores, "data")
+        keys = stack_attr(stores, stores[0].planes[0])  # values, or MXFP4 rows as stored
         n_vis = (pos + 1) // self.ratio
         scores = index_scores(ctx, qi, wts, keys, n_vis)
         if self.kind == "reindex":

@@ -18,7 +18,7 @@ from ..config import ModelConfig
 from ..device import ship
 from ..model_ops import Tally, model_op
 from ..ops import FastOps
-from ..stored import FP8_BLOCK, StoredRing, decode_compressed_rows, decode_ring_rows
+from ..stored import FP8_BLOCK, StoredRing, decode_fp4_rows, decode_ring_rows
 from .step import one_token_each
 
 # kv_encode's scale floor for FP8 rows: the quantize kernel's least, so that the only blocks it
@@ -348,7 +348,7 @@ def sparse_attention_stored(ctx: Ctx, q: torch.Tensor, ring: torch.Tensor, idx: 
     d = q.shape[-1]
     rows = decode_ring_rows(ring, d)
     if cmp is not None:
-        rows = torch.cat([rows, decode_compressed_rows(cmp, d)], 1)
+        rows = torch.cat([rows, decode_fp4_rows(cmp, d, "nvfp4")], 1)
     each = torch.arange(rows.shape[0], device=rows.device)[:, None]
     keys = rows[each, idx.long().clamp(min=0)].to(q.dtype)
     return attention_with_sink(ctx.ops, q, keys, idx >= 0, sink, scale)
@@ -380,10 +380,10 @@ def kv_encode(ctx: Ctx, t: torch.Tensor, fmt: str) -> torch.Tensor:
     if fmt == "fp8/32":
         out = quantize_reference(t, BLOCK=FP8_BLOCK, FLOOR=KV_ENCODE_FLOOR)
         return torch.cat([out["q"].view(torch.uint8), out["scale"]], -1)
-    if fmt == "nvfp4":
-        out = quantize_fp4_reference(t, "nvfp4")
+    if fmt in ("nvfp4", "mxfp4"):
+        out = quantize_fp4_reference(t, fmt)
         return torch.cat([out["q"], out["scale"]], -1)
-    raise ValueError(f"kv_encode: format {fmt!r}: fp8/32 or nvfp4")
+    raise ValueError(f"kv_encode: format {fmt!r}: fp8/32, nvfp4 or mxfp4")
 
 
 def _decode_keys(seqs: list, layer: int, kv: torch.Tensor, compressed) -> tuple[torch.Tensor, torch.Tensor]:
@@ -495,6 +495,8 @@ def index_scores(ctx: Ctx, qi: torch.Tensor, wts: torch.Tensor, keys: torch.Tens
     decode step's sequences at once). The q.k product is rounded to the activation dtype before the
     ReLU (the reference's BF16 einsum).
     """
+    if keys.dtype == torch.uint8:  # MXFP4 rows as stored (``stored.PackedRows``)
+        keys = decode_fp4_rows(keys, qi.shape[-1], "mxfp4")
     qi, keys = qi.float(), keys.float()
     each = keys if keys.dim() == 3 else keys[None]
     if ctx.ops.invariant:
