@@ -39,6 +39,7 @@ from . import model_shapes as shapes
 from .moe_gemm_mxfp4 import fp4_values
 from .registry import Dim, OneOf, Spec, register
 from .sparse_mqa_decode import SMALL, _error_bound, _tolerance, decode, random_inputs, sparse_mqa_decode_reference
+from .sparse_mqa_decode import SPEC as BF16_SPEC
 
 CODE_BLOCK = 32  # channels a UE8M0 code covers in V4.1's window rows
 
@@ -183,19 +184,20 @@ def _bytes(c) -> float:
     return float(c["B"] * (rows + 4 * c["H"] * d + 4 * c["L"]))
 
 
+def _as_ring(case: dict) -> dict:
+    """A sparse_mqa_decode case whose N rows are the window ring's W rows."""
+    return {("W" if k == "N" else k): v for k, v in case.items()}
+
+
 SPEC = register(Spec(
     kernel=sparse_mqa_decode_fp8,
     reference=sparse_mqa_decode_fp8_reference,
     make_inputs=_inputs,
     outputs=("o", "lse"),
     cases={
-        "split4_holes": {"B": 3, "H": 64, "D": 64, "W": 300, "L": 200, "holes": 0.3,
-                         "config": {**SMALL, "SPLIT": 4}},
-        "one_phase_ragged": {"B": 4, "H": 64, "D": 64, "W": 90, "L": 96, "config": {**SMALL, "SPLIT": 1}},
-        "few_heads": {"B": 3, "H": 4, "D": 64, "W": 60, "L": 70, "holes": 0.3, "config": {**SMALL, "SPLIT": 2}},
-        "all_dead": {"B": 2, "H": 64, "D": 64, "W": 50, "L": 70, "valid": "none", "config": {**SMALL, "SPLIT": 2}},
-        "repeats": {"B": 2, "H": 64, "D": 64, "W": 20, "L": 128, "valid": "all", "repeat": True,
-                    "out_of_range": True, "config": {**SMALL, "SPLIT": 2}},
+        # sparse_mqa_decode's own cases over a ring of as many rows (its N rows as the W ring rows)
+        **{name: _as_ring(BF16_SPEC.cases[name]) for name in ("split4_holes", "one_phase_ragged", "few_heads",
+                                                               "all_dead", "repeats")},
         # codes far from 127: rows of values near 2^-20 and 2^20 (still exact in bf16)
         "wide_codes": {"B": 2, "H": 64, "D": 128, "W": 64, "L": 64, "codes": (107, 147),
                        "config": {**SMALL, "SPLIT": 2}},

@@ -16,6 +16,12 @@ _KV_FORMATS = {"fp8/32": {"FORMAT": "fp8", "BLOCK": 32, "FLOOR": 0.0},
                "nvfp4": {"FORMAT": "nvfp4", "BLOCK": 16}, "mxfp4": {"FORMAT": "mxfp4", "BLOCK": 32}}
 
 
+# kv_encode's formats -> (spec, its constants, value dtype, values a byte, values a scale)
+_ENCODINGS = {"fp8/32": ("quantize", {"BLOCK": 32, "FLOOR": KV_ENCODE_FLOOR}, torch.float8_e4m3fn, 1, 32),
+              "nvfp4": ("quantize_fp4", {"FORMAT": "nvfp4"}, torch.uint8, 2, 16),
+              "mxfp4": ("quantize_fp4", {"FORMAT": "mxfp4"}, torch.uint8, 2, 32)}
+
+
 class AttentionKernels:
     """Mixed into ``GeneratedOps``: each method serves one model op (``_serves``)."""
 
@@ -98,30 +104,20 @@ class AttentionKernels:
         return kept[1], kept[2]
 
     def _kv_encode(self, ctx, t: torch.Tensor, fmt: str):
-        """``quantize`` (FP8, a UE8M0 code per 32, its least floor) or ``quantize_fp4`` (NVFP4)
-        over the rows, each row's values and scales then joined as the cache stores them; no rows,
-        no launch."""
+        """``quantize`` (FP8, a UE8M0 code per 32, its least floor) or ``quantize_fp4`` (NVFP4,
+        MXFP4) over the rows, each row's values and scales then joined as the cache stores them; no
+        rows, no launch."""
+        form = _ENCODINGS.get(fmt)
+        if form is None:
+            return NotImplemented
+        spec, consts, value_dtype, per_value, per_scale = form
         rows = t.reshape(-1, t.shape[-1]).contiguous()
         n, d = rows.shape
-        if fmt == "fp8/32":
-            q = torch.empty(n, d, dtype=torch.float8_e4m3fn, device=t.device)
-            scale = torch.empty(n, d // 32, dtype=torch.uint8, device=t.device)
-            if n:
-                self._kernel("quantize", t.device, {"BLOCK": 32, "FLOOR": KV_ENCODE_FLOOR})(x=rows, q=q, scale=scale)
-            return torch.cat([q.view(torch.uint8), scale], -1)
-        if fmt == "nvfp4":
-            q = torch.empty(n, d // 2, dtype=torch.uint8, device=t.device)
-            scale = torch.empty(n, d // 16, dtype=torch.uint8, device=t.device)
-            if n:
-                self._kernel("quantize_fp4", t.device, {"FORMAT": "nvfp4"})(x=rows, q=q, scale=scale)
-            return torch.cat([q, scale], -1)
-        if fmt == "mxfp4":
-            q = torch.empty(n, d // 2, dtype=torch.uint8, device=t.device)
-            scale = torch.empty(n, d // 32, dtype=torch.uint8, device=t.device)
-            if n:
-                self._kernel("quantize_fp4", t.device, {"FORMAT": "mxfp4"})(x=rows, q=q, scale=scale)
-            return torch.cat([q, scale], -1)
-        return NotImplemented
+        q = torch.empty(n, d // per_value, dtype=value_dtype, device=t.device)
+        scale = torch.empty(n, d // per_scale, dtype=torch.uint8, device=t.device)
+        if n:
+            self._kernel(spec, t.device, consts)(x=rows, q=q, scale=scale)
+        return torch.cat([q.view(torch.uint8), scale], -1)
 
     def _index_scores(self, ctx, qi, wts, keys, n_visible) -> torch.Tensor:
         """The indexer over one sequence's key rows, which every query of the chunk reads (or, keys
