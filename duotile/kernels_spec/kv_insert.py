@@ -20,7 +20,7 @@ outside the table reads zeros there. Row formats (``FORMAT``), bytes of a ``cach
   one per 32 channels (``[D, D + D / 32)``).
 * ``"fp8_nope"`` (V4, 584 bytes): the D - ROPE nope channels e4m3 (``[0, n)``), the ROPE rope
   channels bf16, little-endian (``[n, n + 2 ROPE)``), then (D - ROPE) / 64 UE8M0 codes, one per
-  64 nope channels; the last byte (vLLM's padding) is not written.
+  64 nope channels, padded to a multiple of 8 bytes (vLLM's padding byte at 584), not written.
 
 Quantisation of a block (32 or 64 channels), as the FP8 activation quantiser (``quantize.py``):
 ``amax = max(max |y|, FLOOR)``, the scale the smallest power of two with ``amax / s <= 448`` (code
@@ -184,10 +184,11 @@ def kv_insert_reference(kv, weight, positions, cos, sin, FORMAT: str = "fp8", WI
 
 
 def row_bytes(d: int, fmt: str, rope: int = 64) -> int:
-    """A cache row's bytes: V4.1's 512 + 16, V4's 448 + 128 + 7 scale bytes + 1 padding byte."""
+    """A cache row's bytes: V4.1's 512 + 16; V4's 448 + 128 + its 7 scale bytes padded to 8 (the
+    scale bytes padded to a multiple of 8 at any width: rows of whole 8-byte words)."""
     if fmt == "fp8":
         return d + d // FORMATS[fmt]
-    return (d - rope) + 2 * rope + (d - rope) // FORMATS[fmt] + 1
+    return (d - rope) + 2 * rope + -(-(d - rope) // FORMATS[fmt] // 8) * 8
 
 
 def rope_tables(n: int, base: float = 10000.0, rope: int = 64) -> tuple[torch.Tensor, torch.Tensor]:

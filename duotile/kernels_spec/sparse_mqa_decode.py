@@ -70,29 +70,34 @@ def _head_rows(q):
     return dsl.maximum(q.H, MIN_HEAD_ROWS)
 
 
-def _attend(q, kv, idx, b, lo, hi, BN, STAGES, kv_rows=None, rows_total=None):
+def _attend(q, kv, idx, b, lo, hi, BN, STAGES, kv_rows=None, rows_total=None, columns=None):
     """Online softmax of the heads of query b (a sequence's token) over the slot blocks lo .. hi-1:
-    (acc, row_max, row_sum), the output not yet divided by row_sum, in base-2 units; row_max is
-    -inf and row_sum 0 for a head that met no live slot. Rows past the heads (``_head_rows``) are
-    zero queries. ``kv_rows(rows)`` gathers the named rows (BN, D) from the cache, by default
-    sequence b's own (``kv[b, rows, 0]``), or a tuple of (BN, D) tiles whose sum is the rows (rows
-    kept in two tensors: each slot's row in one, zeros in the other); the cache's row count is
-    ``rows_total``, by default ``kv``'s N."""
+    (accs, row_max, row_sum), the output not yet divided by row_sum (a tile a column group), in
+    base-2 units; row_max is -inf and row_sum 0 for a head that met no live slot. Rows past the
+    heads (``_head_rows``) are zero queries. ``kv_rows(rows)`` gathers the named rows (BN, D) from
+    the cache, by default sequence b's own (``kv[b, rows, 0]``), or a tuple of (BN, D) tiles whose
+    sum is the rows (rows kept in two tensors: each slot's row in one, zeros in the other); the
+    cache's row count is ``rows_total``, by default ``kv``'s N. ``columns``, (first column, width)
+    pairs that tile D, splits a row by columns (rows whose channels are stored in two formats):
+    ``kv_rows`` then gives a tile or a tuple for each group, the scores sum the groups' products and
+    each group has its own accumulator."""
     H, D = _head_rows(q), q.D
+    groups = columns or ((0, D),)
+    q_tiles = [dsl.load(q[b, 0, first], (H, width), role="operand") for first, width in groups]
+    accs = [dsl.zeros((H, width), dsl.f32, role="accumulator") for _, width in groups]
     N = kv.N if rows_total is None else rows_total
-    q_tile = dsl.load(q[b, 0, 0], (H, D), role="operand")
-    acc = dsl.zeros((H, D), dsl.f32, role="accumulator")
     row_max = dsl.full((H,), NEG_INF, dsl.f32)
     row_sum = dsl.zeros((H,), dsl.f32)
     scale = LOG2E * D ** -0.5
     for n in dsl.pipelined(hi, stages=STAGES, start=lo):
         rows = dsl.load(idx[b, n * BN], (BN,), other=-1)  # slots past L are dead like -1
         # a dead slot reads a zero row
-        kv_tile = kv_rows(rows) if kv_rows else dsl.load(kv[b, rows, 0], (BN, D), role="operand")
-        kv_tiles = kv_tile if isinstance(kv_tile, tuple) else (kv_tile,)
+        got = kv_rows(rows) if kv_rows else dsl.load(kv[b, rows, 0], (BN, D), role="operand")
+        parts = [g if isinstance(g, tuple) else (g,) for g in (got if columns else [got])]
         scores = dsl.zeros((H, BN), dsl.f32, role="accumulator")
-        for t in kv_tiles:
-            dsl.gemm(q_tile, t, scores, transpose_b=True)
+        for q_tile, tiles in zip(q_tiles, parts):
+            for t in tiles:
+                dsl.gemm(q_tile, t, scores, transpose_b=True)
         live = (rows >= 0) & (rows < N)
         masked = dsl.where(live[None, :], scores * scale, NEG_INF)
         new_max = dsl.maximum(row_max, masked.max(axis=1))
@@ -100,26 +105,30 @@ def _attend(q, kv, idx, b, lo, hi, BN, STAGES, kv_rows=None, rows_total=None):
         p = dsl.exp2(masked - base[:, None])
         rescale = dsl.exp2(row_max - base)
         row_sum[:] = row_sum * rescale + p.sum(axis=1)
-        acc[:] = acc * rescale[:, None]
+        for acc in accs:
+            acc[:] = acc * rescale[:, None]
         row_max[:] = new_max
         # P in two BF16 parts, the small one first: P V to about 2^-16 of |P| |V| (the rows are BF16
         # values), where one BF16 rounding of P left 2^-9, which moved the tiny models' logits by
         # 0.3 against the FP32 reference; the second MMA is cheap beside the rows' loads
         for part in reversed(bf16_parts(p, 2)):
-            for t in kv_tiles:
-                dsl.gemm(part, t, acc)
-    return acc, row_max, row_sum
+            for acc, tiles in zip(accs, parts):
+                for t in tiles:
+                    dsl.gemm(part, t, acc)
+    return accs, row_max, row_sum
 
 
-def finish(q, sink, o, lse, b, acc, row_max, row_sum):
-    """Query b's output and LSE from its online softmax, with the sink's ``2^(sink log2 e - top)``
-    in the denominator (padded head rows get a sink of 0 and are never stored)."""
+def finish(q, sink, o, lse, b, accs, row_max, row_sum, columns=None):
+    """Query b's output and LSE from its online softmax (``_attend``'s accumulators, one a column
+    group), with the sink's ``2^(sink log2 e - top)`` in the denominator (padded head rows get a
+    sink of 0 and are never stored)."""
     sink2 = dsl.load(sink[0], (_head_rows(q),)) * LOG2E
     top = dsl.maximum(row_max, sink2)
     base = dsl.where(top > NEG_INF, top, 0.0)
     w = dsl.exp2(row_max - base)
     total = row_sum * w + dsl.exp2(sink2 - base)
-    dsl.store(o[b, 0, 0], (acc * (w / total)[:, None]).to(dsl.bf16))
+    for (first, _), acc in zip(columns or ((0, q.D),), accs):
+        dsl.store(o[b, 0, first], (acc * (w / total)[:, None]).to(dsl.bf16))
     if lse is not None:
         dsl.store(lse[b, 0], (base + dsl.log2(total)) * LN2)
 
@@ -137,25 +146,27 @@ def sparse_mqa_decode(q: dsl.Tensor["B", "H", "D", dsl.bf16], kv: dsl.Tensor["B"
     decode(q, kv, idx, sink, o, lse, BN, STAGES, SPLIT, BD)
 
 
-def decode(q, kv, idx, sink, o, lse, BN, STAGES, SPLIT, BD, rows_of=None, rows_total=None):
+def decode(q, kv, idx, sink, o, lse, BN, STAGES, SPLIT, BD, rows_of=None, rows_total=None, columns=None):
     """The kernel's body (the module docstring); ``rows_of(b)``, where given, is the ``kv_rows``
     gather of ``_attend`` for query b, over ``rows_total`` cache rows (a cache of other row
-    formats, ``sparse_mqa_decode_fp8``)."""
+    formats, ``sparse_mqa_decode_fp8``), split by ``columns`` where given (``_attend``)."""
     H, D = q.H, q.D
     blocks = dsl.cdiv(idx.L, BN)
     rows_for = rows_of or (lambda b: None)
     if SPLIT == 1:
         for b in dsl.grid(q.B):
-            finish(q, sink, o, lse, b, *_attend(q, kv, idx, b, 0, blocks, BN, STAGES, rows_for(b), rows_total))
+            finish(q, sink, o, lse, b, *_attend(q, kv, idx, b, 0, blocks, BN, STAGES, rows_for(b), rows_total, columns),
+                   columns)
         return
     part_o = dsl.workspace("part_o", (SPLIT, q.B, H, D), dsl.f32)
     part_lse = dsl.workspace("part_lse", (SPLIT, q.B, H), dsl.f32)
     for b, s in dsl.grid(q.B, SPLIT):
-        acc, row_max, row_sum = _attend(q, kv, idx, b, s * blocks // SPLIT, (s + 1) * blocks // SPLIT, BN, STAGES,
-                                        rows_for(b), rows_total)
+        accs, row_max, row_sum = _attend(q, kv, idx, b, s * blocks // SPLIT, (s + 1) * blocks // SPLIT, BN,
+                                         STAGES, rows_for(b), rows_total, columns)
         seen = row_sum > 0.0  # false for a range without live slots
         inv = dsl.where(seen, 1.0 / row_sum, 0.0)
-        dsl.store(part_o[s, b, 0, 0], acc * inv[:, None])
+        for (first, _), acc in zip(columns or ((0, D),), accs):
+            dsl.store(part_o[s, b, 0, first], acc * inv[:, None])
         dsl.store(part_lse[s, b, 0], dsl.where(seen, row_max + dsl.log2(row_sum), NEG_INF))
     for b, j in dsl.grid(q.B, dsl.cdiv(D, BD)):  # BD output columns a block
         sink2 = dsl.load(sink[0], (H,)) * LOG2E
