@@ -106,6 +106,12 @@ def spec_peer(name: str, inputs: dict, config: dict, causal: bool = False) -> tu
                         inputs.get("cmp_scale"))
         label, call = sparse_attention_peer({**inputs, "kv": rows.to(torch.bfloat16)})
         return label + " over BF16 rows", call
+    if name == "sparse_mqa_decode_fp8_nope":  # likewise for V4's rows
+        from duotile.kernels_spec.sparse_mqa_decode_fp8_nope import all_rows as v4_rows
+
+        rows = v4_rows(inputs["q"].shape[-1], inputs["kv"], inputs.get("cmp"))
+        label, call = sparse_attention_peer({**inputs, "kv": rows.to(torch.bfloat16)})
+        return label + " over BF16 rows", call
     raise KeyError(f"no torch peer for {name!r}")
 
 

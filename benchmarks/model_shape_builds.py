@@ -54,6 +54,8 @@ REPRESENTATIVE = {
     "sparse_mqa_prefill": {"v4-flash": "v4/hca8320/prefill4096", "v41-flash": "v41/csa_r2_topk640/prefill4096"},
     # V4.1's FP8 window rows as stored (V4.1 alone: V4's rows keep BF16 rope channels)
     "sparse_mqa_decode_fp8": {"v41-flash": "v41/csa_r2_topk640/decode16"},
+    # V4's 584-byte rows as stored (V4 alone: FP8 nope channels, BF16 rope)
+    "sparse_mqa_decode_fp8_nope": {"v4-flash": "v4/csa_r4_topk640/decode16"},
     "rmsnorm_quant": {"v4-flash": "v4/hidden/prefill4096", "v41-flash": "v41/hidden/decode16"},
     "swiglu_quant": {"v4-flash": "v4/experts_i2048/decode64", "v41-flash": "v41/experts_i2304/prefill4096"},
     "sample": {"v4-flash": "v4/vocab129280/decode1", "v41-flash": "v41/vocab129280/decode64"},

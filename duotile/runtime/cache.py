@@ -137,17 +137,20 @@ class SequenceCache:
     @classmethod
     def create(cls, cfg: ModelConfig, dtype: torch.dtype, device: torch.device | str = "cpu",
                stored: bool = False) -> SequenceCache:
-        """``stored`` (V4.1 with quantised rows): window rings and compressed rows as their bytes
-        (``stored.py``); otherwise as the values they decode to, in ``dtype``."""
+        """``stored`` (quantised rows): window rings, compressed rows and index keys as their bytes
+        (``stored.py``: V4.1's FP8 rings and NVFP4 rows, V4's FP8-nope rows, MXFP4 keys);
+        otherwise as the values they decode to, in ``dtype``."""
         layers = []
+        ring_fmt, comp_fmt = ("fp8/32", "nvfp4") if cfg.is_v41 else ("fp8_nope", "fp8_nope")
         for layer in range(cfg.num_hidden_layers):
             w, d = cfg.sliding_window, cfg.head_dim
-            ring = StoredRing(w, d, dtype, device) if stored else torch.zeros(w, d, dtype=dtype, device=device)
+            ring = StoredRing(w, d, dtype, device, ring_fmt) if stored else torch.zeros(w, d, dtype=dtype,
+                                                                                        device=device)
             lc = LayerCache(ring)
             ratio, kind = cfg.ratio(layer), cfg.attention_kind(layer)
             owns = kind in ("csa", "hca", "full")
             if owns:
-                lc.comp = PackedRows(d, "nvfp4", device) if stored else Rows(d, dtype, device)
+                lc.comp = PackedRows(d, comp_fmt, device) if stored else Rows(d, dtype, device)
             if kind in ("csa", "full"):
                 c = cfg.index_head_dim
                 lc.index_keys = PackedRows(c, "mxfp4", device) if stored else Rows(c, dtype, device)

@@ -24,6 +24,7 @@ from .layers.moe import Expert, MoE
 from .layers.step import Step, StepSeq
 from .model_ops import model_op
 from .ops import FastOps, InvariantOps
+from .stored import NOPE_ROPE
 from .weights import Checkpoint
 
 
@@ -156,19 +157,23 @@ class Model:
         """``packed_only``: keep the quantised weights as released codes alone, each dequantised at
         its use on the reference path (a quarter or an eighth of the dequantised bytes); by default
         so with the generated kernels (they read the codes), never with the reference ops.
-        ``stored_rows``: keep V4.1's window rings and compressed rows as their bytes (``stored.py``,
-        528 and 288 bytes a row), by default wherever the rows are quantised (V4.1 with ``quant``);
-        the values read from them are the ones the dequantised cache held."""
+        ``stored_rows``: keep the window rings, compressed rows and index keys as their bytes
+        (``stored.py``: V4.1's 528- and 288-byte rows, V4's 584-byte ones, 68-byte keys), by default
+        wherever the rows are quantised (``quant``); the values read from them are the ones the
+        dequantised cache held."""
         check_dtype(dtype)
         device = resolve_device(device)
         cfg = self.config = checkpoint.config
         packed = kernels == "generated" if packed_only is None else packed_only
         ws = WeightSource(checkpoint, device, packed=packed, dequantised=not packed)
         self.device, self.dtype = device, dtype
-        self.stored_rows = cfg.is_v41 and quant if stored_rows is None else stored_rows
-        if self.stored_rows and not (cfg.is_v41 and quant):
-            raise ValueError("stored_rows: V4.1's quantised cache rows only (V4 keeps its rows as values; "
-                             "quant=False rows are not quantised)")
+        self.stored_rows = quant if stored_rows is None else stored_rows
+        if self.stored_rows and not quant:
+            raise ValueError("stored_rows: the cache rows are stored as their quantised bytes, and with quant=False "
+                             "they are not quantised")
+        if self.stored_rows and not cfg.is_v41 and cfg.qk_rope_head_dim != NOPE_ROPE:
+            raise ValueError(f"stored_rows: V4's rows keep {NOPE_ROPE} rope channels in BF16; this configuration has "
+                             f"qk_rope_head_dim = {cfg.qk_rope_head_dim}")
         self.ctx = Ctx(make_ops(batch_invariant, kernels), dtype, quant)
         self.embed, self.norm, self.head = ws.t("embed.weight"), ws.t("norm.weight"), ws.t("head.weight")
         self.blocks = [Block(cfg, ws, layer) for layer in range(cfg.num_hidden_layers)]

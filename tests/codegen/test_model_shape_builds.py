@@ -133,12 +133,14 @@ def test_block_scaled_representatives_hold_the_block_scaled_mma_in_ptx(name):
     assert "tcgen05.cp.cta_group::1.32x128b.warpx4" in ptx, shape
 
 
-# CI builds the default model's representative shape of each spec in full (nvcc / Ascend C);
+# CI builds the default model's representative shape of each spec in full (nvcc / Ascend C), a
+# spec of the other model alone (V4's row format) its model's;
 # `python3 -m benchmarks.model_shape_builds --build` builds both models' (a few minutes a spec)
 CI_MODEL = "v41-flash"
 # a full build that fails today where generation succeeded, with why (strict: a fix must drop it)
 KNOWN_LOWERING_FAILURES: dict[tuple[str, str], str] = {}
-BUILDS = [(n, by_model[CI_MODEL]) for n, by_model in sorted(REPRESENTATIVE.items())]
+BUILDS = [(n, by_model.get(CI_MODEL) or next(iter(by_model.values())))
+          for n, by_model in sorted(REPRESENTATIVE.items())]
 
 
 def test_every_spec_and_model_has_a_representative_build():

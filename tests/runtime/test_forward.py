@@ -92,8 +92,7 @@ def test_a_decode_steps_row_wise_attention_ops_run_once_a_layer_whatever_the_bat
         before = model.ctx.tally.snapshot()
         model.forward([StepSeq(c, torch.tensor([5])) for c in caches])
         calls[batch] = {k: g + r for k, (g, r) in model.ctx.tally.since(before).items()}
-    attention = "sparse_attention_stored" if name == "v41-tiny" else "sparse_attention"  # V4.1's rows as bytes
-    for op in (attention, "topk", "rope", "kv_round", "rms_norm", "compress_decode"):
+    for op in ("sparse_attention_stored", "kv_insert", "topk", "rope", "kv_round", "rms_norm", "compress_decode"):
         assert calls[8][op] == calls[1][op] > 0, (op, calls)
     assert "compress" not in calls[8] and calls[8]["index_scores"] == calls[1]["index_scores"] > 0, calls
     assert calls[8].get("candidate_pool") == calls[1].get("candidate_pool"), calls

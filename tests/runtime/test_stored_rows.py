@@ -1,5 +1,6 @@
-"""V4.1's cache rows kept as bytes (runtime/stored.py): the same logits as the cache of values,
-bit for bit, at a fraction of the bytes; the codecs against the round trips; what is refused."""
+"""Cache rows kept as bytes (runtime/stored.py), V4.1's and V4's: the same logits as the cache of
+values, bit for bit, at a fraction of the bytes; the codecs against the round trips; what is
+refused."""
 
 from __future__ import annotations
 
@@ -26,15 +27,20 @@ def _generate(ckpt: str, stored: bool, invariant: bool):
 
 
 @pytest.mark.parametrize("invariant", [False, True])
-def test_rows_as_bytes_give_the_logits_of_rows_as_values(ckpt_dir, invariant):
-    """The reference forward over rings and compressed rows kept as bytes: every request's logits
-    at every step equal those over the cache of dequantised values, bit for bit."""
-    ckpt = ckpt_dir("v41-tiny")
+@pytest.mark.parametrize("preset", ["v41-tiny", "v4-tiny"])
+def test_rows_as_bytes_give_the_logits_of_rows_as_values(ckpt_dir, preset, invariant):
+    """The reference forward over rings, compressed rows and index keys kept as bytes: every
+    request's logits at every step equal those over the cache of dequantised values, bit for bit
+    (V4: CSA's selected rows and HCA's visible ones read from 584-byte rows as stored)."""
+    ckpt = ckpt_dir(preset)
     values, stored = _generate(ckpt, False, invariant), _generate(ckpt, True, invariant)
     for a, b in zip(values, stored):
         assert a.token_ids == b.token_ids
         assert all(torch.equal(x, y) for x, y in zip(a.logits, b.logits))
-    assert stored[0].allocated_cache_bytes < 0.65 * values[0].allocated_cache_bytes
+    # tiny V4's rows are 200 B against 256 in BF16 (its 64 nope channels: the BF16 rope is half a
+    # row) and its FP32 compressor state is most of its cache; V4.1's rows are 132 and 72 B
+    share = {"v41-tiny": 0.65, "v4-tiny": 0.9}[preset]
+    assert stored[0].allocated_cache_bytes < share * values[0].allocated_cache_bytes
 
 
 def test_a_v41_cache_holds_its_rows_in_the_production_formats(ckpt_dir):
@@ -53,12 +59,29 @@ def test_a_v41_cache_holds_its_rows_in_the_production_formats(ckpt_dir):
     assert keys[0].rows.shape[1] == c // 2 + c // 32  # MXFP4 index keys: 68 B at 128
 
 
+def test_a_v4_cache_holds_its_rows_in_the_production_formats(ckpt_dir):
+    """V4's window rings and compressed rows: FP8 nope channels, BF16 rope channels, a UE8M0 code a
+    64 nope channels, padded to whole 8-byte words (584 B at 512, model.md 3.1); MXFP4 keys."""
+    from duotile.kernels_spec.kv_insert import row_bytes
+
+    model = Model(LLM(ckpt_dir("v4-tiny")).checkpoint)
+    cache, cfg = model.new_cache(), model.config
+    width = row_bytes(cfg.head_dim, "fp8_nope")
+    assert width == cfg.nope_head_dim + 2 * cfg.qk_rope_head_dim + 8  # kv_insert's row: one code, 7 padding bytes
+    assert all(isinstance(lc.ring, StoredRing) and lc.ring.rows.shape == (cfg.sliding_window, width)
+               for lc in cache.layers)
+    sources = [lc.comp for lc in cache.layers if lc.comp is not None]
+    assert sources and all(isinstance(c, PackedRows) and c.rows.shape[1] == width for c in sources)
+    keys = [lc.index_keys for lc in cache.layers if lc.index_keys is not None]
+    assert keys and all(k.fmt == "mxfp4" for k in keys)
+    assert row_bytes(512, "fp8_nope") == 584
+
+
 def test_stored_rows_are_refused_where_the_rows_are_not_quantised(ckpt_dir):
-    with pytest.raises(ValueError, match="stored_rows: V4.1's quantised cache rows only"):
-        Model(LLM(ckpt_dir("v4-tiny")).checkpoint, stored_rows=True)
-    with pytest.raises(ValueError, match="stored_rows"):
-        Model(LLM(ckpt_dir("v41-tiny")).checkpoint, quant=False, stored_rows=True)
-    assert not Model(LLM(ckpt_dir("v41-tiny")).checkpoint, quant=False).stored_rows
+    for preset in ("v4-tiny", "v41-tiny"):
+        with pytest.raises(ValueError, match="stored_rows: .* with quant=False they are not quantised"):
+            Model(LLM(ckpt_dir(preset)).checkpoint, quant=False, stored_rows=True)
+        assert not Model(LLM(ckpt_dir(preset)).checkpoint, quant=False).stored_rows
     assert isinstance(SequenceCache.create(Model(LLM(ckpt_dir("v4-tiny")).checkpoint).config, torch.bfloat16)
                       .layers[0].ring, torch.Tensor)
 
@@ -96,7 +119,7 @@ def test_kv_insert_writes_the_row_the_stored_ring_reads():
     from duotile.kernels_spec.kv_insert import kv_insert_reference
     from duotile.runtime.layers.common import Ctx, kv_encode
     from duotile.runtime.ops import FastOps
-    from duotile.runtime.stored import decode_ring_rows
+    from duotile.runtime.stored import decode_rows
 
     g = torch.Generator().manual_seed(5)
     b, d, w, rope = 4, 512, 128, 64
@@ -112,5 +135,23 @@ def test_kv_insert_writes_the_row_the_stored_ring_reads():
     y = torch.cat([y[:, : d - rope], torch.stack([a * c - bb * s, a * s + bb * c], -1).flatten(1)], 1)
     want = quant.fp8_block_round(y.to(torch.bfloat16).float(), 32)
     assert rows.shape == (b, d + d // 32)
-    assert torch.equal(decode_ring_rows(rows, d), want)
-    assert torch.equal(decode_ring_rows(kv_encode(Ctx(FastOps()), want, "fp8/32"), d), want)
+    assert torch.equal(decode_rows(rows, d, "fp8/32"), want)
+    assert torch.equal(decode_rows(kv_encode(Ctx(FastOps()), want, "fp8/32"), d, "fp8/32"), want)
+
+
+def test_v4_rows_encode_and_decode_to_their_values():
+    """V4's rows (fp8_nope) as kv_encode writes them decode to the runtime's rounding of the row
+    (FP8 nope with a code a 64, BF16 rope), the same bytes again from those values; the kernel
+    spec's reading of the bytes agrees."""
+    from duotile.kernels_spec.sparse_mqa_decode_fp8_nope import rows_dequantised
+    from duotile.runtime.layers.common import Ctx, kv_encode, round_kv
+    from duotile.runtime.ops import FastOps
+    from duotile.runtime.stored import decode_rows
+
+    ctx, x = Ctx(FastOps()), _rows(3).to(torch.bfloat16)
+    want = round_kv(ctx, x, "fp8_nope")
+    rows = kv_encode(ctx, want, "fp8_nope")
+    assert rows.shape == (64, 584)
+    assert torch.equal(decode_rows(rows, 512, "fp8_nope").to(torch.bfloat16), want)
+    assert torch.equal(kv_encode(ctx, decode_rows(rows, 512, "fp8_nope"), "fp8_nope"), rows)
+    assert torch.equal(rows_dequantised(rows, 512).float(), decode_rows(rows, 512, "fp8_nope"))

@@ -44,7 +44,8 @@ _OP_OF = {
     "moe_combine": "moe_experts", "candidate_pool": "candidate_pool", "compressor_prefill": "compress",
     "compressor_decode": "compress_decode",
     "rope": "rope", "kv_round": "kv_round", "gemm_f32": "linear", "quantize_fp4": "kv_encode",
-    "sparse_mqa_decode_fp8": "sparse_attention_stored", "sparse_mqa_prefill": "sparse_attention_rows",
+    "sparse_mqa_decode_fp8": "sparse_attention_stored", "sparse_mqa_decode_fp8_nope": "sparse_attention_stored",
+    "sparse_mqa_prefill": "sparse_attention_rows",
     "kv_insert": "kv_insert",
 }
 

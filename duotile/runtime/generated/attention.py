@@ -7,8 +7,9 @@ from __future__ import annotations
 import torch
 
 from ..device import ints, ship
-from ..layers.common import KV_ENCODE_FLOOR
+from ..layers.common import KV_ENCODE_FLOOR, nope_row_bytes
 from ..stacked import restack, stack_of
+from ..stored import NOPE_ROPE
 
 # kv_round's formats (runtime/layers/common.py) -> the kv_round spec's constants
 _KV_FORMATS = {"fp8/32": {"FORMAT": "fp8", "BLOCK": 32, "FLOOR": 0.0},
@@ -16,8 +17,10 @@ _KV_FORMATS = {"fp8/32": {"FORMAT": "fp8", "BLOCK": 32, "FLOOR": 0.0},
                "nvfp4": {"FORMAT": "nvfp4", "BLOCK": 16}, "mxfp4": {"FORMAT": "mxfp4", "BLOCK": 32}}
 
 
-# kv_encode's formats -> (spec, its constants, value dtype, values a byte, values a scale)
+# kv_encode's formats -> (spec, its constants, value dtype, values a byte, values a scale); V4's
+# fp8_nope rows are fp8/64's bytes of their nope channels with the rope channels' between
 _ENCODINGS = {"fp8/32": ("quantize", {"BLOCK": 32, "FLOOR": KV_ENCODE_FLOOR}, torch.float8_e4m3fn, 1, 32),
+              "fp8/64": ("quantize", {"BLOCK": 64, "FLOOR": KV_ENCODE_FLOOR}, torch.float8_e4m3fn, 1, 64),
               "nvfp4": ("quantize_fp4", {"FORMAT": "nvfp4"}, torch.uint8, 2, 16),
               "mxfp4": ("quantize_fp4", {"FORMAT": "mxfp4"}, torch.uint8, 2, 32)}
 
@@ -62,30 +65,39 @@ class AttentionKernels:
                                                           sink=sink.float().contiguous(), o=o)
         return o.float()
 
-    def _sparse_attention_stored(self, ctx, q, ring, idx, cmp, sink, scale: float) -> torch.Tensor:
-        """The stored-row decode kernel over the rings' and compressed rows' stacks as they are
-        (each passed as its values' and its scales' tensor, the same memory): BF16 queries, the
-        index list as given, FP32 out."""
+    def _sparse_attention_stored(self, ctx, q, ring, idx, cmp, sink, scale: float, fmt: str = "fp8/32"):
+        """The stored-row decode kernel of the rings' format over the rings' and compressed rows'
+        stacks as they are (each passed as its values', its scales' and, V4, its rope channels'
+        tensor: the same memory): BF16 queries, the index list as given, FP32 out."""
         b, d = q.shape[0], q.shape[-1]
         if ctx.dtype != torch.bfloat16 or b == 0 or scale != d ** -0.5:
             return NotImplemented
         o = torch.empty(q.shape, dtype=torch.bfloat16, device=q.device)
-        extra = {} if cmp is None else {"cmp": cmp, "cmp_scale": cmp.view(torch.float8_e4m3fn)}
-        self._kernel("sparse_mqa_decode_fp8", q.device, {})(q=q.to(torch.bfloat16).contiguous(),
-                                                             kv=ring.view(torch.float8_e4m3fn), kv_scale=ring,
-                                                             idx=idx.contiguous(), sink=sink.float().contiguous(),
-                                                             o=o, **extra)
+        args = {"q": q.to(torch.bfloat16).contiguous(), "idx": idx.contiguous(), "sink": sink.float().contiguous(),
+                "o": o, "kv": ring.view(torch.float8_e4m3fn), "kv_scale": ring}
+        if fmt == "fp8_nope":  # V4's rows: e4m3 nope channels, their codes, BF16 rope channels
+            args["kv_rope"] = ring.view(torch.bfloat16)
+            if cmp is not None:
+                args.update(cmp=cmp.view(torch.float8_e4m3fn), cmp_scale=cmp, cmp_rope=cmp.view(torch.bfloat16))
+            self._kernel("sparse_mqa_decode_fp8_nope", q.device, {})(**args)
+            return o.float()
+        if cmp is not None:  # V4.1's NVFP4 compressed rows: e2m1 pairs, E4M3 scales
+            args.update(cmp=cmp, cmp_scale=cmp.view(torch.float8_e4m3fn))
+        self._kernel("sparse_mqa_decode_fp8", q.device, {})(**args)
         return o.float()
 
-    def _kv_insert(self, ctx, rotary, x, weight, eps: float, positions: torch.Tensor, ring: torch.Tensor):
-        """``kv_insert`` on the rings' stack in place: the rotary's table rows 0 .. the largest
-        position (its cached blocks of 64, joined), the positions on the device."""
+    def _kv_insert(self, ctx, rotary, x, weight, eps: float, positions: torch.Tensor, ring: torch.Tensor,
+                   fmt: str = "fp8/32"):
+        """``kv_insert`` on the rings' stack in place, in the rings' format (V4.1's ``fp8``, V4's
+        ``fp8_nope``): the rotary's table rows 0 .. the largest position (its cached blocks of
+        64, joined), the positions on the device."""
         b, d = x.shape
         if b == 0 or x.dtype not in (torch.bfloat16, torch.float32) or rotary.dim % 32:
             return NotImplemented
         dev = x.device
         cos, sin = self._rope_table(rotary, int(positions.max()) // rotary.BLOCK + 1, dev)
-        consts = {"FORMAT": "fp8", "WINDOW": int(ring.shape[1]), "ROPE": rotary.dim, "EPS": float(eps),
+        consts = {"FORMAT": "fp8" if fmt == "fp8/32" else fmt, "WINDOW": int(ring.shape[1]), "ROPE": rotary.dim,
+                  "EPS": float(eps),
                   "FLOOR": KV_ENCODE_FLOOR}
         self._kernel("kv_insert", dev, consts)(kv=x.contiguous(), weight=weight.float().contiguous(),
                                                 positions=ship(positions.to(torch.int32), dev), cos=cos,
@@ -104,9 +116,13 @@ class AttentionKernels:
         return kept[1], kept[2]
 
     def _kv_encode(self, ctx, t: torch.Tensor, fmt: str):
-        """``quantize`` (FP8, a UE8M0 code per 32, its least floor) or ``quantize_fp4`` (NVFP4,
-        MXFP4) over the rows, each row's values and scales then joined as the cache stores them; no
-        rows, no launch."""
+        """``quantize`` (FP8, a UE8M0 code per 32 or, V4's nope channels, per 64, its least floor)
+        or ``quantize_fp4`` (NVFP4, MXFP4) over the rows, each row's values and scales then joined
+        as the cache stores them (V4's rope channels' BF16 bytes between); no rows, no launch."""
+        if fmt == "fp8_nope":
+            nope = t.shape[-1] - NOPE_ROPE
+            encoded = self._kv_encode(ctx, t[..., :nope], "fp8/64")
+            return nope_row_bytes(encoded[..., :nope], t[..., nope:].reshape(-1, NOPE_ROPE), encoded[..., nope:])
         form = _ENCODINGS.get(fmt)
         if form is None:
             return NotImplemented

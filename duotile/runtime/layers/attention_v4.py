@@ -9,6 +9,7 @@ from ..cache import append_each
 from ..config import ModelConfig
 from ..device import ship
 from ..stacked import stack_attr
+from ..stored import PackedRows, StoredRing
 from .common import (
     Ctx,
     Rotary,
@@ -18,10 +19,13 @@ from .common import (
     attend,
     grouped_output,
     index_scores,
+    kv_encode,
+    kv_insert,
     matmul,
     pad_cat,
     rms_norm,
     rope,
+    round_kv,
     round_rows,
     topk,
 )
@@ -63,11 +67,9 @@ def _append_pooled(ctx: Ctx, comp: Compressor, states: list, c, z, seqs: list, r
     append_each(stores, round_fn(comp.finish(ctx, rows, pos, rotary)), counts, stack=one_token_each(seqs))
 
 
-def round_kv_nope(ctx: Ctx, kv: torch.Tensor, nope: int) -> torch.Tensor:
+def round_kv_nope(ctx: Ctx, kv: torch.Tensor) -> torch.Tensor:
     """(Q) FP8 e4m3 round trip of the nope channels, UE8M0 per 64; rope channels untouched."""
-    if not ctx.quant:
-        return kv
-    return ctx.act(torch.cat([round_rows(ctx, kv[..., :nope], "fp8/64"), kv[..., nope:].float()], -1))
+    return round_kv(ctx, kv, "fp8_nope") if ctx.quant else kv
 
 
 class AttentionV4:
@@ -88,10 +90,13 @@ class AttentionV4:
             self.idx_comp = Compressor(ws, p + "indexer.compressor.", 4, True, eps)
             self.hadamard = quant.hadamard(cfg.index_head_dim, ws.device)
 
-    def _index_round(self, ctx: Ctx, t: torch.Tensor) -> torch.Tensor:
-        """(Q) Hadamard-128 then MXFP4 on index queries / keys."""
+    def _index_round(self, ctx: Ctx, t: torch.Tensor, stored: bool = False) -> torch.Tensor:
+        """(Q) Hadamard-128 then MXFP4 on index queries / keys; ``stored``: the keys' MXFP4 bytes
+        (``kv_encode``), which decode to the rounded values."""
         if not ctx.quant:
             return t
+        if stored:
+            return kv_encode(ctx, matmul(ctx, t, self.hadamard), "mxfp4")
         return ctx.act(round_rows(ctx, matmul(ctx, t, self.hadamard), "mxfp4"))
 
     def _compress(self, ctx: Ctx, seqs: list, c, z, index, pos: torch.Tensor) -> list[torch.Tensor] | None:
@@ -100,20 +105,40 @@ class AttentionV4:
         selected rows (its own index scores, one top-k for all), else None."""
         cfg = self.cfg
         layers = [seq.cache.layers[self.layer] for seq, _ in seqs]
-        nope = lambda r: round_kv_nope(ctx, r, cfg.nope_head_dim)  # noqa: E731
-        _append_pooled(ctx, self.comp, [lc.comp_state for lc in layers], c, z, seqs, self.rope, nope,
+        stored = ctx.quant and isinstance(layers[0].comp, PackedRows)  # rows as their bytes (stored.py)
+
+        def rows(r):  # the compressed rows as the store keeps them
+            r = round_kv_nope(ctx, r)
+            return kv_encode(ctx, r, "fp8_nope") if stored else r
+
+        _append_pooled(ctx, self.comp, [lc.comp_state for lc in layers], c, z, seqs, self.rope, rows,
                        [lc.comp for lc in layers])
         if index is None:
             return None
         ci, zi, qi, wts = index
         _append_pooled(ctx, self.idx_comp, [lc.index_state for lc in layers], ci, zi, seqs, self.rope,
-                       lambda r: self._index_round(ctx, r), [lc.index_keys for lc in layers])
-        if one_token_each(seqs):  # a decode step: each query its sequence's keys
-            keys = stack_attr([lc.index_keys for lc in layers], "data")
+                       lambda r: self._index_round(ctx, r, stored), [lc.index_keys for lc in layers])
+        if one_token_each(seqs):  # a decode step: each query its sequence's keys (values, or MXFP4 rows)
+            stores = [lc.index_keys for lc in layers]
+            keys = stack_attr(stores, stores[0].planes[0])
             return list(topk(ctx, index_scores(ctx, qi, wts, keys, (pos + 1) // self.ratio), cfg.index_topk).split(1))
         scores = [index_scores(ctx, qi[sl], wts[sl], lc.index_keys.view, (pos[sl] + 1) // self.ratio)
                   for lc, (_, sl) in zip(layers, seqs)]
         return list(topk(ctx, pad_cat(scores, float("-inf")), cfg.index_topk).split([len(s) for s in scores]))
+
+    def _window_rows(self, ctx: Ctx, x: torch.Tensor, pos: torch.Tensor, seqs: list):
+        """The step's window rows (normed, rotated, rounded) and, over rings as stored, their bytes;
+        a decode step over rings as stored writes them into the rings at once (``kv_insert``) and
+        returns neither (its attention reads the rings)."""
+        cfg, rings = self.cfg, [seq.cache.layers[self.layer].ring for seq, _ in seqs]
+        stored = ctx.quant and isinstance(rings[0], StoredRing)
+        if stored and one_token_each(seqs):
+            kv_insert(ctx, self.rope, self.wkv(ctx, x), self.kv_norm, cfg.rms_norm_eps, pos, stack_attr(rings, "rows"),
+                      fmt="fp8_nope")
+            return None, None
+        kv = ctx.act(rms_norm(ctx, self.wkv(ctx, x), self.kv_norm, cfg.rms_norm_eps))
+        kv = round_kv_nope(ctx, ctx.act(rope(ctx, self.rope, kv, pos)))
+        return kv, kv_encode(ctx, kv, "fp8_nope") if stored else None
 
     def __call__(self, ctx: Ctx, x: torch.Tensor, step: Step) -> torch.Tensor:
         cfg, pos = self.cfg, step.positions
@@ -122,8 +147,8 @@ class AttentionV4:
         q = ctx.act(self.wq_b(ctx, qr)).view(t, h, d)
         q = ctx.act(rms_norm(ctx, q, None, cfg.rms_norm_eps))
         q = ctx.act(rope(ctx, self.rope, q, pos))
-        kv = ctx.act(rms_norm(ctx, self.wkv(ctx, x), self.kv_norm, cfg.rms_norm_eps))
-        kv = round_kv_nope(ctx, ctx.act(rope(ctx, self.rope, kv, pos)), cfg.nope_head_dim)
+        seqs = list(zip(step.seqs, step.slices))
+        kv, encoded = self._window_rows(ctx, x, pos, seqs)
         if self.ratio:
             c, z = self.comp.project(ctx, x, pos)
         if self.kind == "csa":
@@ -131,7 +156,6 @@ class AttentionV4:
             qi = ctx.act(self.idx_wq_b(ctx, qr)).view(t, cfg.index_n_heads, cfg.index_head_dim)
             qi = self._index_round(ctx, ctx.act(rope(ctx, self.rope, qi, pos)))
             wts = matmul(ctx, x, self.idx_proj) * (cfg.index_head_dim**-0.5 * cfg.index_n_heads**-0.5)
-        seqs = list(zip(step.seqs, step.slices))
         compressed = None
         if self.ratio:
             sel = self._compress(ctx, seqs, c, z, (ci, zi, qi, wts) if self.kind == "csa" else None, pos)
@@ -140,6 +164,6 @@ class AttentionV4:
                 compressed = Selected(stores, sel)
             else:  # HCA: every row a query can see
                 compressed = Visible(stores, [(pos[sl] + 1) // self.ratio for _, sl in seqs])
-        out = attend(ctx, seqs, self.layer, q, kv, compressed, self.sink, d**-0.5)
+        out = attend(ctx, seqs, self.layer, q, kv, compressed, self.sink, d**-0.5, encoded)
         o = ctx.act(rope(ctx, self.rope, ctx.act(out), pos, inverse=True))
         return grouped_output(ctx, o.flatten(1), self.wo_a, self.wo_b, cfg.o_groups)

@@ -18,7 +18,7 @@ from ..config import ModelConfig
 from ..device import ship
 from ..model_ops import Tally, model_op
 from ..ops import FastOps
-from ..stored import FP8_BLOCK, StoredRing, decode_fp4_rows, decode_ring_rows
+from ..stored import FP8_BLOCK, NOPE_BLOCK, NOPE_ROPE, StoredRing, decode_rows
 from .step import one_token_each
 
 # kv_encode's scale floor for FP8 rows: the quantize kernel's least, so that the only blocks it
@@ -319,11 +319,12 @@ def _stored_decode(ctx: Ctx, seqs: list, layer: int, q: torch.Tensor, encoded: t
                    scale):
     """``attend`` of a decode step over rings as stored: the rings' rows as one stack, the new
     rows' bytes written first (slot P mod W), and one index list a query: its W window slots in
-    position order (-1 before position 0), then its selected compressed rows at W + row (-1 for
-    none)."""
+    position order (-1 before position 0), then its compressed rows at W + row (``Selected``: its
+    selected ones; ``Visible``: every row it sees; -1 for none)."""
     from ..stacked import stack_attr
 
-    ring = stack_attr([seq.cache.layers[layer].ring for seq, _ in seqs], "rows")
+    rings = [seq.cache.layers[layer].ring for seq, _ in seqs]
+    ring = stack_attr(rings, "rows")
     b, size, dev = ring.shape[0], ring.shape[1], ring.device
     pos = ship(torch.tensor([seq.start for seq, _ in seqs]), dev)
     each = torch.arange(b, device=dev)
@@ -334,21 +335,33 @@ def _stored_decode(ctx: Ctx, seqs: list, layer: int, q: torch.Tensor, encoded: t
     cmp = None
     if compressed is not None:
         cmp = stack_attr(compressed.stores, "rows")
-        sel = ship(torch.cat(compressed.sel), dev)
+        sel = ship(_compressed_slots(compressed), dev)
         idx = torch.cat([idx, torch.where(sel >= 0, sel + size, -1)], 1)
-    return sparse_attention_stored(ctx, q, ring, idx.to(torch.int32), cmp, sink, scale)
+    return sparse_attention_stored(ctx, q, ring, idx.to(torch.int32), cmp, sink, scale, rings[0].fmt)
+
+
+def _compressed_slots(compressed) -> torch.Tensor:
+    """A decode step's compressed rows a query reads, [B, K] (-1 none): its selected rows
+    (``Selected``) or every row it sees (``Visible``: rows 0 .. n_visible - 1)."""
+    if isinstance(compressed, Selected):
+        return torch.cat(compressed.sel)
+    n = max(s.n for s in compressed.stores)
+    rows = torch.arange(n)[None, :]
+    return torch.where(rows < torch.cat(compressed.n_visible)[:, None], rows, -1)
 
 
 @model_op("sparse_attention_stored")
 def sparse_attention_stored(ctx: Ctx, q: torch.Tensor, ring: torch.Tensor, idx: torch.Tensor,
-                            cmp: torch.Tensor | None, sink: torch.Tensor, scale: float) -> torch.Tensor:
-    """``sparse_attention`` of one query a sequence over its rows as stored: ``ring`` [B, W, d +
-    d / 32] u8 (values, then codes), ``cmp`` [B, N, d / 2 + d / 16] u8 (e2m1 pairs, then scales) or
-    None; ``idx`` [B, L] names window row j < W or compressed row j - W, -1 none. FP32 out."""
+                            cmp: torch.Tensor | None, sink: torch.Tensor, scale: float,
+                            fmt: str = "fp8/32") -> torch.Tensor:
+    """``sparse_attention`` of one query a sequence over its rows as stored: ``ring`` [B, W, row
+    bytes] u8 in format ``fmt`` (``stored.py``: V4.1's ``fp8/32``, V4's ``fp8_nope``), ``cmp``
+    [B, N, row bytes] u8 (V4.1: ``nvfp4``; V4: ``fmt`` too) or None; ``idx`` [B, L] names window
+    row j < W or compressed row j - W, -1 none. FP32 out."""
     d = q.shape[-1]
-    rows = decode_ring_rows(ring, d)
+    rows = decode_rows(ring, d, fmt)
     if cmp is not None:
-        rows = torch.cat([rows, decode_fp4_rows(cmp, d, "nvfp4")], 1)
+        rows = torch.cat([rows, decode_rows(cmp, d, "nvfp4" if fmt == "fp8/32" else fmt)], 1)
     each = torch.arange(rows.shape[0], device=rows.device)[:, None]
     keys = rows[each, idx.long().clamp(min=0)].to(q.dtype)
     return attention_with_sink(ctx.ops, q, keys, idx >= 0, sink, scale)
@@ -356,34 +369,58 @@ def sparse_attention_stored(ctx: Ctx, q: torch.Tensor, ring: torch.Tensor, idx: 
 
 @model_op("kv_insert")
 def kv_insert(ctx: Ctx, rotary: Rotary, x: torch.Tensor, weight: torch.Tensor, eps: float,
-              positions: torch.Tensor, ring: torch.Tensor) -> None:
+              positions: torch.Tensor, ring: torch.Tensor, fmt: str = "fp8/32") -> None:
     """A decode step's window rows into their rings as stored: each token's ``x`` [B, d] (the
-    ``wkv`` projection) normed, rotated at its position (host [B]), rounded to FP8 and written as
-    bytes at slot P mod W of its sequence's ring ``ring`` [B, W, d + d / 32] (the rings' stack),
-    each step in the activation dtype as the prefill path takes it."""
+    ``wkv`` projection) normed, rotated at its position (host [B]), rounded to the ring's format
+    ``fmt`` (``stored.py``: V4.1's ``fp8/32``, V4's ``fp8_nope``) and written as bytes at slot P
+    mod W of its sequence's ring ``ring`` [B, W, row bytes] (the rings' stack), each step in the
+    activation dtype as the prefill path takes it."""
     kv = ctx.act(rms_norm(ctx, x, weight, eps))
     kv = ctx.act(rope(ctx, rotary, kv, positions))
-    rows = kv_encode(ctx, ctx.act(round_rows(ctx, kv, "fp8/32")), "fp8/32")
+    rows = kv_encode(ctx, round_kv(ctx, kv, fmt), fmt)
     each = torch.arange(ring.shape[0], device=ring.device)
     ring[each, ship(positions % ring.shape[1], ring.device)] = rows
 
 
+def round_kv(ctx: Ctx, kv: torch.Tensor, fmt: str) -> torch.Tensor:
+    """Window rows rounded to what a ring of format ``fmt`` holds, in the activation dtype: every
+    channel FP8 with a code a 32 (``fp8/32``), or the nope channels FP8 with a code a 64 and the
+    rope channels as they are (``fp8_nope``)."""
+    if fmt == "fp8/32":
+        return ctx.act(round_rows(ctx, kv, "fp8/32"))
+    nope = kv.shape[-1] - NOPE_ROPE
+    return ctx.act(torch.cat([round_rows(ctx, kv[..., :nope], f"fp8/{NOPE_BLOCK}"), kv[..., nope:].float()], -1))
+
+
 @model_op("kv_encode")
 def kv_encode(ctx: Ctx, t: torch.Tensor, fmt: str) -> torch.Tensor:
-    """V4.1 rows [T, d] as the cache stores them, u8 [T, row bytes], each row its values, then its
-    scales: ``fp8/32`` (d e4m3 values, a UE8M0 code per 32 channels; the ``quantize`` kernel's, its
-    floor 2^-118, so that rows already rounded to the format keep their values) or ``nvfp4`` (e2m1
-    codes two a byte, an E4M3 scale per 16)."""
+    """Rows [T, d] as the cache stores them (``stored.py``), u8 [T, row bytes], each row its
+    values, then its scales: ``fp8/32`` (d e4m3 values, a UE8M0 code per 32 channels; the
+    ``quantize`` kernel's, its floor 2^-118, so that rows already rounded to the format keep their
+    values), ``fp8_nope`` (V4's: the nope channels so, a code per 64, the 64 rope channels' BF16
+    bytes between values and codes, the codes padded to 8 bytes), ``nvfp4`` (e2m1 codes two a
+    byte, an E4M3 scale per 16) or ``mxfp4`` (a UE8M0 code per 32)."""
     from ...kernels_spec.quantize import quantize_reference
     from ...kernels_spec.quantize_fp4 import quantize_fp4_reference
 
     if fmt == "fp8/32":
         out = quantize_reference(t, BLOCK=FP8_BLOCK, FLOOR=KV_ENCODE_FLOOR)
         return torch.cat([out["q"].view(torch.uint8), out["scale"]], -1)
+    if fmt == "fp8_nope":
+        nope = t.shape[-1] - NOPE_ROPE
+        out = quantize_reference(t[..., :nope].contiguous(), BLOCK=NOPE_BLOCK, FLOOR=KV_ENCODE_FLOOR)
+        return nope_row_bytes(out["q"].view(torch.uint8), t[..., nope:], out["scale"])
     if fmt in ("nvfp4", "mxfp4"):
         out = quantize_fp4_reference(t, fmt)
         return torch.cat([out["q"], out["scale"]], -1)
-    raise ValueError(f"kv_encode: format {fmt!r}: fp8/32, nvfp4 or mxfp4")
+    raise ValueError(f"kv_encode: format {fmt!r}: fp8/32, fp8_nope, nvfp4 or mxfp4")
+
+
+def nope_row_bytes(values: torch.Tensor, rope: torch.Tensor, codes: torch.Tensor) -> torch.Tensor:
+    """V4's rows (``fp8_nope``) from their parts: the nope channels' e4m3 bytes, the rope
+    channels' BF16 bytes, the UE8M0 codes, zero bytes to a multiple of 8 codes."""
+    pad = codes.new_zeros(*codes.shape[:-1], -codes.shape[-1] % 8)
+    return torch.cat([values, rope.to(torch.bfloat16).contiguous().view(torch.uint8), codes, pad], -1)
 
 
 def _decode_keys(seqs: list, layer: int, kv: torch.Tensor, compressed) -> tuple[torch.Tensor, torch.Tensor]:
@@ -496,7 +533,7 @@ def index_scores(ctx: Ctx, qi: torch.Tensor, wts: torch.Tensor, keys: torch.Tens
     ReLU (the reference's BF16 einsum).
     """
     if keys.dtype == torch.uint8:  # MXFP4 rows as stored (``stored.PackedRows``)
-        keys = decode_fp4_rows(keys, qi.shape[-1], "mxfp4")
+        keys = decode_rows(keys, qi.shape[-1], "mxfp4")
     qi, keys = qi.float(), keys.float()
     each = keys if keys.dim() == 3 else keys[None]
     if ctx.ops.invariant:
