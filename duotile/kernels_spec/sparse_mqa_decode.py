@@ -74,47 +74,56 @@ def _attend(q, kv, idx, b, lo, hi, BN, STAGES, kv_rows=None, rows_total=None, co
     """Online softmax of the heads of query b (a sequence's token) over the slot blocks lo .. hi-1:
     (accs, row_max, row_sum), the output not yet divided by row_sum (a tile a column group), in
     base-2 units; row_max is -inf and row_sum 0 for a head that met no live slot. Rows past the
-    heads (``_head_rows``) are zero queries. ``kv_rows(rows)`` gathers the named rows (BN, D) from
-    the cache, by default sequence b's own (``kv[b, rows, 0]``), or a tuple of (BN, D) tiles whose
-    sum is the rows (rows kept in two tensors: each slot's row in one, zeros in the other); the
-    cache's row count is ``rows_total``, by default ``kv``'s N. ``columns``, (first column, width)
-    pairs that tile D, splits a row by columns (rows whose channels are stored in two formats):
-    ``kv_rows`` then gives a tile or a tuple for each group, the scores sum the groups' products and
-    each group has its own accumulator."""
+    heads (``_head_rows``) are zero queries.
+
+    ``kv_rows(rows)`` gathers the named rows (BN, D) from the cache, by default sequence b's own
+    (``kv[b, rows, 0]``), or a tuple of (BN, D) tiles whose sum is the rows (rows kept in two
+    tensors: each slot's row in one, zeros in the other); a slot is live below ``rows_total``, by
+    default ``kv``'s N. ``kv_rows`` may also be a list of segments ``(first block, end block or
+    None, gather, rows)``: the list's blocks in [first, end) gathered by their own ``gather`` and
+    live below their own ``rows`` (a list whose first slots name one tensor's rows and the rest
+    another's: one operand a block). ``columns``, (first column, width) pairs that tile D, splits
+    a row by columns (rows whose channels are stored in two formats): a gather then gives a tile
+    or a tuple for each group, the scores sum the groups' products and each group has its own
+    accumulator."""
     H, D = _head_rows(q), q.D
     groups = columns or ((0, D),)
     q_tiles = [dsl.load(q[b, 0, first], (H, width), role="operand") for first, width in groups]
     accs = [dsl.zeros((H, width), dsl.f32, role="accumulator") for _, width in groups]
-    N = kv.N if rows_total is None else rows_total
+    default = [(0, None, kv_rows, kv.N if rows_total is None else rows_total)]
+    segments = kv_rows if isinstance(kv_rows, list) else default
     row_max = dsl.full((H,), NEG_INF, dsl.f32)
     row_sum = dsl.zeros((H,), dsl.f32)
     scale = LOG2E * D ** -0.5
-    for n in dsl.pipelined(hi, stages=STAGES, start=lo):
-        rows = dsl.load(idx[b, n * BN], (BN,), other=-1)  # slots past L are dead like -1
-        # a dead slot reads a zero row
-        got = kv_rows(rows) if kv_rows else dsl.load(kv[b, rows, 0], (BN, D), role="operand")
-        parts = [g if isinstance(g, tuple) else (g,) for g in (got if columns else [got])]
-        scores = dsl.zeros((H, BN), dsl.f32, role="accumulator")
-        for q_tile, tiles in zip(q_tiles, parts):
-            for t in tiles:
-                dsl.gemm(q_tile, t, scores, transpose_b=True)
-        live = (rows >= 0) & (rows < N)
-        masked = dsl.where(live[None, :], scores * scale, NEG_INF)
-        new_max = dsl.maximum(row_max, masked.max(axis=1))
-        base = dsl.where(new_max > NEG_INF, new_max, 0.0)  # no live slot yet: weights 0, not NaN
-        p = dsl.exp2(masked - base[:, None])
-        rescale = dsl.exp2(row_max - base)
-        row_sum[:] = row_sum * rescale + p.sum(axis=1)
-        for acc in accs:
-            acc[:] = acc * rescale[:, None]
-        row_max[:] = new_max
-        # P in two BF16 parts, the small one first: P V to about 2^-16 of |P| |V| (the rows are BF16
-        # values), where one BF16 rounding of P left 2^-9, which moved the tiny models' logits by
-        # 0.3 against the FP32 reference; the second MMA is cheap beside the rows' loads
-        for part in reversed(bf16_parts(p, 2)):
-            for acc, tiles in zip(accs, parts):
+    for first, end, gather, live_below in segments:
+        start = lo if first == 0 else dsl.maximum(lo, first)
+        stop = hi if end is None else dsl.minimum(hi, end)
+        for n in dsl.pipelined(stop, stages=STAGES, start=start):
+            rows = dsl.load(idx[b, n * BN], (BN,), other=-1)  # slots past L are dead like -1
+            # a dead slot reads a zero row
+            got = gather(rows) if gather else dsl.load(kv[b, rows, 0], (BN, D), role="operand")
+            parts = [g if isinstance(g, tuple) else (g,) for g in (got if columns else [got])]
+            scores = dsl.zeros((H, BN), dsl.f32, role="accumulator")
+            for q_tile, tiles in zip(q_tiles, parts):
                 for t in tiles:
-                    dsl.gemm(part, t, acc)
+                    dsl.gemm(q_tile, t, scores, transpose_b=True)
+            live = (rows >= 0) & (rows < live_below)
+            masked = dsl.where(live[None, :], scores * scale, NEG_INF)
+            new_max = dsl.maximum(row_max, masked.max(axis=1))
+            base = dsl.where(new_max > NEG_INF, new_max, 0.0)  # no live slot yet: weights 0, not NaN
+            p = dsl.exp2(masked - base[:, None])
+            rescale = dsl.exp2(row_max - base)
+            row_sum[:] = row_sum * rescale + p.sum(axis=1)
+            for acc in accs:
+                acc[:] = acc * rescale[:, None]
+            row_max[:] = new_max
+            # P in two BF16 parts, the small one first: P V to about 2^-16 of |P| |V| (the rows are
+            # BF16 values), where one BF16 rounding of P left 2^-9, which moved the tiny models'
+            # logits by 0.3 against the FP32 reference; the second MMA is cheap beside the rows' loads
+            for part in reversed(bf16_parts(p, 2)):
+                for acc, tiles in zip(accs, parts):
+                    for t in tiles:
+                        dsl.gemm(part, t, acc)
     return accs, row_max, row_sum
 
 

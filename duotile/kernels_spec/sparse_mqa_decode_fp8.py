@@ -12,15 +12,17 @@ keeps both).
   channels, no global scale (288 bytes a row); again twice, ``cmp`` (B, N, RC) u8 and ``cmp_scale``
   (B, N, RC) e4m3. Channel c is ``e2m1(cmp[b, j], c) x cmp_scale[b, j, D / 2 + c // 16]``.
 
-A slot of the index list names window row j for 0 <= j < W and compressed row j - W for
-W <= j < W + N; -1, or an index past them, names no row. Everything else is
+With compressed rows, the index list's first ``ring_slots(W)`` slots (W rounded up to a multiple of
+128: 128 for the models' rings) name window rows (a value j: ring row j) and its slots from there
+on name compressed rows (j: compressed row j), as a decode step lists them: its window's W slots in
+position order, -1 up to ``ring_slots(W)``, then its selected rows. Without compressed rows every
+slot names a window row. -1, or an index past its tensor's rows, names no row. Everything else is
 ``sparse_mqa_decode``'s: the sink, the split over ``SPLIT`` ranges with its fixed-order combine
-(bitwise batch invariant), the outputs and their tolerance. Each block of slots is gathered from
-both tensors, each slot from the one its index names (the other reads zero bytes: a zero row), and
-each is turned into a bf16 operand (``dsl.mxfp8_values``, ``dsl.nvfp4_values``), both exact for
-every code the quantisers write; the scores and the P V products run over both operands, so the
-kernel computes what ``sparse_mqa_decode`` computes over the dequantised rows, at twice its
-tensor-core work (small beside the rows' reads at decode).
+(bitwise batch invariant), the outputs and their tolerance. ``BN`` divides 128, so a block of
+slots lies in one part of the list: it is gathered from one tensor and turned into one bf16
+operand (``dsl.mxfp8_values`` or ``dsl.nvfp4_values``, both exact for every code the quantisers
+write). The kernel computes what ``sparse_mqa_decode`` computes over the dequantised rows, with
+two loops over the list's blocks, one a format.
 
 Model shapes (V4.1 alone: V4's rows keep 64 BF16 rope channels beside 448 FP8 ones): the SWA
 layers (0 and 1) read their ring alone, 128 rows a query; a CSA2 layer reads its ring and its
@@ -42,6 +44,19 @@ from .sparse_mqa_decode import SMALL, _error_bound, _tolerance, decode, random_i
 from .sparse_mqa_decode import SPEC as BF16_SPEC
 
 CODE_BLOCK = 32  # channels a UE8M0 code covers in V4.1's window rows
+RING_ALIGN = 128  # the list's ring part: the ring's rows rounded up to a multiple of this
+
+
+def ring_slots(w):
+    """The index list's slots that name ring rows, before its compressed rows: the ring's ``w``
+    rows rounded up to a multiple of 128 (whole blocks of every block size the kernels take)."""
+    return -(-w // RING_ALIGN) * RING_ALIGN
+
+
+def check_block(BN) -> None:
+    """A block of slots must lie in one part of the list (ring rows, or compressed rows)."""
+    if RING_ALIGN % BN:
+        raise dsl.DslError(f"BN {BN!r} must divide {RING_ALIGN}, the list's ring part's alignment")
 
 
 # SPLIT defaults to 16, the two-phase form, as sparse_mqa_decode's
@@ -65,22 +80,25 @@ def sparse_mqa_decode_fp8(q: dsl.Tensor["B", "H", "D", dsl.bf16], kv: dsl.Tensor
     if cmp is not None:
         dsl.require(cmp.RC >= d // 2 + d // NVFP4_BLOCK,
                     "cmp's rows (RC bytes) are short of D / 2 bytes of e2m1 pairs and their D / 16 scales")
+    check_block(BN)
 
     def rows_of(b):
-        def rows(slots):
-            win = dsl.where(slots < kv.W, slots, -1)  # a compressed row's slot reads zeros here
-            window = dsl.mxfp8_values(dsl.load(kv[b, win, 0], (BN, d), role="operand"),
-                                      dsl.load(kv_scale[b, win, d], (BN, d // CODE_BLOCK), role="operand"))
-            if cmp is None:
-                return window
-            far = dsl.where(slots >= kv.W, slots - kv.W, -1)  # and a window row's slot here
-            compressed = dsl.nvfp4_values(dsl.load(cmp[b, far, 0], (BN, d // 2), role="operand"),
-                                          dsl.load(cmp_scale[b, far, d // 2], (BN, d // NVFP4_BLOCK), role="operand"))
-            return window, compressed
-        return rows
+        def window(slots):
+            win = dsl.where(slots < kv.W, slots, -1)  # an index past the ring reads zeros
+            return dsl.mxfp8_values(dsl.load(kv[b, win, 0], (BN, d), role="operand"),
+                                    dsl.load(kv_scale[b, win, d], (BN, d // CODE_BLOCK), role="operand"))
 
-    total = kv.W if cmp is None else kv.W + cmp.N
-    decode(q, kv, idx, sink, o, lse, BN, STAGES, SPLIT, BD, rows_of, total)
+        def compressed(slots):
+            far = dsl.where(slots < cmp.N, slots, -1)
+            return dsl.nvfp4_values(dsl.load(cmp[b, far, 0], (BN, d // 2), role="operand"),
+                                    dsl.load(cmp_scale[b, far, d // 2], (BN, d // NVFP4_BLOCK), role="operand"))
+
+        if cmp is None:
+            return window
+        ring = ring_slots(kv.W) // BN  # the list's blocks of ring rows
+        return [(0, ring, window, kv.W), (ring, None, compressed, cmp.N)]
+
+    decode(q, kv, idx, sink, o, lse, BN, STAGES, SPLIT, BD, rows_of, kv.W)
 
 
 def dequantised(kv: torch.Tensor, kv_scale: torch.Tensor) -> torch.Tensor:
@@ -108,6 +126,17 @@ def compressed_rows(packed: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
     return torch.cat([packed, scales.view(torch.uint8)], -1)
 
 
+def joint_index(idx: torch.Tensor, w: int, n: int | None) -> torch.Tensor:
+    """The kernels' index list (its first ``ring_slots(w)`` slots ring rows, the rest the ``n``
+    compressed rows; ``n`` None: every slot a ring row) as indices into the ring's rows followed
+    by the compressed ones (``all_rows``), -1 for no row."""
+    if n is None:
+        return torch.where((idx >= 0) & (idx < w), idx, -1)
+    ring = torch.arange(idx.shape[-1], device=idx.device) < ring_slots(w)
+    return torch.where(ring, torch.where((idx >= 0) & (idx < w), idx, -1),
+                       torch.where((idx >= 0) & (idx < n), idx + w, -1))
+
+
 def all_rows(d: int, kv, kv_scale, cmp=None, cmp_scale=None) -> torch.Tensor:
     """Every row a slot can name, dequantised (float64): the window's W, then the compressed N
     (the kernel's tensors: each format's rows as values and as scale bytes)."""
@@ -120,13 +149,16 @@ def all_rows(d: int, kv, kv_scale, cmp=None, cmp_scale=None) -> torch.Tensor:
 
 def sparse_mqa_decode_fp8_reference(q, kv, kv_scale, idx, sink, cmp=None, cmp_scale=None) -> dict:
     """model.md 2.5.6 over the dequantised rows (3.4's row formats), window rows first."""
+    idx = joint_index(idx, kv.shape[1], None if cmp is None else cmp.shape[1])
     return sparse_mqa_decode_reference(q, all_rows(q.shape[-1], kv, kv_scale, cmp, cmp_scale), idx, sink)
 
 
 def _dequantised_inputs(inputs: dict) -> dict:
     rows = all_rows(inputs["q"].shape[-1], inputs["kv"], inputs["kv_scale"], inputs.get("cmp"),
                     inputs.get("cmp_scale"))
-    return {**inputs, "kv": rows}
+    cmp = inputs.get("cmp")
+    return {**inputs, "kv": rows, "idx": joint_index(inputs["idx"], inputs["kv"].shape[1],
+                                                     None if cmp is None else cmp.shape[1])}
 
 
 def _bound(case, output, inputs):
@@ -158,7 +190,19 @@ def _inputs(case, device, seed):
         scales = torch.exp2(torch.randint(-2, 3, (b, n, d // NVFP4_BLOCK), generator=g,
                                           device=device).float()).to(torch.float8_e4m3fn)
         rows = compressed_rows(packed, scales)
-        out.update(cmp=rows, cmp_scale=rows.view(torch.float8_e4m3fn))
+        out.update(cmp=rows, cmp_scale=rows.view(torch.float8_e4m3fn), idx=split_list(base["idx"], w, n, case))
+    return out
+
+
+def split_list(idx: torch.Tensor, w: int, n: int, case: dict) -> torch.Tensor:
+    """An index list over W + N rows (``random_inputs``') as the kernels read it: ring rows in its
+    first ``ring_slots(w)`` slots, compressed rows after (its holes kept); with ``out_of_range``,
+    slot 2 names a row past the ring and the first compressed slot one past the compressed rows."""
+    ring_part = ring_slots(w)
+    ring = torch.arange(idx.shape[-1], device=idx.device) < ring_part
+    out = torch.where(idx < 0, -1, torch.where(ring, idx % w, idx % n)).to(idx.dtype)
+    if case.get("out_of_range") and idx.shape[-1] > ring_part:
+        out[:, 2], out[:, ring_part] = w, n
     return out
 
 
@@ -202,13 +246,20 @@ SPEC = register(Spec(
         "wide_codes": {"B": 2, "H": 64, "D": 128, "W": 64, "L": 64, "codes": (107, 147),
                        "config": {**SMALL, "SPLIT": 2}},
         "window_ring": {"B": 3, "H": 64, "D": 512, "W": 128, "L": 128, "holes": 0.1, "config": {"SPLIT": 8}},
-        # window rows and compressed rows in one list (a CSA2 layer): slots below W name the ring
-        "ring_and_compressed": {"B": 3, "H": 64, "D": 64, "W": 40, "N": 200, "L": 150, "holes": 0.3,
+        # window rows and compressed rows in one list (a CSA2 layer): the first ring_slots(W) slots
+        # name ring rows, the rest compressed rows
+        "ring_and_compressed": {"B": 3, "H": 64, "D": 64, "W": 40, "N": 200, "L": 250, "holes": 0.3,
                                 "config": {**SMALL, "SPLIT": 4}},
-        "ring_and_compressed_one_phase": {"B": 2, "H": 4, "D": 64, "W": 16, "N": 74, "L": 96,
+        "ring_and_compressed_one_phase": {"B": 2, "H": 4, "D": 64, "W": 16, "N": 74, "L": 200,
                                           "config": {**SMALL, "SPLIT": 1}},
-        "ring_and_compressed_repeats": {"B": 2, "H": 64, "D": 128, "W": 8, "N": 16, "L": 128, "valid": "all",
+        "ring_and_compressed_repeats": {"B": 2, "H": 64, "D": 128, "W": 8, "N": 16, "L": 256, "valid": "all",
                                         "repeat": True, "out_of_range": True, "config": {**SMALL, "SPLIT": 2}},
+        # a SPLIT range that runs from ring blocks into compressed ones; a ring of 200 rows (two
+        # parts of 128 slots)
+        "ring_and_compressed_straddle": {"B": 2, "H": 64, "D": 64, "W": 64, "N": 90, "L": 224, "holes": 0.2,
+                                         "config": {**SMALL, "SPLIT": 2}},
+        "ring_past_128": {"B": 2, "H": 64, "D": 64, "W": 200, "N": 50, "L": 300, "holes": 0.2,
+                          "config": {**SMALL, "SPLIT": 3}},
     },
     build_cases={"v41_swa": {"B": 16, "H": 64, "D": 512, "L": 128, "W": 128},
                  "v41_csa": {"B": 16, "H": 64, "D": 512, "W": 128, "L": 640, "N": 32768}},

@@ -14,12 +14,12 @@ n + i is ``kv_rope[b, j, n / 2 + i]``. The kernel takes the ring three times, as
 optionally (V4's CSA and HCA layers), the compressed rows (B, N, R) likewise (``cmp``,
 ``cmp_scale``, ``cmp_rope``).
 
-A slot of the index list names window row j for 0 <= j < W and compressed row j - W for
-W <= j < W + N; -1, or an index past them, names no row. Everything else is
-``sparse_mqa_decode``'s: the sink, the scale D^-0.5, the split over ``SPLIT`` ranges with its
-fixed-order combine (bitwise batch invariant), the outputs and their tolerance. A block of slots
-is gathered from each tensor (a slot from the one its index names, the other reads zero bytes),
-each row split by columns (``_attend``'s column groups): the nope channels become a bf16 operand
+The index list is ``sparse_mqa_decode_fp8``'s: with compressed rows its first ``ring_slots(W)``
+slots (W rounded up to a multiple of 128) name ring rows and the rest compressed rows (-1, or an
+index past its tensor's rows, names no row). Everything else is ``sparse_mqa_decode``'s: the sink, the
+scale D^-0.5, the split over ``SPLIT`` ranges with its fixed-order combine (bitwise batch
+invariant), the outputs and their tolerance. A block of slots is gathered from one tensor, each
+row split by columns (``_attend``'s column groups): the nope channels become a bf16 operand
 (``dsl.mxfp8_values``, exact for every code the quantisers write) and the rope channels are one
 already. The scores sum both groups' products; each group keeps its own output accumulator.
 
@@ -48,6 +48,7 @@ from .sparse_mqa_decode import (
     sparse_mqa_decode_reference,
 )
 from .sparse_mqa_decode import SPEC as BF16_SPEC
+from .sparse_mqa_decode_fp8 import check_block, joint_index, ring_slots, split_list
 
 CODE_BLOCK = 64  # nope channels a UE8M0 code covers in V4's rows
 
@@ -100,18 +101,22 @@ def sparse_mqa_decode_fp8_nope(q: dsl.Tensor["B", "H", "D", dsl.bf16], kv: dsl.T
         for cond in (2 * rope.RH >= rows.R, 2 * rope.RH <= rows.R):
             dsl.require(cond, f"{name}_rope must be {name}'s rows as bf16 (R / 2 columns)")
 
-    def rows_of(b):
-        def rows(slots):
-            win = dsl.where(slots < kv.W, slots, -1)  # a compressed row's slot reads zeros here
-            groups = [_row_groups(kv, kv_scale, kv_rope, b, win, nope, ROPE, BN)]
-            if cmp is not None:
-                far = dsl.where(slots >= kv.W, slots - kv.W, -1)  # and a window row's slot here
-                groups.append(_row_groups(cmp, cmp_scale, cmp_rope, b, far, nope, ROPE, BN))
-            return [tuple(g[0] for g in groups), tuple(g[1] for g in groups)]
-        return rows
+    check_block(BN)
 
-    total = kv.W if cmp is None else kv.W + cmp.N
-    decode(q, kv, idx, sink, o, lse, BN, STAGES, SPLIT, BD, rows_of, total, columns=((0, nope), (nope, ROPE)))
+    def rows_of(b):
+        def window(slots):  # an index past the ring reads zeros
+            return list(_row_groups(kv, kv_scale, kv_rope, b, dsl.where(slots < kv.W, slots, -1), nope, ROPE, BN))
+
+        def compressed(slots):
+            return list(_row_groups(cmp, cmp_scale, cmp_rope, b, dsl.where(slots < cmp.N, slots, -1), nope, ROPE,
+                                    BN))
+
+        if cmp is None:
+            return window
+        ring = ring_slots(kv.W) // BN  # the list's blocks of ring rows
+        return [(0, ring, window, kv.W), (ring, None, compressed, cmp.N)]
+
+    decode(q, kv, idx, sink, o, lse, BN, STAGES, SPLIT, BD, rows_of, kv.W, columns=((0, nope), (nope, ROPE)))
 
 
 def stored_rows(nope_values: torch.Tensor, rope: torch.Tensor, codes: torch.Tensor) -> torch.Tensor:
@@ -142,12 +147,14 @@ def all_rows(d: int, kv, cmp=None, rope: int = 64) -> torch.Tensor:
 def sparse_mqa_decode_fp8_nope_reference(q, kv, kv_scale, kv_rope, idx, sink, cmp=None, cmp_scale=None,
                                          cmp_rope=None, ROPE: int = 64) -> dict:
     """model.md 2.5.6 over the dequantised rows (3.1's row format), window rows first."""
+    idx = joint_index(idx, kv.shape[1], None if cmp is None else cmp.shape[1])
     return sparse_mqa_decode_reference(q, all_rows(q.shape[-1], kv, cmp, ROPE), idx, sink)
 
 
 def _bound(case, output, inputs):
-    rows = all_rows(inputs["q"].shape[-1], inputs["kv"], inputs.get("cmp"))
-    return _error_bound(case, output, {**inputs, "kv": rows})
+    rows, cmp = all_rows(inputs["q"].shape[-1], inputs["kv"], inputs.get("cmp")), inputs.get("cmp")
+    idx = joint_index(inputs["idx"], inputs["kv"].shape[1], None if cmp is None else cmp.shape[1])
+    return _error_bound(case, output, {**inputs, "kv": rows, "idx": idx})
 
 
 def _random_rows(shape, d: int, g, device, codes) -> torch.Tensor:
@@ -178,7 +185,10 @@ def _inputs(case, device, seed):
     g = torch.Generator(device=device).manual_seed(seed + 7)
     codes = case.get("codes", (122, 132))
     out = {**base, **_views("kv", _random_rows((b, w), d, g, device, codes))}
-    return {**out, **_views("cmp", _random_rows((b, n), d, g, device, codes))} if n else out
+    if not n:
+        return out
+    return {**out, **_views("cmp", _random_rows((b, n), d, g, device, codes)),
+            "idx": split_list(base["idx"], w, n, case)}
 
 
 def _model_shapes(m) -> dict:
@@ -218,13 +228,16 @@ SPEC = register(Spec(
         "wide_codes": {"B": 2, "H": 64, "D": 192, "W": 64, "L": 64, "codes": (107, 147),
                        "config": {**SMALL, "SPLIT": 2}},
         "window_ring": {"B": 3, "H": 64, "D": 512, "W": 128, "L": 128, "holes": 0.1, "config": {"SPLIT": 8}},
-        # window rows and compressed rows in one list (a CSA / HCA layer): slots below W name the ring
-        "ring_and_compressed": {"B": 3, "H": 64, "D": 128, "W": 40, "N": 200, "L": 150, "holes": 0.3,
+        # window rows and compressed rows in one list (a CSA / HCA layer): the first ring_slots(W)
+        # slots name ring rows, the rest compressed rows
+        "ring_and_compressed": {"B": 3, "H": 64, "D": 128, "W": 40, "N": 200, "L": 250, "holes": 0.3,
                                 "config": {**SMALL, "SPLIT": 4}},
-        "ring_and_compressed_one_phase": {"B": 2, "H": 4, "D": 128, "W": 16, "N": 74, "L": 96,
+        "ring_and_compressed_one_phase": {"B": 2, "H": 4, "D": 128, "W": 16, "N": 74, "L": 200,
                                           "config": {**SMALL, "SPLIT": 1}},
-        "ring_and_compressed_repeats": {"B": 2, "H": 64, "D": 128, "W": 8, "N": 16, "L": 128, "valid": "all",
+        "ring_and_compressed_repeats": {"B": 2, "H": 64, "D": 128, "W": 8, "N": 16, "L": 256, "valid": "all",
                                         "repeat": True, "out_of_range": True, "config": {**SMALL, "SPLIT": 2}},
+        "ring_and_compressed_straddle": {"B": 2, "H": 64, "D": 128, "W": 64, "N": 90, "L": 224, "holes": 0.2,
+                                         "config": {**SMALL, "SPLIT": 2}},
     },
     build_cases={"v4_swa": {"B": 16, "H": 64, "D": 512, "L": 128, "W": 128},
                  "v4_csa": {"B": 16, "H": 64, "D": 512, "W": 128, "L": 640, "N": 16384}},

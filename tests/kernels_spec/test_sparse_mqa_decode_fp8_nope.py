@@ -54,10 +54,13 @@ def test_the_row_kv_insert_writes_is_the_row_read():
 
 
 def test_rows_as_stored_agree_with_the_bf16_kernel_over_their_values():
-    case = {"B": 3, "H": 64, "D": 128, "W": 40, "N": 60, "L": 90, "holes": 0.2, "valid": "all"}
+    case = {"B": 3, "H": 64, "D": 128, "W": 40, "N": 60, "L": 180, "holes": 0.2, "valid": "all"}
+    from duotile.kernels_spec.sparse_mqa_decode_fp8 import joint_index
+
     x = NOPE.make_inputs(case, CPU, 3)
     rows = torch.cat([rows_dequantised(x["kv_scale"], 128), rows_dequantised(x["cmp_scale"], 128)], 1)
-    common = {k: x[k] for k in ("q", "idx", "sink", "o", "lse")}
+    common = {k: x[k] for k in ("q", "sink", "o", "lse")}
+    common["idx"] = joint_index(x["idx"], 40, 60)  # the same slots, as indices into the ring's rows, then the others
     from_bf16 = _run(BF16, {**common, "kv": rows.to(torch.bfloat16)})
     assert torch.equal(rows.to(torch.bfloat16).double(), rows)  # every value a bf16 number
     from_bytes = _run(NOPE, {k: v for k, v in x.items()})

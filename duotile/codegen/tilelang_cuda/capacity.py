@@ -4,7 +4,9 @@ row-split (FullRow) wgmma accumulators.
 
 TileLang does not check shared memory (a 384 KiB kernel builds and fails only at launch), so
 every config is checked here first. Shared bytes: each shared tile, times the pipeline depth
-when it is loaded inside a pipelined loop, the padded copy of a small reduction's source
+when it is loaded inside a pipelined loop (the tiles that live within one outermost loop counted
+for the largest such loop alone: TileLang's merge of shared buffers by lifetime gives loops run
+one after the other the same bytes, ``_loop_locals``), the padded copy of a small reduction's source
 (``plan.reduce_padding``) and the copy a reduction laid out anew goes through (``plan.relayout``).
 TMEM: fp32 accumulator columns, 512 per SM.
 Registers: nothing stops a register tile of any size either (a 4096 x 4096 f32 tile built, with
@@ -60,10 +62,37 @@ def register_tiles(module: Module, arch: Arch, plan) -> list[tuple[Op, int]]:
     return tiles
 
 
+def _loop_locals(module: Module) -> dict[int, int]:
+    """Value id -> the outermost loop (its op's id) that holds the value's definition and every
+    use, for the values that live within one outermost loop. TileLang merges a kernel's shared
+    buffers by lifetime, so two such loops run one after the other share their buffers' bytes
+    (sparse decode's loop over ring rows and its loop over compressed rows, one row format
+    each)."""
+    home: dict[int, int | None] = {}
+    local: dict[int, int] = {}
+
+    def visit(block, loop):
+        for op in block.ops:
+            for a in op.args:
+                if home.get(a.id) != loop:  # a use outside the loop it was made in (or made outside any)
+                    local.pop(a.id, None)
+            if op.result is not None:
+                home[op.result.id] = loop
+                if loop is not None:
+                    local[op.result.id] = loop
+            for r in op.regions:
+                visit(r, loop if loop is not None or op.name != "for" else id(op))
+
+    visit(module.body, None)
+    return local
+
+
 def usage(module: Module, arch: Arch, threads: int | None = None) -> dict[str, int]:
     plan = make_plan(module, arch, threads)
     stages = _stages_of(module)
+    local = _loop_locals(module)
     smem = tmem_cols = 0
+    by_loop: dict[int, int] = {}  # shared bytes of the tiles that live within one outermost loop
     # a buffer that vector code rewrites takes TMEM on sm100 only where a gemm writes it (each gemm
     # goes into a fresh TMEM tile that is then added in); a plain vector buffer stays in registers
     gemm_written = {o.args[2].id for o in module.walk() if o.name == "gemm"}
@@ -74,11 +103,16 @@ def usage(module: Module, arch: Arch, threads: int | None = None) -> dict[str, i
         nbytes = _nbytes(op)
         scope = plan.scope[v.id]
         if scope == "shared":
-            smem += nbytes * (stages[v.id] if op.name == "load" else 1)
+            nbytes *= stages[v.id] if op.name == "load" else 1
+            if v.id in local:
+                by_loop[local[v.id]] = by_loop.get(local[v.id], 0) + nbytes
+            else:
+                smem += nbytes
         elif v.id in plan.staged:
             smem += nbytes
         if scope == "tmem" or (arch.has_tmem and v.id in plan.mutated and v.id in gemm_written):
             tmem_cols += int(v.type.shape[-1])
+    smem += max(by_loop.values(), default=0)
     smem += sum(math.prod(plan.reduce_pad[id(op)]) * op.args[0].type.dtype.bits // 8
                 for op in module.walk() if id(op) in plan.reduce_pad)
     smem += sum(_nbytes(op) for op in module.walk() if id(op) in plan.relayout)

@@ -319,8 +319,9 @@ def _stored_decode(ctx: Ctx, seqs: list, layer: int, q: torch.Tensor, encoded: t
                    scale):
     """``attend`` of a decode step over rings as stored: the rings' rows as one stack, the new
     rows' bytes written first (slot P mod W), and one index list a query: its W window slots in
-    position order (-1 before position 0), then its compressed rows at W + row (``Selected``: its
-    selected ones; ``Visible``: every row it sees; -1 for none)."""
+    position order (-1 before position 0), then its compressed rows (``Selected``: its selected
+    ones; ``Visible``: every row it sees; -1 for none)."""
+    from ...kernels_spec.sparse_mqa_decode_fp8 import ring_slots
     from ..stacked import stack_attr
 
     rings = [seq.cache.layers[layer].ring for seq, _ in seqs]
@@ -333,10 +334,10 @@ def _stored_decode(ctx: Ctx, seqs: list, layer: int, q: torch.Tensor, encoded: t
     window = pos[:, None] - size + 1 + torch.arange(size, device=dev)[None, :]  # positions P - W + 1 .. P
     idx = torch.where(window >= 0, window % size, -1)
     cmp = None
-    if compressed is not None:
+    if compressed is not None:  # the list's ring part is ring_slots(W) slots: -1 past the window's W
         cmp = stack_attr(compressed.stores, "rows")
-        sel = ship(_compressed_slots(compressed), dev)
-        idx = torch.cat([idx, torch.where(sel >= 0, sel + size, -1)], 1)
+        pad = idx.new_full((b, ring_slots(size) - size), -1)
+        idx = torch.cat([idx, pad, ship(_compressed_slots(compressed), dev)], 1)
     return sparse_attention_stored(ctx, q, ring, idx.to(torch.int32), cmp, sink, scale, rings[0].fmt)
 
 
@@ -356,12 +357,17 @@ def sparse_attention_stored(ctx: Ctx, q: torch.Tensor, ring: torch.Tensor, idx: 
                             fmt: str = "fp8/32") -> torch.Tensor:
     """``sparse_attention`` of one query a sequence over its rows as stored: ``ring`` [B, W, row
     bytes] u8 in format ``fmt`` (``stored.py``: V4.1's ``fp8/32``, V4's ``fp8_nope``), ``cmp``
-    [B, N, row bytes] u8 (V4.1: ``nvfp4``; V4: ``fmt`` too) or None; ``idx`` [B, L] names window
-    row j < W or compressed row j - W, -1 none. FP32 out."""
-    d = q.shape[-1]
+    [B, N, row bytes] u8 (V4.1: ``nvfp4``; V4: ``fmt`` too) or None; ``idx`` [B, L]: with ``cmp``
+    its first ``ring_slots(W)`` slots name ring rows and the rest compressed rows, else every slot a
+    ring row; -1 none. FP32 out."""
+    from ...kernels_spec.sparse_mqa_decode_fp8 import ring_slots
+
+    d, size = q.shape[-1], ring.shape[1]
     rows = decode_rows(ring, d, fmt)
     if cmp is not None:
         rows = torch.cat([rows, decode_rows(cmp, d, "nvfp4" if fmt == "fp8/32" else fmt)], 1)
+        far = torch.arange(idx.shape[1], device=idx.device)[None, :] >= ring_slots(size)
+        idx = torch.where(far & (idx >= 0), idx + size, idx)  # into the ring's rows, then the others
     each = torch.arange(rows.shape[0], device=rows.device)[:, None]
     keys = rows[each, idx.long().clamp(min=0)].to(q.dtype)
     return attention_with_sink(ctx.ops, q, keys, idx >= 0, sink, scale)
