@@ -159,8 +159,9 @@ def skipped_fraction(pos: torch.Tensor, n: int, ratio: int, bm: int, bn: int, nb
 def _positions(case, g: torch.Generator) -> torch.Tensor:
     """Each query's position. ``positions``: "chunk" (default) consecutive from ``start``, whose
     default ends the chunk at the keys' end (the last query sees every row, the model's prefill);
-    "repeat": each position twice; "mixed": random positions from before the first visible row to
-    past the last (more visible than the N rows held)."""
+    "repeat": each position twice; "mixed" cycles through no visible row, one, a random count,
+    every row, and a position past the rows (more visible than the N held), as the decode form's
+    sequences do."""
     t, n, ratio = case["T"], case["N"], case.get("RATIO", 4)
     kind = case.get("positions", "chunk")
     start = case.get("start", max(0, (n + 1) * ratio - 1 - t))
@@ -168,7 +169,9 @@ def _positions(case, g: torch.Generator) -> torch.Tensor:
         return torch.arange(start, start + t, dtype=torch.int32)
     if kind == "repeat":
         return (start + torch.arange(t) // 2).to(torch.int32)
-    return torch.randint(0, (n + 3) * ratio, (t,), generator=g).to(torch.int32)
+    picks = (max(0, ratio - 2), max(0, 2 * ratio - 2), None, (n + 1) * ratio - 1, (n + 7) * ratio + 3)
+    rand = torch.randint(0, (n + 1) * ratio, (t,), generator=g).tolist()
+    return torch.tensor([rand[i] if picks[i % 5] is None else picks[i % 5] for i in range(t)], dtype=torch.int32)
 
 
 EDGE_CODES = (0, 1, 64, 126, 127, 128, 190, 227)  # UE8M0: the smallest scale, 1, and large ones short
