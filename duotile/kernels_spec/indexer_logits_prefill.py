@@ -102,25 +102,34 @@ def _keys(k: torch.Tensor, lo: int, hi: int, d: int) -> torch.Tensor:
     return mxfp4_key_values(k[lo:hi], d) if k.dtype == torch.uint8 else k[lo:hi].double()
 
 
-def _tiles(t: int, n: int, per: int) -> list[tuple[int, int, int, int]]:
-    """(t0, t1, j0, j1) ranges covering a t x n matrix, each range of at most ``1 << 24`` elements
-    times ``per`` (the float64 products a range holds at once)."""
-    cols = max(1, min(n, (1 << 24) // max(1, per)))
-    rows = max(1, (1 << 24) // max(1, per * cols))
-    return [(t0, min(t, t0 + rows), j0, min(n, j0 + cols)) for t0 in range(0, t, rows) for j0 in range(0, n, cols)]
+KEY_RANGE = 1 << 16  # key rows the reference decodes at once
+PRODUCTS = 1 << 24  # float64 products the reference holds at once
+
+
+def _ranges(t: int, n: int, per: int) -> list[tuple[int, int, list[tuple[int, int]]]]:
+    """Row ranges (j0, j1) of at most ``KEY_RANGE`` key rows, each with the query ranges (t0, t1)
+    whose float64 products (``per`` a query and row) stay within ``PRODUCTS``: a key range is read
+    (and decoded) once for every query."""
+    cols = max(1, min(n, KEY_RANGE))
+    rows = max(1, PRODUCTS // max(1, per * cols))
+    return [(j0, min(n, j0 + cols), [(t0, min(t, t0 + rows)) for t0 in range(0, t, rows)])
+            for j0 in range(0, n, cols)]
 
 
 def indexer_logits_prefill_reference(q, w, k, pos, RATIO: int = 4) -> dict:
     """model.md 2.5.5 in float64, rounded once to f32: for query t and key row j,
     sum_h w[t, h] * relu(q[t, h] . k[j]) where j < (pos[t] + 1) // RATIO, else -inf. Queries and
-    rows are taken in ranges, so that a chunk of 4,096 queries over 262,144 rows fits a GPU."""
+    rows are taken in ranges (``_ranges``): a chunk of 4,096 queries over 262,144 rows fits a GPU,
+    and each range of rows is decoded once."""
     t, h, d = q.shape
     n = k.shape[0]
     q64, w64 = q.double(), w.double()
     out = torch.empty(t, n, dtype=torch.float32, device=q.device)
-    for t0, t1, j0, j1 in _tiles(t, n, h):
-        dots = torch.einsum("thd,nd->thn", q64[t0:t1], _keys(k, j0, j1, d))
-        out[t0:t1, j0:j1] = (dots.clamp(min=0) * w64[t0:t1, :, None]).sum(1).float()
+    for j0, j1, queries in _ranges(t, n, h):
+        keys = _keys(k, j0, j1, d)
+        for t0, t1 in queries:
+            dots = torch.einsum("thd,nd->thn", q64[t0:t1], keys)
+            out[t0:t1, j0:j1] = (dots.clamp(min=0) * w64[t0:t1, :, None]).sum(1).float()
     visible = torch.div(pos.long() + 1, RATIO, rounding_mode="floor").to(q.device)
     cols = torch.arange(n, device=q.device)
     return {"logits": out.masked_fill(cols[None, :] >= visible[:, None], NEG_INF)}
@@ -134,8 +143,10 @@ def _error_bound(case, output, inputs) -> torch.Tensor:
     gamma = 2.0 * (d + h + 3) * 2.0 ** -24
     v = (w.double().abs()[:, :, None] * q.double().abs()).sum(1)  # (T, D)
     bound = torch.empty(t, k.shape[0], dtype=torch.float64, device=k.device)
-    for t0, t1, j0, j1 in _tiles(t, k.shape[0], 1):
-        bound[t0:t1, j0:j1] = v[t0:t1] @ _keys(k, j0, j1, d).abs().T
+    for j0, j1, queries in _ranges(t, k.shape[0], 1):
+        keys = _keys(k, j0, j1, d).abs().T
+        for t0, t1 in queries:
+            bound[t0:t1, j0:j1] = v[t0:t1] @ keys
     return (gamma * bound).float()
 
 

@@ -115,6 +115,18 @@ def test_the_references_agree_query_by_query():
         assert torch.equal(DECODE.allowed_error({"RATIO": 4}, "logits", dec[None], one)[0], bound[t]), t
 
 
+def test_the_reference_in_ranges_equals_one_pass(monkeypatch):
+    case = {"T": 11, "H": 32, "N": 90, "D": 64, "RATIO": 2, "dtype": "mxfp4", "positions": "mixed"}
+    x = SPEC.make_inputs(case, CPU, 9)
+    whole = SPEC.run_reference(x, case)["logits"]
+    bound = SPEC.allowed_error(case, "logits", whole, x)
+    monkeypatch.setattr(ilp, "KEY_RANGE", 16)
+    monkeypatch.setattr(ilp, "PRODUCTS", 3 * 16 * 32)  # three queries a range
+    assert len(ilp._ranges(11, 90, 32)) == 6 and len(ilp._ranges(11, 90, 32)[0][2]) == 4
+    assert torch.equal(SPEC.run_reference(x, case)["logits"], whole)
+    assert torch.equal(SPEC.allowed_error(case, "logits", whole, x), bound)
+
+
 def test_small_integer_inputs_are_exact():
     """Every partial sum is an integer below 2^24 (times a power of two): exact in any order."""
     for cfg in ({"BM": 1, "BN": 32, "NB": 1, "STAGES": 1}, {"BM": 4, "BN": 64, "NB": 2, "STAGES": 2}):
