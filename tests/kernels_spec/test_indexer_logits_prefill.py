@@ -227,6 +227,25 @@ def test_model_shapes_get_the_starting_config_that_shares_key_tiles(target):
         assert source == "starting" and config["BM"] == 4 and config["STAGES"] == stages, (shape, config)
 
 
+@pytest.mark.parametrize("target", ["sm90", "sm100"])
+def test_the_config_a_user_gets_generates_at_every_head_count(target):
+    """The starting entries serve every head count: sm100's tcgen05 takes a 64-row bf16 tile only at
+    N a multiple of 64, so the catch-all entry must be 128 rows (a tiny model's 2 or 4 heads, padded
+    to 16, were refused under a 64-row one)."""
+    from duotile.codegen.compile import specialize_phases
+    from duotile.codegen.target import get_target
+
+    tgt = get_target(target)
+    for h in (2, 4, 32, 64):
+        for dtype in ("bf16", "mxfp4"):
+            case = {"T": 8, "H": h, "N": 40, "D": 128, "RATIO": 1, "dtype": dtype}
+            sig = SPEC.kernel.bind(SPEC.meta_inputs(case))
+            config = cc.choose_config(SPEC.kernel, target, sig, SPEC.constants_of(case))
+            phases, knobs = specialize_phases(SPEC.kernel, sig, tgt, config, SPEC.constants_of(case))
+            for m in phases:
+                tgt.generate(m, tgt.phase_knobs(m, knobs))
+
+
 def test_bad_inputs_are_named():
     case = {"T": 3, "H": 32, "N": 20, "D": 128, "RATIO": 2}
     x = SPEC.make_inputs(case, CPU, 1)
