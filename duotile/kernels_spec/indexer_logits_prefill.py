@@ -44,6 +44,15 @@ from .quantize_fp4 import quantize_fp4_reference
 from .registry import Dim, OneOf, Spec, register
 
 
+def _key_tile(k, row, rows, d):
+    """``rows`` key rows from ``row`` on as the bf16 gemm operand: bf16 values as they are, MXFP4 rows
+    as stored (u8) decoded exactly by ``dsl.mxfp4_values``."""
+    if k.dtype == dsl.u8:
+        return dsl.mxfp4_values(dsl.load(k[row, 0], (rows, d // 2), role="operand"),
+                                dsl.load(k[row, d // 2], (rows, d // MXFP4_BLOCK), role="operand"))
+    return dsl.load(k[row, 0], (rows, d), role="operand")
+
+
 @dsl.kernel(batch_dim="T", dynamic=("T", "N"))
 def indexer_logits_prefill(q: dsl.Tensor["T", "H", "D", dsl.bf16], w: dsl.Tensor["T", "H", dsl.f32],
                            k: dsl.Tensor["N", "R", dsl.bf16 | dsl.u8], pos: dsl.Tensor["T", dsl.i32],
@@ -56,8 +65,7 @@ def indexer_logits_prefill(q: dsl.Tensor["T", "H", "D", dsl.bf16], w: dsl.Tensor
     if not (isinstance(RATIO, int) and RATIO >= 1):
         raise dsl.DslError(f"RATIO {RATIO!r} must be a positive int (a compress ratio)")
     H, D = dsl.maximum(q.H, MIN_HEADS), q.D  # fewer heads are padded with zero queries of weight 0
-    packed = k.dtype == dsl.u8  # MXFP4 rows as stored
-    if packed:
+    if k.dtype == dsl.u8:  # MXFP4 rows as stored
         dsl.require(k.R >= D // 2 + D // MXFP4_BLOCK,
                     "k's MXFP4 rows (R bytes) are short of D / 2 bytes of e2m1 pairs and their D / 32 codes")
     else:  # (sizes compare as symbols: == would be False before binding)
@@ -77,11 +85,7 @@ def indexer_logits_prefill(q: dsl.Tensor["T", "H", "D", dsl.bf16], w: dsl.Tensor
         steps = dsl.minimum(dsl.maximum((seen - first + (BN - 1)) // BN, 0), NB)
         for i in dsl.pipelined(NB, stages=STAGES, stop=steps):
             row = first + i * BN
-            if packed:
-                k_tile = dsl.mxfp4_values(dsl.load(k[row, 0], (BN, D // 2), role="operand"),
-                                          dsl.load(k[row, D // 2], (BN, D // MXFP4_BLOCK), role="operand"))
-            else:
-                k_tile = dsl.load(k[row, 0], (BN, D), role="operand")
+            k_tile = _key_tile(k, row, BN, D)
             for t, q_tile, wt, vis in zip(queries, q_tiles, wts, visible):
                 dots = dsl.zeros((BN, H), dsl.f32, role="accumulator")
                 dsl.gemm(k_tile, q_tile, dots, transpose_b=True)
