@@ -37,7 +37,8 @@ from .streams import StreamKernels
 # spec -> the model op its builds are reported under (hc_head's pre_in form serves hc_collapse)
 _OP_OF = {
     "rmsnorm": "rms_norm", "gather_rows": "embed", "topk": "topk", "router": "route",
-    "sparse_mqa_decode": "sparse_attention", "indexer_logits": "index_scores", "hc_pre": "hc_pre",
+    "sparse_mqa_decode": "sparse_attention", "indexer_logits": "index_scores",
+    "indexer_logits_prefill": "index_scores", "hc_pre": "hc_pre",
     "hc_post": "hc_post", "hc_head": "hc_head", "quantize": "linear_q", "gemm_blockscaled": "linear_q",
     "sample": "sample", "gemm": "linear", "engram_hash": "engram_hash", "engram_gate": "engram",
     "moe_permute": "moe_experts", "moe_gemm_mxfp4": "moe_experts", "swiglu_quant": "moe_experts",

@@ -136,20 +136,21 @@ class AttentionKernels:
         return torch.cat([q.view(torch.uint8), scale], -1)
 
     def _index_scores(self, ctx, qi, wts, keys, n_visible) -> torch.Tensor:
-        """The indexer over one sequence's key rows, which every query of the chunk reads (or, keys
-        [S, N, c], each query's own); the visible prefix as ``pos`` at ratio 1 (visible iff j < pos + 1)."""
+        """The indexer over one sequence's key rows [N, c], which every query of the chunk reads
+        (``indexer_logits_prefill``: each key tile read once for a block of queries), or over keys
+        [S, N, c], each query's own (``indexer_logits``); the visible prefix as ``pos`` at ratio 1
+        (visible iff j < pos + 1)."""
         s, n = qi.shape[0], keys.shape[-2]
         if ctx.dtype != torch.bfloat16:
             return NotImplemented
         if s == 0 or n == 0:  # no queries or no key rows yet: an empty score matrix, no launch
             return torch.empty(s, n, dtype=torch.float32, device=qi.device)
         k = keys if keys.dtype == torch.uint8 else keys.to(torch.bfloat16)  # MXFP4 rows as stored, or values
-        k = k.contiguous() if k.dim() == 3 else k[None].expand(s, n, keys.shape[1]).contiguous()
+        spec = "indexer_logits" if k.dim() == 3 else "indexer_logits_prefill"
         pos = ship((n_visible - 1).to(torch.int32), qi.device)
         logits = torch.empty(s, n, dtype=torch.float32, device=qi.device)
-        self._kernel("indexer_logits", qi.device, {"RATIO": 1})(q=qi.to(torch.bfloat16).contiguous(),
-                                                               w=wts.float().contiguous(), k=k, pos=pos,
-                                                               logits=logits)
+        self._kernel(spec, qi.device, {"RATIO": 1})(q=qi.to(torch.bfloat16).contiguous(), w=wts.float().contiguous(),
+                                                    k=k.contiguous(), pos=pos, logits=logits)
         return logits
 
     def _candidate_pool(self, ctx, scores: torch.Tensor, n_visible: torch.Tensor, block: int, topk_blocks: int):
