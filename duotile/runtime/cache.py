@@ -116,6 +116,8 @@ class Rows:
     def view(self) -> torch.Tensor:
         return self.data[: self.n]
 
+    stored = view  # the rows as kept: values (``stored.PackedRows.stored``: bytes)
+
 
 @dataclass
 class LayerCache:

@@ -136,5 +136,11 @@ class PackedRows:
     def view(self) -> torch.Tensor:
         return self.data[: self.n]
 
+    @property
+    def stored(self) -> torch.Tensor:
+        """The ``n`` rows as stored (u8), for a reader that decodes them itself (an index-key
+        kernel) rather than every row decoded on the host (``view``)."""
+        return self.rows[: self.n]
+
     def nbytes(self) -> int:
         return self.rows.numel()

@@ -122,7 +122,7 @@ class AttentionV4:
             stores = [lc.index_keys for lc in layers]
             keys = stack_attr(stores, stores[0].planes[0])
             return list(topk(ctx, index_scores(ctx, qi, wts, keys, (pos + 1) // self.ratio), cfg.index_topk).split(1))
-        scores = [index_scores(ctx, qi[sl], wts[sl], lc.index_keys.view, (pos[sl] + 1) // self.ratio)
+        scores = [index_scores(ctx, qi[sl], wts[sl], lc.index_keys.stored, (pos[sl] + 1) // self.ratio)
                   for lc, (_, sl) in zip(layers, seqs)]
         return list(topk(ctx, pad_cat(scores, float("-inf")), cfg.index_topk).split([len(s) for s in scores]))
 

@@ -122,7 +122,7 @@ class AttentionV41:
         scores = []
         for seq, sl in seqs:
             n_vis = (pos[sl] + 1) // self.ratio
-            s = index_scores(ctx, qi[sl], wts[sl], seq.cache.layers[self.kv_src].index_keys.view, n_vis)
+            s = index_scores(ctx, qi[sl], wts[sl], seq.cache.layers[self.kv_src].index_keys.stored, n_vis)
             if self.kind == "reindex":
                 s = s.masked_fill(~seq.scratch["pool"], float("-inf"))
             elif self.layer == cfg.candidate_source_layer_id:
