@@ -233,6 +233,23 @@ def _as_ring(case: dict) -> dict:
     return {("W" if k == "N" else k): v for k, v in case.items()}
 
 
+def ring_and_compressed_cases(d: int) -> dict:
+    """Window rows and compressed rows in one list (a layer with compressed rows), rows of ``d``
+    channels: the first ring_slots(W) slots name ring rows, the rest compressed rows."""
+    def case(**c):
+        return {"H": 64, "D": d, **c}
+    return {
+        "ring_and_compressed": case(B=3, W=40, N=200, L=250, holes=0.3, config={**SMALL, "SPLIT": 4}),
+        "ring_and_compressed_one_phase": case(B=2, H=4, W=16, N=74, L=200, config={**SMALL, "SPLIT": 1}),
+        "ring_and_compressed_repeats": case(B=2, D=128, W=8, N=16, L=256, valid="all", repeat=True,
+                                            out_of_range=True, config={**SMALL, "SPLIT": 2}),
+        # a SPLIT range that runs from ring blocks into compressed ones
+        "ring_and_compressed_straddle": case(B=2, W=64, N=90, L=224, holes=0.2, config={**SMALL, "SPLIT": 2}),
+        # a ring of 200 rows: a ring part of two 128-slot stretches
+        "ring_past_128": case(B=2, W=200, N=50, L=300, holes=0.2, config={**SMALL, "SPLIT": 3}),
+    }
+
+
 SPEC = register(Spec(
     kernel=sparse_mqa_decode_fp8,
     reference=sparse_mqa_decode_fp8_reference,
@@ -246,20 +263,7 @@ SPEC = register(Spec(
         "wide_codes": {"B": 2, "H": 64, "D": 128, "W": 64, "L": 64, "codes": (107, 147),
                        "config": {**SMALL, "SPLIT": 2}},
         "window_ring": {"B": 3, "H": 64, "D": 512, "W": 128, "L": 128, "holes": 0.1, "config": {"SPLIT": 8}},
-        # window rows and compressed rows in one list (a CSA2 layer): the first ring_slots(W) slots
-        # name ring rows, the rest compressed rows
-        "ring_and_compressed": {"B": 3, "H": 64, "D": 64, "W": 40, "N": 200, "L": 250, "holes": 0.3,
-                                "config": {**SMALL, "SPLIT": 4}},
-        "ring_and_compressed_one_phase": {"B": 2, "H": 4, "D": 64, "W": 16, "N": 74, "L": 200,
-                                          "config": {**SMALL, "SPLIT": 1}},
-        "ring_and_compressed_repeats": {"B": 2, "H": 64, "D": 128, "W": 8, "N": 16, "L": 256, "valid": "all",
-                                        "repeat": True, "out_of_range": True, "config": {**SMALL, "SPLIT": 2}},
-        # a SPLIT range that runs from ring blocks into compressed ones; a ring of 200 rows (two
-        # parts of 128 slots)
-        "ring_and_compressed_straddle": {"B": 2, "H": 64, "D": 64, "W": 64, "N": 90, "L": 224, "holes": 0.2,
-                                         "config": {**SMALL, "SPLIT": 2}},
-        "ring_past_128": {"B": 2, "H": 64, "D": 64, "W": 200, "N": 50, "L": 300, "holes": 0.2,
-                          "config": {**SMALL, "SPLIT": 3}},
+        **ring_and_compressed_cases(64),
     },
     build_cases={"v41_swa": {"B": 16, "H": 64, "D": 512, "L": 128, "W": 128},
                  "v41_csa": {"B": 16, "H": 64, "D": 512, "W": 128, "L": 640, "N": 32768}},

@@ -48,7 +48,7 @@ from .sparse_mqa_decode import (
     sparse_mqa_decode_reference,
 )
 from .sparse_mqa_decode import SPEC as BF16_SPEC
-from .sparse_mqa_decode_fp8 import check_block, joint_index, ring_slots, split_list
+from .sparse_mqa_decode_fp8 import check_block, joint_index, ring_and_compressed_cases, ring_slots, split_list
 
 CODE_BLOCK = 64  # nope channels a UE8M0 code covers in V4's rows
 
@@ -228,16 +228,7 @@ SPEC = register(Spec(
         "wide_codes": {"B": 2, "H": 64, "D": 192, "W": 64, "L": 64, "codes": (107, 147),
                        "config": {**SMALL, "SPLIT": 2}},
         "window_ring": {"B": 3, "H": 64, "D": 512, "W": 128, "L": 128, "holes": 0.1, "config": {"SPLIT": 8}},
-        # window rows and compressed rows in one list (a CSA / HCA layer): the first ring_slots(W)
-        # slots name ring rows, the rest compressed rows
-        "ring_and_compressed": {"B": 3, "H": 64, "D": 128, "W": 40, "N": 200, "L": 250, "holes": 0.3,
-                                "config": {**SMALL, "SPLIT": 4}},
-        "ring_and_compressed_one_phase": {"B": 2, "H": 4, "D": 128, "W": 16, "N": 74, "L": 200,
-                                          "config": {**SMALL, "SPLIT": 1}},
-        "ring_and_compressed_repeats": {"B": 2, "H": 64, "D": 128, "W": 8, "N": 16, "L": 256, "valid": "all",
-                                        "repeat": True, "out_of_range": True, "config": {**SMALL, "SPLIT": 2}},
-        "ring_and_compressed_straddle": {"B": 2, "H": 64, "D": 128, "W": 64, "N": 90, "L": 224, "holes": 0.2,
-                                         "config": {**SMALL, "SPLIT": 2}},
+        **ring_and_compressed_cases(128),  # (a CSA / HCA layer)
     },
     build_cases={"v4_swa": {"B": 16, "H": 64, "D": 512, "L": 128, "W": 128},
                  "v4_csa": {"B": 16, "H": 64, "D": 512, "W": 128, "L": 640, "N": 16384}},

@@ -9,7 +9,7 @@ from ..cache import append_each
 from ..config import ModelConfig
 from ..device import ship
 from ..stacked import stack_attr
-from ..stored import PackedRows, StoredRing
+from ..stored import PackedRows
 from .common import (
     Ctx,
     Rotary,
@@ -20,7 +20,6 @@ from .common import (
     grouped_output,
     index_scores,
     kv_encode,
-    kv_insert,
     matmul,
     pad_cat,
     rms_norm,
@@ -28,6 +27,7 @@ from .common import (
     round_kv,
     round_rows,
     topk,
+    window_kv,
 )
 from .compressor import pool_all
 from .step import Step, one_token_each
@@ -126,20 +126,6 @@ class AttentionV4:
                   for lc, (_, sl) in zip(layers, seqs)]
         return list(topk(ctx, pad_cat(scores, float("-inf")), cfg.index_topk).split([len(s) for s in scores]))
 
-    def _window_rows(self, ctx: Ctx, x: torch.Tensor, pos: torch.Tensor, seqs: list):
-        """The step's window rows (normed, rotated, rounded) and, over rings as stored, their bytes;
-        a decode step over rings as stored writes them into the rings at once (``kv_insert``) and
-        returns neither (its attention reads the rings)."""
-        cfg, rings = self.cfg, [seq.cache.layers[self.layer].ring for seq, _ in seqs]
-        stored = ctx.quant and isinstance(rings[0], StoredRing)
-        if stored and one_token_each(seqs):
-            kv_insert(ctx, self.rope, self.wkv(ctx, x), self.kv_norm, cfg.rms_norm_eps, pos, stack_attr(rings, "rows"),
-                      fmt="fp8_nope")
-            return None, None
-        kv = ctx.act(rms_norm(ctx, self.wkv(ctx, x), self.kv_norm, cfg.rms_norm_eps))
-        kv = round_kv_nope(ctx, ctx.act(rope(ctx, self.rope, kv, pos)))
-        return kv, kv_encode(ctx, kv, "fp8_nope") if stored else None
-
     def __call__(self, ctx: Ctx, x: torch.Tensor, step: Step) -> torch.Tensor:
         cfg, pos = self.cfg, step.positions
         t, h, d = x.shape[0], cfg.num_attention_heads, cfg.head_dim
@@ -148,7 +134,7 @@ class AttentionV4:
         q = ctx.act(rms_norm(ctx, q, None, cfg.rms_norm_eps))
         q = ctx.act(rope(ctx, self.rope, q, pos))
         seqs = list(zip(step.seqs, step.slices))
-        kv, encoded = self._window_rows(ctx, x, pos, seqs)
+        kv, encoded = window_kv(ctx, self, x, pos, seqs, "fp8_nope")
         if self.ratio:
             c, z = self.comp.project(ctx, x, pos)
         if self.kind == "csa":

@@ -20,7 +20,7 @@ from ..config import ModelConfig
 from ..device import ship
 from ..model_ops import model_op
 from ..stacked import stack_attr
-from ..stored import PackedRows, StoredRing
+from ..stored import PackedRows
 from .common import (
     Ctx,
     Rotary,
@@ -30,13 +30,13 @@ from .common import (
     grouped_output,
     index_scores,
     kv_encode,
-    kv_insert,
     matmul,
     pad_cat,
     rms_norm,
     rope,
     round_rows,
     topk,
+    window_kv,
 )
 from .compressor import pool_all
 from .step import Step, one_token_each
@@ -157,29 +157,13 @@ class AttentionV41:
             seq.scratch[("topk", self.layer)] = sel
         return list(sels)
 
-    def _window_rows(self, ctx: Ctx, x: torch.Tensor, pos: torch.Tensor, seqs: list):
-        """The step's window rows (normed, rotated, rounded) and, over rings as stored, their bytes;
-        a decode step over rings as stored writes them into the rings at once (``kv_insert``) and
-        returns neither (its attention reads the rings)."""
-        cfg, rings = self.cfg, [seq.cache.layers[self.layer].ring for seq, _ in seqs]
-        stored = ctx.quant and isinstance(rings[0], StoredRing)
-        if stored and one_token_each(seqs):
-            kv_insert(ctx, self.rope, self.wkv(ctx, x), self.kv_norm, cfg.rms_norm_eps, pos, stack_attr(rings, "rows"))
-            return None, None
-        kv = ctx.act(rms_norm(ctx, self.wkv(ctx, x), self.kv_norm, cfg.rms_norm_eps))
-        kv = ctx.act(rope(ctx, self.rope, kv, pos))
-        if not ctx.quant:
-            return kv, None
-        kv = ctx.act(round_rows(ctx, kv, "fp8/32"))
-        return kv, kv_encode(ctx, kv, "fp8/32") if stored else None  # the rounded rows' bytes: their values kept
-
     def __call__(self, ctx: Ctx, x: torch.Tensor, step: Step) -> torch.Tensor:
         cfg, pos = self.cfg, step.positions
         t, h, d = x.shape[0], cfg.num_attention_heads, cfg.head_dim
         qr = ctx.act(rms_norm(ctx, self.wq_a(ctx, x), self.q_norm, cfg.rms_norm_eps))
         q = ctx.act(rope(ctx, self.rope, ctx.act(self.wq_b(ctx, qr)).view(t, h, d), pos))
         seqs = list(zip(step.seqs, step.slices))
-        kv, encoded = self._window_rows(ctx, x, pos, seqs)
+        kv, encoded = window_kv(ctx, self, x, pos, seqs, "fp8/32")
         qi = wts = None
         if self.kind in ("full", "reindex"):
             qi = ctx.act(self.idx_wq_b(ctx, qr)).view(t, cfg.index_n_heads, cfg.index_head_dim)

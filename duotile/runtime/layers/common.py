@@ -552,3 +552,23 @@ def index_scores(ctx: Ctx, qi: torch.Tensor, wts: torch.Tensor, keys: torch.Tens
     scores = ctx.ops.sum(dots, 1)
     cols = torch.arange(keys.shape[-2], device=scores.device)
     return scores.masked_fill(cols[None, :] >= ship(n_visible[:, None], scores.device), float("-inf"))
+
+
+def window_kv(ctx: Ctx, attn, x: torch.Tensor, pos: torch.Tensor, seqs: list, fmt: str):
+    """A step's window rows of layer ``attn`` (its ``wkv``, ``kv_norm``, rotary and cache layer),
+    normed, rotated and rounded to the rings' format ``fmt``, and, over rings as stored, their
+    bytes; a decode step over rings as stored writes them into the rings at once (``kv_insert``)
+    and returns neither (its attention reads the rings)."""
+    from ..stacked import stack_attr
+
+    eps, rings = attn.cfg.rms_norm_eps, [seq.cache.layers[attn.layer].ring for seq, _ in seqs]
+    stored = ctx.quant and isinstance(rings[0], StoredRing)
+    if stored and one_token_each(seqs):
+        kv_insert(ctx, attn.rope, attn.wkv(ctx, x), attn.kv_norm, eps, pos, stack_attr(rings, "rows"), fmt=fmt)
+        return None, None
+    kv = ctx.act(rms_norm(ctx, attn.wkv(ctx, x), attn.kv_norm, eps))
+    kv = ctx.act(rope(ctx, attn.rope, kv, pos))
+    if not ctx.quant:
+        return kv, None
+    kv = round_kv(ctx, kv, fmt)
+    return kv, kv_encode(ctx, kv, fmt) if stored else None  # the rounded rows' bytes: their values kept
