@@ -19,19 +19,20 @@ POOL, FULL = get("indexer_logits_pool"), get("indexer_logits")
 CPU = torch.device("cpu")
 
 
-def _pool_logits(case: dict, inputs: dict, config: dict | None = None) -> torch.Tensor:
+def _pool_logits(case: dict, inputs: dict, config: dict | None = None, target: str = "interpret") -> torch.Tensor:
     out = {**inputs, "logits": torch.full_like(inputs["logits"], float("nan"))}
     cfg = POOL.config_of(case) if config is None else config
-    codegen.compile(POOL.kernel, "interpret", config=cfg, constants=POOL.constants_of(case))(**out)
+    codegen.compile(POOL.kernel, target, config=cfg, constants=POOL.constants_of(case))(**out)
     return out["logits"]
 
 
-def _full_logits(case: dict, inputs: dict, config: dict) -> torch.Tensor:
-    """The decode form over every key row of the same inputs, at the same ratio."""
+def _full_logits(case: dict, inputs: dict, config: dict | None, target: str = "interpret") -> torch.Tensor:
+    """The decode form over every key row of the same inputs, at the same ratio (``config`` None:
+    the config a user gets)."""
     b, rows = inputs["k"].shape[:2]
     out = {k: inputs[k] for k in ("q", "w", "k", "pos")}
-    out["logits"] = torch.full((b, rows), float("nan"))
-    codegen.compile(FULL.kernel, "interpret", config=config, constants={"RATIO": case.get("RATIO", 1)})(**out)
+    out["logits"] = torch.full((b, rows), float("nan"), device=inputs["k"].device)
+    codegen.compile(FULL.kernel, target, config=config, constants={"RATIO": case.get("RATIO", 1)})(**out)
     return out["logits"]
 
 
@@ -58,6 +59,25 @@ def test_each_finite_pool_logit_is_the_full_rows_logit_bit_for_bit(name, config)
     assert torch.equal(torch.isneginf(got), ~live), "the -inf mask is not exactly the dead columns"
     want = full.gather(1, p.clamp(min=0, max=case["L"] - 1))
     assert live.any() and torch.equal(got[live].view(torch.int32), want[live].view(torch.int32))
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (sm90)")
+@pytest.mark.parametrize("name", ["v41_mixed", "mxfp4_keys", "model_block", "ties_ints"])
+@pytest.mark.parametrize("config", [{"BN": 64, "NB": 2, "STAGES": 1}, None])
+def test_sm90_pool_logits_are_the_full_rows_bit_for_bit(name, config):
+    """On the sm90 builds, at one config (or each form at the config a user gets): each finite pool
+    logit is the decode form's logit of its position, bit for bit."""
+    case = POOL.cases[name]
+    inputs = POOL.make_inputs(case, torch.device("cuda"), 3)
+    out = {**inputs, "logits": torch.full_like(inputs["logits"], float("nan"))}
+    codegen.compile(POOL.kernel, "sm90", config=config, constants=POOL.constants_of(case))(**out)
+    got = out["logits"].cpu()
+    full = _full_logits(case, inputs, config, "sm90").cpu()
+    p, live = _live(case, {k: v.cpu() for k, v in inputs.items()})
+    assert torch.equal(torch.isneginf(got), ~live)
+    want = full.gather(1, p.clamp(min=0, max=case["L"] - 1))
+    assert torch.equal(got[live].view(torch.int32), want[live].view(torch.int32))
 
 
 def test_bits_do_not_depend_on_the_config():
