@@ -22,7 +22,7 @@ the same bf16 operand by ``dsl.mxfp4_values``. V4.1: 32 heads x 128, ratio 1, KB
 
 A block scores ``NB`` tiles of ``BN`` columns of one query. Each tile reads the block ids of its
 columns (a gather of ``blocks``, column // BLOCK), makes the positions a row-index tile (-1 for a
-dead column, which gathers a zero row and reads no memory) and gathers those key rows, then runs
+dead column, which gathers a zero row: no invisible row is needed) and gathers those key rows, then runs
 ``indexer_logits``' arithmetic unchanged: one gemm ``k_tile @ q^T`` (BN x H, f32, H padded to
 ``MIN_HEADS`` with zero queries of weight 0), ReLU, times ``w``, the row sum over the heads, the
 mask. A row's logit is the same function of its key row, its query and the config in both forms,
