@@ -45,6 +45,8 @@ REPRESENTATIVE = {
     "indexer_logits": {"v4-flash": "v4/r4_ctx1m/decode16", "v41-flash": "v41/r1_ctx1m/decode4"},
     # the indexer over a prefill chunk: V4's bf16 keys and V4.1's MXFP4 rows as stored, at 64K context
     "indexer_logits_prefill": {"v4-flash": "v4/r4_ctx64k/prefill4096", "v41-flash": "v41/r1_ctx64k_mxfp4/prefill4096"},
+    # V4.1's Reindex scoring of the candidate pool alone (V4.1 alone): MXFP4 keys at 1M, its build case's sizes
+    "indexer_logits_pool": {"v41-flash": "v41/r1_ctx1m_mxfp4/decode16"},
     "kv_insert": {"v4-flash": "v4/window_kv584/decode16", "v41-flash": "v41/window_kv528/decode16"},
     "compressor_decode": {"v4-flash": "v4/csa_pool/decode16", "v41-flash": "v41/ratio2_pool/decode64"},
     "compressor_prefill": {"v4-flash": "v4/hca_pool/prefill4096", "v41-flash": "v41/ratio2_pool/prefill4096"},

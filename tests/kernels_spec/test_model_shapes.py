@@ -48,8 +48,9 @@ def test_dense_projections_have_the_model_md_shapes():
 
 
 # ops V4 does not have serve V4.1-Flash alone: Engram and the candidate pool (model.md 2.13), and
-# attention over V4.1's FP8 window rows (model.md 3.4; V4's rows keep BF16 rope channels)
-V41_ONLY = {"engram_hash", "engram_gate", "candidate_pool", "sparse_mqa_decode_fp8"}
+# attention over V4.1's FP8 window rows (model.md 3.4; V4's rows keep BF16 rope channels), and the
+# Reindex layers' scoring of that pool alone
+V41_ONLY = {"engram_hash", "engram_gate", "candidate_pool", "sparse_mqa_decode_fp8", "indexer_logits_pool"}
 V4_ONLY = {"sparse_mqa_decode_fp8_nope"}  # V4's row format
 
 

@@ -149,7 +149,8 @@ def _reference_of(op):
             "compress_decode": compressor.pool_decode,
             "rope": common.rope, "kv_round": common.round_rows, "kv_encode": common.kv_encode,
             "sparse_attention_stored": common.sparse_attention_stored,
-            "sparse_attention_rows": common.sparse_attention_rows, "kv_insert": common.kv_insert}
+            "sparse_attention_rows": common.sparse_attention_rows, "kv_insert": common.kv_insert,
+            "index_scores_pool": attention_v41.index_scores_pool}
     return ops[op].__wrapped__
 
 
@@ -196,7 +197,9 @@ def _agree(op, got, want, args) -> bool:
         return got[1] == want[1] and got[0].shape == want[0].shape and _close(got[0], want[0], 1e-5)
     if op == "compress_decode":
         return got.shape == want.shape and _close(got, want, 1e-5)
-    if op in ("embed", "topk", "engram_hash", "candidate_pool"):
+    if op == "candidate_pool":  # the boolean pool and its block list
+        return all(torch.equal(g, w.to(g.device)) for g, w in zip(got, want))
+    if op in ("embed", "topk", "engram_hash"):
         return torch.equal(got, want.to(got.device))  # (the reference's Engram rows are on the CPU)
     if op == "rope":  # x c -+ y s of a pair: the reference rounds both products; a GPU build fuses
         # one into an FMA (one rounding fewer): 2 ulps of |x| + |y| at most (bit for bit on the CPU)
@@ -244,6 +247,12 @@ def _agree(op, got, want, args) -> bool:
         return got.dtype == want.dtype and _close(got, want, 2.0 ** -7, 2.0 ** -6 * scale)
     if op in ("sparse_attention", "sparse_attention_stored", "sparse_attention_rows"):
         return bool(((got - want).abs() <= 2.0 ** -7 * want.abs().amax(-1, keepdim=True) + 1e-6).all())
+    return _index_agree(op, got, want, args)
+
+
+def _index_agree(op, got, want, args) -> bool:
+    """The indexer's scores (the full rows, or the pool's columns: the full rows' bound gathered at
+    their positions) and the reference's: the same -inf mask, the finite ones within the bound."""
     qi, wts, keys = args[1], args[2], args[3]
     if keys.dtype == torch.uint8:  # V4.1's index keys as stored: their values bound the error
         from duotile.runtime.stored import decode_rows
@@ -253,6 +262,11 @@ def _agree(op, got, want, args) -> bool:
     dots = torch.einsum("shc,snc->shn", qi.float().abs(), k) if k.dim() == 3 else qi.float().abs() @ k.T
     terms = dots * wts.float().abs()[:, :, None]  # |q_h||k| per head
     bound = 2.0 ** -8 * (terms.sum(1) if terms.dim() == 3 else terms) + 1e-6
+    if op == "index_scores_pool":
+        from duotile.runtime.layers.attention_v41 import pool_columns
+
+        p = pool_columns(args[5], args[6]).to(bound.device)
+        bound = bound.gather(1, p.clamp(0, max(bound.shape[1] - 1, 0))) if bound.shape[1] else bound.new_zeros(p.shape)
     fin = torch.isfinite(want)
     return torch.equal(fin, torch.isfinite(got)) and bool(((got - want).abs()[fin] <= bound[fin]).all())
 
@@ -322,7 +336,7 @@ def each_op_agrees(llm: LLM, name: str) -> None:
                 "hc_collapse", "hc_post", "linear_q", "sample", "linear", "lm_head", "compress", "compress_decode",
                 "rope", "kv_round"}
     want_ops |= {"moe_experts", "kv_encode", "kv_insert", "sparse_attention_stored"}
-    want_ops |= {"hc_head"} if name == "v4-tiny" else {"engram_hash", "engram", "candidate_pool"}
+    want_ops |= {"hc_head"} if name == "v4-tiny" else {"engram_hash", "engram", "candidate_pool", "index_scores_pool"}
     assert set(seen) == want_ops, set(seen)
     assert [op for op, v in sorted(seen.items()) if not all(v)] == []
     report = llm.last_stats.ops
@@ -355,7 +369,8 @@ def test_batch_invariance_holds_with_generated_kernels(ckpt_dir):
     served = llm.last_stats.ops
     assert served["rms_norm"][0] > 0 and all(served[op] == (served[op][0], 0) and served[op][0] > 0 for op in (
         "topk", "route", "sparse_attention_rows", "sparse_attention_stored", "kv_encode", "index_scores", "hc_pre",
-        "hc_collapse", "hc_post", "moe_experts", "sample", "engram", "candidate_pool", "compress", "kv_round")), served
+        "hc_collapse", "hc_post", "moe_experts", "sample", "engram", "candidate_pool", "compress", "kv_round",
+        "index_scores_pool")), served
     assert served["rope"][0] > 0
     llm.scheduler = Scheduler(16, 64, 5)  # the prompt in chunks of 5 beside two short requests
     others = SamplingParams(temperature=0.7, max_tokens=2, seed=3, ignore_eos=True)

@@ -47,7 +47,7 @@ _OP_OF = {
     "rope": "rope", "kv_round": "kv_round", "gemm_f32": "linear", "quantize_fp4": "kv_encode",
     "sparse_mqa_decode_fp8": "sparse_attention_stored", "sparse_mqa_decode_fp8_nope": "sparse_attention_stored",
     "sparse_mqa_prefill": "sparse_attention_rows",
-    "kv_insert": "kv_insert",
+    "kv_insert": "kv_insert", "indexer_logits_pool": "index_scores_pool",
 }
 
 class GeneratedOps(DenseKernels, AttentionKernels, StreamKernels, MoEKernels):
@@ -71,7 +71,8 @@ class GeneratedOps(DenseKernels, AttentionKernels, StreamKernels, MoEKernels):
                         "rope": self._rope, "kv_round": self._kv_round, "kv_encode": self._kv_encode,
                         "kv_insert": self._kv_insert,
                         "sparse_attention_stored": self._sparse_attention_stored,
-                        "sparse_attention_rows": self._sparse_attention_rows}
+                        "sparse_attention_rows": self._sparse_attention_rows,
+                        "index_scores_pool": self._index_scores_pool}
         self._moe_packs: dict[int, tuple] = {}  # id(MoE) -> (the MoE, its weights stacked for the kernels)
         # weight's place -> (weight, version, BF16 copy or None), the most recent BF16_KEPT of them: a
         # weight dequantised for one use (a packed-only layer on the reference path) is not kept long

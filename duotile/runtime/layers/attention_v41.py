@@ -59,10 +59,55 @@ def candidate_pool(scores: torch.Tensor, n_visible: torch.Tensor, block: int, to
     return pool & (torch.arange(n, device=scores.device)[None, :] < n_visible[:, None])
 
 
+def pool_blocks(pool: torch.Tensor, block: int, topk_blocks: int) -> torch.Tensor:
+    """The block list of a boolean pool [S, N]: the blocks holding a pool position, ascending, -1
+    after them, [S, topk_blocks] int32 (the ``candidate_pool`` kernel's ``blocks``)."""
+    s, n = pool.shape
+    nb = -(-n // block)
+    held = torch.cat([pool, pool.new_zeros(s, nb * block - n)], 1).view(s, nb, block).any(-1)
+    ids = torch.where(held, torch.arange(nb, device=pool.device), nb).sort(-1).values[:, :topk_blocks]
+    out = torch.full((s, topk_blocks), -1, dtype=torch.int32, device=pool.device)
+    out[:, :ids.shape[1]] = torch.where(ids < nb, ids, -1).to(torch.int32)
+    return out
+
+
 @model_op("candidate_pool")
-def pick_pool(ctx: Ctx, scores: torch.Tensor, n_visible: torch.Tensor, block: int, topk_blocks: int) -> torch.Tensor:
-    """``candidate_pool`` as the model op."""
-    return candidate_pool(scores, n_visible, block, topk_blocks)
+def pick_pool(ctx: Ctx, scores: torch.Tensor, n_visible: torch.Tensor, block: int,
+              topk_blocks: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """``candidate_pool`` as the model op: the boolean pool [S, N] and its block list (``pool_blocks``),
+    which a Reindex layer's decode scores alone (``index_scores_pool``)."""
+    pool = candidate_pool(scores, n_visible, block, topk_blocks)
+    return pool, pool_blocks(pool, block, topk_blocks)
+
+
+def pool_columns(blocks: torch.Tensor, block: int) -> torch.Tensor:
+    """The position of each column of a pool's scores [S, KB * block] (int64): column c is
+    ``blocks[s, c // block] * block + c % block``, -1 where the block slot is empty."""
+    ids = blocks.long().repeat_interleave(block, 1)
+    offs = torch.arange(ids.shape[1], device=blocks.device) % block
+    return torch.where(ids >= 0, ids * block + offs, -1)
+
+
+def pool_to_positions(sel: torch.Tensor, blocks: torch.Tensor, block: int) -> torch.Tensor:
+    """Columns of a pool's scores (a ``select_topk`` result: -1 empty) as positions. The columns
+    run in ascending positions (the blocks ascending), so an ascending selection stays ascending."""
+    col = sel.clamp(min=0)
+    p = blocks.long().gather(1, col // block) * block + col % block
+    return torch.where(sel >= 0, p, -1)
+
+
+@model_op("index_scores_pool")
+def index_scores_pool(ctx: Ctx, qi: torch.Tensor, wts: torch.Tensor, keys: torch.Tensor, n_visible: torch.Tensor,
+                      blocks: torch.Tensor, block: int) -> torch.Tensor:
+    """A Reindex layer's decode scores of its candidate pool alone (model.md 2.13), [S, KB * block]
+    in candidate order (``pool_columns``): the full row's ``index_scores`` at each column's position,
+    -inf for an empty block slot or a position not visible. ``keys`` [S, N, c], each query's own."""
+    full = index_scores.__wrapped__(ctx, qi, wts, keys, n_visible)
+    p = pool_columns(ship(blocks, full.device), block)
+    live = (p >= 0) & (p < full.shape[1])
+    if not full.shape[1]:
+        return full.new_full(p.shape, float("-inf"))
+    return full.gather(1, torch.where(live, p, 0)).masked_fill(~live, float("-inf"))
 
 
 class AttentionV41:
@@ -126,7 +171,8 @@ class AttentionV41:
             if self.kind == "reindex":
                 s = s.masked_fill(~seq.scratch["pool"], float("-inf"))
             elif self.layer == cfg.candidate_source_layer_id:
-                seq.scratch["pool"] = pick_pool(ctx, s, n_vis, cfg.candidate_block_size, cfg.candidate_topk_blocks)
+                seq.scratch["pool"], seq.scratch["pool_blocks"] = pick_pool(
+                    ctx, s, n_vis, cfg.candidate_block_size, cfg.candidate_topk_blocks)
             scores.append(s)
         sels = topk(ctx, pad_cat(scores, float("-inf")), cfg.index_topk).split([len(s) for s in scores])
         for (seq, _), sel in zip(seqs, sels):
@@ -135,24 +181,27 @@ class AttentionV41:
 
     def _select_decode(self, ctx: Ctx, seqs: list, qi, wts, pos: torch.Tensor) -> list[torch.Tensor]:
         """``_select`` for a decode step: every sequence's query against its own index keys in one
-        call (the keys as one stack, `stacked.py`, each row masked past what its sequence sees),
-        the candidate pool likewise (kept per sequence as a row of the step's pool)."""
+        call (the keys as one stack, `stacked.py`, each row masked past what its sequence sees).
+        The candidate source keeps its pool per sequence (the boolean row and the block list); a
+        Reindex layer scores only the pool's positions (``index_scores_pool``: KB * block rows a
+        query, not every visible one), takes the top-k of those columns and maps them back to
+        positions: the rows the full row masked by the pool selects, ties to the lowest position."""
         cfg, stores = self.cfg, [seq.cache.layers[self.kv_src].index_keys for seq, _ in seqs]
         keys = stack_attr(stores, stores[0].planes[0])  # values, or MXFP4 rows as stored
         n_vis = (pos + 1) // self.ratio
-        scores = index_scores(ctx, qi, wts, keys, n_vis)
         if self.kind == "reindex":
-            pool = torch.cat([seq.scratch["pool"] for seq, _ in seqs])
-            width = scores.shape[1]  # the pool's store may hold another capacity: past n_vis all False
-            if pool.shape[1] < width:
-                pool = torch.cat([pool, pool.new_zeros(pool.shape[0], width - pool.shape[1])], 1)
-            pool = pool[:, :width]
-            scores = scores.masked_fill(~pool, float("-inf"))
-        elif self.layer == cfg.candidate_source_layer_id:
-            pool = pick_pool(ctx, scores, n_vis, cfg.candidate_block_size, cfg.candidate_topk_blocks)
-            for (seq, _), row in zip(seqs, pool.split(1)):
-                seq.scratch["pool"] = row
-        sels = topk(ctx, scores, cfg.index_topk).split(1)
+            block = cfg.candidate_block_size
+            blocks = torch.cat([seq.scratch["pool_blocks"] for seq, _ in seqs])
+            scores = index_scores_pool(ctx, qi, wts, keys, n_vis, blocks, block)
+            chosen = pool_to_positions(topk(ctx, scores, cfg.index_topk), ship(blocks, scores.device), block)
+        else:
+            scores = index_scores(ctx, qi, wts, keys, n_vis)
+            if self.layer == cfg.candidate_source_layer_id:
+                pool, blocks = pick_pool(ctx, scores, n_vis, cfg.candidate_block_size, cfg.candidate_topk_blocks)
+                for (seq, _), row, ids in zip(seqs, pool.split(1), blocks.split(1)):
+                    seq.scratch["pool"], seq.scratch["pool_blocks"] = row, ids
+            chosen = topk(ctx, scores, cfg.index_topk)
+        sels = chosen.split(1)
         for (seq, _), sel in zip(seqs, sels):
             seq.scratch[("topk", self.layer)] = sel
         return list(sels)
