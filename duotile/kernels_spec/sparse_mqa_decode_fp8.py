@@ -287,7 +287,10 @@ SPEC = register(Spec(
                                    "config": {**SMALL, "SPLIT": 1}},
     },
     build_cases={"v41_swa": {"B": 16, "H": 64, "D": 512, "L": 128, "W": 128},
-                 "v41_csa": {"B": 16, "H": 64, "D": 512, "W": 128, "L": 640, "N": 32768}},
+                 "v41_csa": {"B": 16, "H": 64, "D": 512, "W": 128, "L": 640, "N": 32768},
+                 # as the runtime calls it: with the inverse rope epilogue, a 64K context's table
+                 "v41_csa_rope": {"B": 16, "H": 64, "D": 512, "W": 128, "L": 640, "N": 32768, "rope": "random",
+                                  "P": 1 << 16}},
     tolerance=_tolerance,
     extra_error=_bound,
     flops=lambda c: 4.0 * c["B"] * c["H"] * c["L"] * c["D"],

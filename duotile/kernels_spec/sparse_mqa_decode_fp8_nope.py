@@ -257,7 +257,10 @@ SPEC = register(Spec(
                                    "config": {**SMALL, "SPLIT": 1}},
     },
     build_cases={"v4_swa": {"B": 16, "H": 64, "D": 512, "L": 128, "W": 128},
-                 "v4_csa": {"B": 16, "H": 64, "D": 512, "W": 128, "L": 640, "N": 16384}},
+                 "v4_csa": {"B": 16, "H": 64, "D": 512, "W": 128, "L": 640, "N": 16384},
+                 # as the runtime calls it: with the inverse rope epilogue, a 64K context's table
+                 "v4_csa_rope": {"B": 16, "H": 64, "D": 512, "W": 128, "L": 640, "N": 16384, "rope": "random",
+                                 "P": 1 << 16}},
     tolerance=_tolerance,
     extra_error=_bound,
     flops=lambda c: 4.0 * c["B"] * c["H"] * c["L"] * c["D"],
