@@ -40,7 +40,15 @@ from ..dsl.ops import NVFP4_BLOCK
 from . import model_shapes as shapes
 from .moe_gemm_mxfp4 import fp4_values
 from .registry import Dim, OneOf, Spec, register
-from .sparse_mqa_decode import SMALL, _error_bound, _tolerance, decode, random_inputs, sparse_mqa_decode_reference
+from .sparse_mqa_decode import (
+    SMALL,
+    _error_bound,
+    _tolerance,
+    decode,
+    epilogue_of,
+    random_inputs,
+    sparse_mqa_decode_reference,
+)
 from .sparse_mqa_decode import SPEC as BF16_SPEC
 
 CODE_BLOCK = 32  # channels a UE8M0 code covers in V4.1's window rows
@@ -60,13 +68,16 @@ def check_block(BN) -> None:
 
 
 # SPLIT defaults to 16, the two-phase form, as sparse_mqa_decode's
-@dsl.kernel(batch_dim="B", dynamic=("B", "L", "N"))
+@dsl.kernel(batch_dim="B", dynamic=("B", "L", "N", "P"))
 def sparse_mqa_decode_fp8(q: dsl.Tensor["B", "H", "D", dsl.bf16], kv: dsl.Tensor["B", "W", "R", dsl.f8e4m3],
                           kv_scale: dsl.Tensor["B", "W", "R", dsl.u8], idx: dsl.Tensor["B", "L", dsl.i32],
                           sink: dsl.Tensor["H", dsl.f32], o: dsl.Tensor["B", "H", "D", dsl.bf16],
                           lse: dsl.OptionalTensor["B", "H", dsl.f32] = None,
                           cmp: dsl.OptionalTensor["B", "N", "RC", dsl.u8] = None,
-                          cmp_scale: dsl.OptionalTensor["B", "N", "RC", dsl.f8e4m3] = None, *,
+                          cmp_scale: dsl.OptionalTensor["B", "N", "RC", dsl.f8e4m3] = None,
+                          positions: dsl.OptionalTensor["B", dsl.i32] = None,
+                          cos: dsl.OptionalTensor["P", "HALF", dsl.f32] = None,
+                          sin: dsl.OptionalTensor["P", "HALF", dsl.f32] = None, *,
                           BN: dsl.Tunable = dsl.choice(64, 32, 128),
                           STAGES: dsl.Tunable = dsl.int_range(1, 3, default=1),
                           SPLIT: dsl.Tunable = dsl.choice(16, 1, 2, 4, 8, 32),
@@ -98,7 +109,8 @@ def sparse_mqa_decode_fp8(q: dsl.Tensor["B", "H", "D", dsl.bf16], kv: dsl.Tensor
         ring = ring_slots(kv.W) // BN  # the list's blocks of ring rows
         return [(0, ring, window, kv.W), (ring, None, compressed, cmp.N)]
 
-    decode(q, kv, idx, sink, o, lse, BN, STAGES, SPLIT, BD, rows_of, kv.W)
+    epilogue = epilogue_of("sparse_mqa_decode_fp8", q, positions, cos, sin)
+    decode(q, kv, idx, sink, o, lse, BN, STAGES, SPLIT, BD, rows_of, kv.W, epilogue=epilogue)
 
 
 def dequantised(kv: torch.Tensor, kv_scale: torch.Tensor) -> torch.Tensor:
@@ -147,10 +159,13 @@ def all_rows(d: int, kv, kv_scale, cmp=None, cmp_scale=None) -> torch.Tensor:
     return torch.cat([window, nvfp4_dequantised(cmp[..., :half], cmp_scale[..., half : half + d // NVFP4_BLOCK])], 1)
 
 
-def sparse_mqa_decode_fp8_reference(q, kv, kv_scale, idx, sink, cmp=None, cmp_scale=None) -> dict:
-    """model.md 2.5.6 over the dequantised rows (3.4's row formats), window rows first."""
+def sparse_mqa_decode_fp8_reference(q, kv, kv_scale, idx, sink, cmp=None, cmp_scale=None, positions=None, cos=None,
+                                    sin=None) -> dict:
+    """model.md 2.5.6 over the dequantised rows (3.4's row formats), window rows first; with
+    ``positions``, the output's rope channels rotated by -P (``sparse_mqa_decode``'s epilogue)."""
     idx = joint_index(idx, kv.shape[1], None if cmp is None else cmp.shape[1])
-    return sparse_mqa_decode_reference(q, all_rows(q.shape[-1], kv, kv_scale, cmp, cmp_scale), idx, sink)
+    return sparse_mqa_decode_reference(q, all_rows(q.shape[-1], kv, kv_scale, cmp, cmp_scale), idx, sink,
+                                       positions, cos, sin)
 
 
 def _dequantised_inputs(inputs: dict) -> dict:
@@ -264,9 +279,22 @@ SPEC = register(Spec(
                        "config": {**SMALL, "SPLIT": 2}},
         "window_ring": {"B": 3, "H": 64, "D": 512, "W": 128, "L": 128, "holes": 0.1, "config": {"SPLIT": 8}},
         **ring_and_compressed_cases(64),
+        # the inverse rope epilogue (``sparse_mqa_decode.Epilogue``): split and one-phase forms,
+        # positions past the table (zeros), around the ring's boundaries, at 0
+        "rope_ring_and_compressed": {"B": 3, "H": 64, "D": 64, "W": 40, "N": 200, "L": 250, "holes": 0.3,
+                                     "rope": "random", "P": 500, "config": {**SMALL, "SPLIT": 4, "BD": 64}},
+        "rope_one_phase": {"B": 3, "H": 4, "D": 64, "W": 16, "N": 74, "L": 200, "rope": "wrap", "P": 600,
+                           "base": 160000.0, "config": {**SMALL, "SPLIT": 1}},
+        "rope_past_table": {"B": 3, "H": 64, "D": 64, "W": 64, "L": 64, "rope": "past", "P": 70,
+                            "config": {**SMALL, "SPLIT": 2}},
+        "rope_at_zero_one_phase": {"B": 2, "H": 64, "D": 64, "W": 32, "L": 32, "rope": "zero",
+                                   "config": {**SMALL, "SPLIT": 1}},
     },
     build_cases={"v41_swa": {"B": 16, "H": 64, "D": 512, "L": 128, "W": 128},
-                 "v41_csa": {"B": 16, "H": 64, "D": 512, "W": 128, "L": 640, "N": 32768}},
+                 "v41_csa": {"B": 16, "H": 64, "D": 512, "W": 128, "L": 640, "N": 32768},
+                 # as the runtime calls it: with the inverse rope epilogue, a 64K context's table
+                 "v41_csa_rope": {"B": 16, "H": 64, "D": 512, "W": 128, "L": 640, "N": 32768, "rope": "random",
+                                  "P": 1 << 16}},
     tolerance=_tolerance,
     extra_error=_bound,
     flops=lambda c: 4.0 * c["B"] * c["H"] * c["L"] * c["D"],

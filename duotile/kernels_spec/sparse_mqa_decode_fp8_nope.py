@@ -43,6 +43,7 @@ from .sparse_mqa_decode import (
     _error_bound,
     _tolerance,
     decode,
+    epilogue_of,
     layer_kinds,
     random_inputs,
     sparse_mqa_decode_reference,
@@ -69,7 +70,7 @@ def _row_groups(values, scales, rope, b, slots, nope, ROPE, BN):
 
 
 # SPLIT defaults to 16, the two-phase form, as sparse_mqa_decode's
-@dsl.kernel(batch_dim="B", dynamic=("B", "L", "N"))
+@dsl.kernel(batch_dim="B", dynamic=("B", "L", "N", "P"))
 def sparse_mqa_decode_fp8_nope(q: dsl.Tensor["B", "H", "D", dsl.bf16], kv: dsl.Tensor["B", "W", "R", dsl.f8e4m3],
                                kv_scale: dsl.Tensor["B", "W", "R", dsl.u8],
                                kv_rope: dsl.Tensor["B", "W", "RH", dsl.bf16], idx: dsl.Tensor["B", "L", dsl.i32],
@@ -77,7 +78,10 @@ def sparse_mqa_decode_fp8_nope(q: dsl.Tensor["B", "H", "D", dsl.bf16], kv: dsl.T
                                lse: dsl.OptionalTensor["B", "H", dsl.f32] = None,
                                cmp: dsl.OptionalTensor["B", "N", "R", dsl.f8e4m3] = None,
                                cmp_scale: dsl.OptionalTensor["B", "N", "R", dsl.u8] = None,
-                               cmp_rope: dsl.OptionalTensor["B", "N", "RH", dsl.bf16] = None, *,
+                               cmp_rope: dsl.OptionalTensor["B", "N", "RH", dsl.bf16] = None,
+                               positions: dsl.OptionalTensor["B", dsl.i32] = None,
+                               cos: dsl.OptionalTensor["P", "HALF", dsl.f32] = None,
+                               sin: dsl.OptionalTensor["P", "HALF", dsl.f32] = None, *,
                                ROPE: dsl.Const = 64,
                                BN: dsl.Tunable = dsl.choice(64, 32, 128),
                                STAGES: dsl.Tunable = dsl.int_range(1, 3, default=1),
@@ -116,7 +120,9 @@ def sparse_mqa_decode_fp8_nope(q: dsl.Tensor["B", "H", "D", dsl.bf16], kv: dsl.T
         ring = ring_slots(kv.W) // BN  # the list's blocks of ring rows
         return [(0, ring, window, kv.W), (ring, None, compressed, cmp.N)]
 
-    decode(q, kv, idx, sink, o, lse, BN, STAGES, SPLIT, BD, rows_of, kv.W, columns=((0, nope), (nope, ROPE)))
+    epilogue = epilogue_of("sparse_mqa_decode_fp8_nope", q, positions, cos, sin, ROPE)
+    decode(q, kv, idx, sink, o, lse, BN, STAGES, SPLIT, BD, rows_of, kv.W, columns=((0, nope), (nope, ROPE)),
+           epilogue=epilogue)
 
 
 def stored_rows(nope_values: torch.Tensor, rope: torch.Tensor, codes: torch.Tensor) -> torch.Tensor:
@@ -145,10 +151,11 @@ def all_rows(d: int, kv, cmp=None, rope: int = 64) -> torch.Tensor:
 
 
 def sparse_mqa_decode_fp8_nope_reference(q, kv, kv_scale, kv_rope, idx, sink, cmp=None, cmp_scale=None,
-                                         cmp_rope=None, ROPE: int = 64) -> dict:
-    """model.md 2.5.6 over the dequantised rows (3.1's row format), window rows first."""
+                                         cmp_rope=None, positions=None, cos=None, sin=None, ROPE: int = 64) -> dict:
+    """model.md 2.5.6 over the dequantised rows (3.1's row format), window rows first; with
+    ``positions``, the output's rope channels rotated by -P (``sparse_mqa_decode``'s epilogue)."""
     idx = joint_index(idx, kv.shape[1], None if cmp is None else cmp.shape[1])
-    return sparse_mqa_decode_reference(q, all_rows(q.shape[-1], kv, cmp, ROPE), idx, sink)
+    return sparse_mqa_decode_reference(q, all_rows(q.shape[-1], kv, cmp, ROPE), idx, sink, positions, cos, sin)
 
 
 def _bound(case, output, inputs):
@@ -229,9 +236,22 @@ SPEC = register(Spec(
                        "config": {**SMALL, "SPLIT": 2}},
         "window_ring": {"B": 3, "H": 64, "D": 512, "W": 128, "L": 128, "holes": 0.1, "config": {"SPLIT": 8}},
         **ring_and_compressed_cases(128),  # (a CSA / HCA layer)
+        # the inverse rope epilogue (``sparse_mqa_decode.Epilogue``): split and one-phase forms,
+        # positions past the table (zeros), around the ring's boundaries, at 0
+        "rope_ring_and_compressed": {"B": 3, "H": 64, "D": 128, "W": 40, "N": 200, "L": 250, "holes": 0.3,
+                                     "rope": "random", "P": 500, "config": {**SMALL, "SPLIT": 4, "BD": 64}},
+        "rope_one_phase": {"B": 3, "H": 4, "D": 128, "W": 16, "N": 74, "L": 200, "rope": "wrap", "P": 600,
+                           "base": 160000.0, "config": {**SMALL, "SPLIT": 1}},
+        "rope_past_table": {"B": 3, "H": 64, "D": 128, "W": 64, "L": 64, "rope": "past", "P": 70,
+                            "config": {**SMALL, "SPLIT": 2}},
+        "rope_at_zero_one_phase": {"B": 2, "H": 64, "D": 128, "W": 32, "L": 32, "rope": "zero",
+                                   "config": {**SMALL, "SPLIT": 1}},
     },
     build_cases={"v4_swa": {"B": 16, "H": 64, "D": 512, "L": 128, "W": 128},
-                 "v4_csa": {"B": 16, "H": 64, "D": 512, "W": 128, "L": 640, "N": 16384}},
+                 "v4_csa": {"B": 16, "H": 64, "D": 512, "W": 128, "L": 640, "N": 16384},
+                 # as the runtime calls it: with the inverse rope epilogue, a 64K context's table
+                 "v4_csa_rope": {"B": 16, "H": 64, "D": 512, "W": 128, "L": 640, "N": 16384, "rope": "random",
+                                 "P": 1 << 16}},
     tolerance=_tolerance,
     extra_error=_bound,
     flops=lambda c: 4.0 * c["B"] * c["H"] * c["L"] * c["D"],

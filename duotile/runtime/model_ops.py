@@ -44,7 +44,7 @@ OPS: dict[str, str] = {
     "topk": "top-k selection of the scored rows (ties to the lowest index)",
     "sparse_attention": "one softmax with the sink over a query's window and selected rows",
     "sparse_attention_rows": "a prefill chunk's sparse_attention over rows its queries share, by index lists",
-    "sparse_attention_stored": "a decode step's sparse_attention over the cache rows as stored (V4.1)",
+    "sparse_attention_stored": "a decode step's sparse_attention over the cache rows as stored, out rotated by -P",
     "route": "router scores and the chosen experts and weights",
     "moe_experts": "the FFN's experts: routed and shared clamped SwiGLU, and the fixed-order combine",
     "expert": "one (shared) expert's clamped SwiGLU",

@@ -24,7 +24,7 @@ CPU = torch.device("cpu")
 
 def _call(x: dict, config: dict, with_lse: bool = True) -> dict:
     out = {"o": torch.full_like(x["o"], float("nan")), "lse": torch.full_like(x["lse"], float("nan"))}
-    args = {k: x[k] for k in ("q", "kv", "idx", "sink")}
+    args = {k: x[k] for k in ("q", "kv", "idx", "sink", "positions", "cos", "sin") if k in x}
     kernel = codegen.compile(SPEC.kernel, "interpret", config=config)
     if with_lse:
         kernel(**args, **out)
@@ -144,3 +144,37 @@ def test_the_kernel_passes_the_batch_invariance_check():
 
     for split in (1, 16):
         check_batch_invariance(SPEC.kernel, config={"SPLIT": split})  # raises on a batch-dependent order
+
+
+def _rotary(compressed: bool):
+    from types import SimpleNamespace
+
+    from duotile.runtime.layers.common import Rotary
+
+    cfg = SimpleNamespace(qk_rope_head_dim=64, rope_theta=10000.0, compress_rope_theta=160000.0, rope_factor=16,
+                          original_max_position_embeddings=65536, beta_fast=32, beta_slow=1)
+    return Rotary(cfg, compressed)
+
+
+@pytest.mark.parametrize("compressed", [False, True], ids=["base10000", "yarn160000"])
+@pytest.mark.parametrize("split", [1, 4])
+def test_the_epilogue_is_the_runtimes_inverse_rope_of_the_plain_output_bit_for_bit(split, compressed):
+    """The kernel's output with the epilogue is what the runtime makes of the plain output:
+    ``act(rotary.apply(act(o), P, inverse=True))`` with the rotary's own tables, bit for bit."""
+    rotary = _rotary(compressed)
+    case = {"B": 4, "H": 64, "D": 128, "N": 150, "L": 100, "holes": 0.3}
+    x = SPEC.make_inputs(case, CPU, 7)
+    pos = torch.tensor([0, 63, 64, 517])  # across the tables' 64-position blocks
+    cos, sin = rotary.cos_sin(torch.arange(640))
+    cfg = {**SMALL, "SPLIT": split, "BD": 64}
+    plain = _call(x, cfg)["o"]
+    got = _call({**x, "positions": pos.to(torch.int32), "cos": cos.contiguous(), "sin": sin.contiguous()}, cfg)["o"]
+    want = rotary.apply(plain, pos, inverse=True).to(torch.bfloat16)
+    assert torch.equal(got.view(torch.int16), want.view(torch.int16))
+
+
+def test_a_partial_epilogue_is_refused():
+    x = SPEC.make_inputs(CASE, CPU, 1)
+    cos, _ = _rotary(False).cos_sin(torch.arange(8))
+    with pytest.raises(Exception, match="positions, cos and sin together"):
+        _call({**x, "positions": torch.zeros(3, dtype=torch.int32), "cos": cos.contiguous()}, {**SMALL, "SPLIT": 2})

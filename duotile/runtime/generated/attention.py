@@ -65,16 +65,22 @@ class AttentionKernels:
                                                           sink=sink.float().contiguous(), o=o)
         return o.float()
 
-    def _sparse_attention_stored(self, ctx, q, ring, idx, cmp, sink, scale: float, fmt: str = "fp8/32"):
+    def _sparse_attention_stored(self, ctx, q, ring, idx, cmp, sink, scale: float, fmt: str = "fp8/32",
+                                 rotary=None, positions=None):
         """The stored-row decode kernel of the rings' format over the rings' and compressed rows'
         stacks as they are (each passed as its values', its scales' and, V4, its rope channels'
-        tensor: the same memory): BF16 queries, the index list as given, FP32 out."""
+        tensor: the same memory): BF16 queries, the index list as given, FP32 out. With a
+        ``rotary`` its epilogue rotates the output by -P: the rotary's table rows 0 .. the largest
+        position (``_rope_table``) and the positions on the device."""
         b, d = q.shape[0], q.shape[-1]
-        if ctx.dtype != torch.bfloat16 or b == 0 or scale != d ** -0.5:
+        if ctx.dtype != torch.bfloat16 or b == 0 or scale != d ** -0.5 or (rotary is not None and rotary.dim % 2):
             return NotImplemented
         o = torch.empty(q.shape, dtype=torch.bfloat16, device=q.device)
         args = {"q": q.to(torch.bfloat16).contiguous(), "idx": idx.contiguous(), "sink": sink.float().contiguous(),
                 "o": o, "kv": ring.view(torch.float8_e4m3fn), "kv_scale": ring}
+        if rotary is not None:
+            cos, sin = self._rope_table(rotary, int(positions.max()) // rotary.BLOCK + 1, q.device)
+            args.update(positions=ship(positions.to(torch.int32), q.device), cos=cos, sin=sin)
         if fmt == "fp8_nope":  # V4's rows: e4m3 nope channels, their codes, BF16 rope channels
             args["kv_rope"] = ring.view(torch.bfloat16)
             if cmp is not None:

@@ -150,6 +150,6 @@ class AttentionV4:
                 compressed = Selected(stores, sel)
             else:  # HCA: every row a query can see
                 compressed = Visible(stores, [(pos[sl] + 1) // self.ratio for _, sl in seqs])
-        out = attend(ctx, seqs, self.layer, q, kv, compressed, self.sink, d**-0.5, encoded)
-        o = ctx.act(rope(ctx, self.rope, ctx.act(out), pos, inverse=True))
+        # rotated by -P: in the decode kernel's epilogue over rings as stored, else by the rope op
+        o = attend(ctx, seqs, self.layer, q, kv, compressed, self.sink, d**-0.5, encoded, self.rope, pos)
         return grouped_output(ctx, o.flatten(1), self.wo_a, self.wo_b, cfg.o_groups)

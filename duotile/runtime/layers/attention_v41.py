@@ -225,6 +225,6 @@ class AttentionV41:
         sels = self._select(ctx, seqs, qi, wts, pos) if self.ratio else None
 
         compressed = Selected([seq.cache.layers[self.kv_src].comp for seq, _ in seqs], sels) if self.ratio else None
-        out = attend(ctx, seqs, self.layer, q, kv, compressed, self.sink, d**-0.5, encoded)
-        o = ctx.act(rope(ctx, self.rope, ctx.act(out), pos, inverse=True))
+        # rotated by -P: in the decode kernel's epilogue over rings as stored, else by the rope op
+        o = attend(ctx, seqs, self.layer, q, kv, compressed, self.sink, d**-0.5, encoded, self.rope, pos)
         return grouped_output(ctx, o.flatten(1), self.wo_a, self.wo_b, cfg.o_groups)

@@ -276,16 +276,33 @@ class Visible:
 
 
 def attend(ctx: Ctx, seqs: list, layer: int, q: torch.Tensor, kv: torch.Tensor, compressed, sink: torch.Tensor,
-           scale: float, encoded: torch.Tensor | None = None) -> torch.Tensor:
-    """A layer's sparse attention for a step's sequences (``(StepSeq, slice)`` pairs): each query's
-    window rows, then its compressed rows (``Selected`` or ``Visible``; None: a window-only
-    layer); each sequence's ring written after its rows were read; one ``sparse_attention`` over
-    all queries (rows padded, masked). A decode step gathers every sequence's rows at once; over
-    rings as stored (``stored.py``; ``encoded`` is then ``kv``'s bytes, ``kv_encode``) it reads
-    them where they are (``sparse_attention_stored``)."""
+           scale: float, encoded: torch.Tensor | None, rotary: Rotary, positions: torch.Tensor) -> torch.Tensor:
+    """A layer's sparse attention for a step's sequences (``(StepSeq, slice)`` pairs) as ``wo_a``
+    takes it: the output's rope channels rotated by -P (``rotary`` at the queries' ``positions``,
+    model.md 2.5.6), in the activation dtype. Each query's window rows, then its
+    compressed rows (``Selected`` or ``Visible``; None: a window-only layer); each sequence's ring
+    written after its rows were read; one ``sparse_attention`` over all queries (rows padded,
+    masked), then the ``rope`` op. A decode step gathers every sequence's rows at once; over rings
+    as stored (``stored.py``; ``encoded`` is then ``kv``'s bytes, ``kv_encode``) it reads them where
+    they are and rotates in the same op (``sparse_attention_stored``)."""
     ring0 = seqs[0][0].cache.layers[layer].ring
     if one_token_each(seqs) and isinstance(ring0, StoredRing):
-        return _stored_decode(ctx, seqs, layer, q, encoded, compressed, sink, scale)
+        return ctx.act(_stored_decode(ctx, seqs, layer, q, encoded, compressed, sink, scale, rotary))
+    out = _attend_rows(ctx, seqs, layer, q, kv, compressed, sink, scale, encoded)
+    return _inverse_rope(ctx, rotary, positions, out)
+
+
+def _inverse_rope(ctx: Ctx, rotary: Rotary, positions: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+    """The attention output ``out`` in the activation dtype, its rope channels rotated by -P (the
+    ``rope`` op), in the activation dtype again."""
+    return ctx.act(rope(ctx, rotary, ctx.act(out), positions, inverse=True))
+
+
+def _attend_rows(ctx: Ctx, seqs: list, layer: int, q: torch.Tensor, kv: torch.Tensor, compressed, sink, scale,
+                 encoded) -> torch.Tensor:
+    """``attend``'s attention over rows held as values (a decode step's gathered at once, a chunk's
+    by index lists), before the rotation."""
+    ring0 = seqs[0][0].cache.layers[layer].ring
     if one_token_each(seqs) and ring0.dtype == kv.dtype:
         keys, valid = _decode_keys(seqs, layer, kv, compressed)
         return sparse_attention(ctx, q, keys, valid, sink, scale)
@@ -316,18 +333,19 @@ def sparse_attention_rows(ctx: Ctx, q: torch.Tensor, rows: torch.Tensor, idx: to
 
 
 def _stored_decode(ctx: Ctx, seqs: list, layer: int, q: torch.Tensor, encoded: torch.Tensor, compressed, sink,
-                   scale):
+                   scale, rotary: Rotary):
     """``attend`` of a decode step over rings as stored: the rings' rows as one stack, the new
     rows' bytes written first (slot P mod W), and one index list a query: its W window slots in
     position order (-1 before position 0), then its compressed rows (``Selected``: its selected
-    ones; ``Visible``: every row it sees; -1 for none)."""
+    ones; ``Visible``: every row it sees; -1 for none); the output rotated by -P in the op."""
     from ...kernels_spec.sparse_mqa_decode_fp8 import ring_slots
     from ..stacked import stack_attr
 
     rings = [seq.cache.layers[layer].ring for seq, _ in seqs]
     ring = stack_attr(rings, "rows")
     b, size, dev = ring.shape[0], ring.shape[1], ring.device
-    pos = ship(torch.tensor([seq.start for seq, _ in seqs]), dev)
+    host = torch.tensor([seq.start for seq, _ in seqs])
+    pos = ship(host, dev)
     each = torch.arange(b, device=dev)
     if encoded is not None:  # (kv_insert wrote them already)
         ring[each, pos % size] = encoded
@@ -338,7 +356,7 @@ def _stored_decode(ctx: Ctx, seqs: list, layer: int, q: torch.Tensor, encoded: t
         cmp = stack_attr(compressed.stores, "rows")
         pad = idx.new_full((b, ring_slots(size) - size), -1)
         idx = torch.cat([idx, pad, ship(_compressed_slots(compressed), dev)], 1)
-    return sparse_attention_stored(ctx, q, ring, idx.to(torch.int32), cmp, sink, scale, rings[0].fmt)
+    return sparse_attention_stored(ctx, q, ring, idx.to(torch.int32), cmp, sink, scale, rings[0].fmt, rotary, host)
 
 
 def _compressed_slots(compressed) -> torch.Tensor:
@@ -354,12 +372,15 @@ def _compressed_slots(compressed) -> torch.Tensor:
 @model_op("sparse_attention_stored")
 def sparse_attention_stored(ctx: Ctx, q: torch.Tensor, ring: torch.Tensor, idx: torch.Tensor,
                             cmp: torch.Tensor | None, sink: torch.Tensor, scale: float,
-                            fmt: str = "fp8/32") -> torch.Tensor:
+                            fmt: str = "fp8/32", rotary: Rotary | None = None,
+                            positions: torch.Tensor | None = None) -> torch.Tensor:
     """``sparse_attention`` of one query a sequence over its rows as stored: ``ring`` [B, W, row
     bytes] u8 in format ``fmt`` (``stored.py``: V4.1's ``fp8/32``, V4's ``fp8_nope``), ``cmp``
     [B, N, row bytes] u8 (V4.1: ``nvfp4``; V4: ``fmt`` too) or None; ``idx`` [B, L]: with ``cmp``
     its first ``ring_slots(W)`` slots name ring rows and the rest compressed rows, else every slot a
-    ring row; -1 none. FP32 out."""
+    ring row; -1 none. With ``rotary``, the output in the activation dtype is rotated by -P at the
+    queries' ``positions`` (host [B]) as the ``rope`` op does (model.md 2.5.6: what ``wo_a``
+    takes). FP32 out."""
     from ...kernels_spec.sparse_mqa_decode_fp8 import ring_slots
 
     d, size = q.shape[-1], ring.shape[1]
@@ -370,7 +391,8 @@ def sparse_attention_stored(ctx: Ctx, q: torch.Tensor, ring: torch.Tensor, idx: 
         idx = torch.where(far & (idx >= 0), idx + size, idx)  # into the ring's rows, then the others
     each = torch.arange(rows.shape[0], device=rows.device)[:, None]
     keys = rows[each, idx.long().clamp(min=0)].to(q.dtype)
-    return attention_with_sink(ctx.ops, q, keys, idx >= 0, sink, scale)
+    out = attention_with_sink(ctx.ops, q, keys, idx >= 0, sink, scale)
+    return out if rotary is None else rotary.apply(ctx.act(out), positions, inverse=True)
 
 
 @model_op("kv_insert")
