@@ -186,16 +186,16 @@ def _inputs(case, device, seed):
 
 def pool_indexer_shapes(m: shapes.ModelDims) -> dict[str, dict]:
     """V4.1's Reindex scoring at a decode step (V4-Flash has no pool): the pool's KB blocks of BLOCK
-    positions over layer 20's ratio-1 keys at contexts of 64K and 1M (L = context), for every
-    decode batch: MXFP4 keys as the cache stores them, and bf16 keys where they stay within 4 GiB
-    (B x L <= 2^24 rows of 128)."""
+    positions over layer 20's ratio-1 keys at contexts of 64K and 1M (L = context), at decode
+    batches 1, 16 and 64 (one build serves every B): MXFP4 keys as the cache stores them, and bf16
+    keys where they stay within 4 GiB (B x L <= 2^24 rows of 128)."""
     if not m.candidate_topk_blocks:
         return {}
     out: dict[str, dict] = {}
     for context in (1 << 16, shapes.CONTEXT):
         label = f"{context >> 20}m" if context >= 1 << 20 else f"{context >> 10}k"
         for kind in ("bf16", "mxfp4"):
-            for b in shapes.DECODE_BATCHES:
+            for b in shapes.DECODE_SAMPLE:
                 if kind == "bf16" and b * context > 1 << 24:
                     continue
                 tag = "" if kind == "bf16" else "_mxfp4"

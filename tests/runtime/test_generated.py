@@ -137,7 +137,7 @@ def test_every_served_op_is_a_model_op_with_a_spec():
 # measured bitwise equal on these models, 2026-12-01)
 def _reference_of(op):
     from duotile.runtime import engine, reference
-    from duotile.runtime.layers import attention_v41, common, compressor, engram, mhc, moe
+    from duotile.runtime.layers import attention_v41, cache_rows, common, compressor, engram, mhc, moe
 
     ops = {"rms_norm": common.rms_norm, "embed": reference.embed, "topk": common.topk, "route": MoE.choose,
             "sparse_attention": common.sparse_attention, "index_scores": common.index_scores,
@@ -147,9 +147,9 @@ def _reference_of(op):
             "engram": engram.Engram.__call__, "moe_experts": moe.MoE.experts_out,
             "candidate_pool": attention_v41.pick_pool, "compress": compressor.pool_windows,
             "compress_decode": compressor.pool_decode,
-            "rope": common.rope, "kv_round": common.round_rows, "kv_encode": common.kv_encode,
-            "sparse_attention_stored": common.sparse_attention_stored,
-            "sparse_attention_rows": common.sparse_attention_rows, "kv_insert": common.kv_insert,
+            "rope": common.rope, "kv_round": common.round_rows, "kv_encode": cache_rows.kv_encode,
+            "sparse_attention_stored": cache_rows.sparse_attention_stored,
+            "sparse_attention_rows": cache_rows.sparse_attention_rows, "kv_insert": cache_rows.kv_insert,
             "index_scores_pool": attention_v41.index_scores_pool}
     return ops[op].__wrapped__
 

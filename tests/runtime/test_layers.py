@@ -128,7 +128,7 @@ def test_window_rows_name_each_querys_window_once_in_position_order(start, s):
     """A chunk's window rows are the ring's W - 1 rows before it and its own S rows, each once;
     query i (position start + i) names the W of them at positions start + i - W + 1 .. start + i,
     -1 before position 0 (a ring that wrapped, a chunk longer than the window)."""
-    from duotile.runtime.layers.common import window_rows
+    from duotile.runtime.layers.cache_rows import window_rows
 
     w, d = 16, 8
     ring = torch.zeros(w, d)

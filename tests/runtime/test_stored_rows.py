@@ -12,7 +12,7 @@ from duotile.kernels_spec.quantize_fp4 import quantize_fp4_reference
 from duotile.runtime import quant
 from duotile.runtime.cache import SequenceCache, format_bytes
 from duotile.runtime.engine import LLM
-from duotile.runtime.layers.common import KV_ENCODE_FLOOR
+from duotile.runtime.layers.cache_rows import KV_ENCODE_FLOOR
 from duotile.runtime.reference import Model
 from duotile.runtime.sampler import SamplingParams
 from duotile.runtime.stored import PackedRows, StoredRing
@@ -117,7 +117,8 @@ def test_kv_insert_writes_the_row_the_stored_ring_reads():
     for bit (a row laid out otherwise, codes first or a block of 64, decodes to other values); and
     its bytes re-encode to the same values."""
     from duotile.kernels_spec.kv_insert import kv_insert_reference
-    from duotile.runtime.layers.common import Ctx, kv_encode
+    from duotile.runtime.layers.cache_rows import kv_encode
+    from duotile.runtime.layers.common import Ctx
     from duotile.runtime.ops import FastOps
     from duotile.runtime.stored import decode_rows
 
@@ -144,7 +145,8 @@ def test_v4_rows_encode_and_decode_to_their_values():
     (FP8 nope with a code a 64, BF16 rope), the same bytes again from those values; the kernel
     spec's reading of the bytes agrees."""
     from duotile.kernels_spec.sparse_mqa_decode_fp8_nope import rows_dequantised
-    from duotile.runtime.layers.common import Ctx, kv_encode, round_kv
+    from duotile.runtime.layers.cache_rows import kv_encode, round_kv
+    from duotile.runtime.layers.common import Ctx
     from duotile.runtime.ops import FastOps
     from duotile.runtime.stored import decode_rows
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 import torch
 
 from ..device import ints, ship
-from ..layers.common import KV_ENCODE_FLOOR, nope_row_bytes
+from ..layers.cache_rows import KV_ENCODE_FLOOR, nope_row_bytes
 from ..stacked import restack, stack_of
 from ..stored import NOPE_ROPE
 

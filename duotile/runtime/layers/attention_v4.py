@@ -10,24 +10,19 @@ from ..config import ModelConfig
 from ..device import ship
 from ..stacked import stack_attr
 from ..stored import PackedRows
+from .cache_rows import Selected, Visible, attend, kv_encode, round_kv, window_kv
 from .common import (
     Ctx,
     Rotary,
-    Selected,
-    Visible,
     WeightSource,
-    attend,
     grouped_output,
     index_scores,
-    kv_encode,
     matmul,
     pad_cat,
     rms_norm,
     rope,
-    round_kv,
     round_rows,
     topk,
-    window_kv,
 )
 from .compressor import pool_all
 from .step import Step, one_token_each

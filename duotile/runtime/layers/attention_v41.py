@@ -21,22 +21,19 @@ from ..device import ship
 from ..model_ops import model_op
 from ..stacked import stack_attr
 from ..stored import PackedRows
+from .cache_rows import Selected, attend, kv_encode, window_kv
 from .common import (
     Ctx,
     Rotary,
-    Selected,
     WeightSource,
-    attend,
     grouped_output,
     index_scores,
-    kv_encode,
     matmul,
     pad_cat,
     rms_norm,
     rope,
     round_rows,
     topk,
-    window_kv,
 )
 from .compressor import pool_all
 from .step import Step, one_token_each
