@@ -36,7 +36,7 @@ twice both terms. The scores' f32 sums (D products, exact bf16 products)
 move ``lse`` by at most 2 (D + 4) 2^-24 max_j sum_c |q_c k_jc| D^-0.5; the bound adds 2^-20
 relative for the base-2 log and exp on the targets.
 
-Epilogue (optional, ``Epilogue``): given ``positions`` (B, i32) and the layer's ``cos`` / ``sin``
+Epilogue (optional, ``decode_epilogue.Epilogue``): given ``positions`` (B, i32) and the layer's ``cos`` / ``sin``
 tables (P x ROPE / 2, f32, as ``kv_insert`` takes them; ROPE = twice their columns, or V4's row
 constant), the stored output's last ROPE channels are rotated by -P (model.md 2.4, 2.5.6), what the
 grouped output projection ``wo_a`` takes. Order, as the runtime's ``act(rope(act(o), P,
@@ -59,11 +59,11 @@ from __future__ import annotations
 
 import math
 
-import sympy
 import torch
 
 from .. import dsl
 from . import model_shapes as shapes
+from .decode_epilogue import epilogue_inputs, epilogue_of, inverse_rope, rope_phase, rotated_bound
 from .gemm_f32 import bf16_parts
 from .registry import Dim, OneOf, Spec, register
 
@@ -143,7 +143,7 @@ def finish(q, sink, o, lse, b, accs, row_max, row_sum, columns=None, epilogue=No
     """Query b's output and LSE from its online softmax (``_attend``'s accumulators, one a column
     group), with the sink's ``2^(sink log2 e - top)`` in the denominator (padded head rows get a
     sink of 0 and are never stored). With an ``epilogue`` the rope channels' output goes to its
-    workspace as well, which ``_rope_phase`` rotates into ``o``."""
+    workspace as well, which ``rope_phase`` rotates into ``o``."""
     sink2 = dsl.load(sink[0], (_head_rows(q),)) * LOG2E
     top = dsl.maximum(row_max, sink2)
     base = dsl.where(top > NEG_INF, top, 0.0)
@@ -156,84 +156,6 @@ def finish(q, sink, o, lse, b, accs, row_max, row_sum, columns=None, epilogue=No
             epilogue.keep(b, first, width, y)
     if lse is not None:
         dsl.store(lse[b, 0], (base + dsl.log2(total)) * LN2)
-
-
-class Epilogue:
-    """The output's inverse rotation at the query's position (model.md 2.4, 2.5.6): what the
-    grouped output projection ``wo_a`` takes. ``positions`` (B) are the queries' table rows,
-    ``cos`` / ``sin`` (P x ROPE / 2, f32) the layer's tables, the last ``ROPE`` of the D channels
-    rotated in pairs (2i, 2i + 1) of them. A rope channel's partner lies in another column: the
-    combine reads ``part_o`` at the partner's columns too (a column gather) and adds it up as it
-    adds its own; the one-phase form stores its rope channels' bf16 output into a workspace
-    (``rope_o``, B x H x ROPE) and rotates them in a phase of its own (``_rope_phase``): an
-    accumulator's columns cannot be gathered, and ``o`` read back where it was stored would race
-    with the stores of other threads."""
-
-    def __init__(self, q, positions, cos, sin, rope):
-        self.q, self.positions, self.cos, self.sin, self.rope = q, positions, cos, sin, rope
-        self.nope = q.D - rope
-        self.rope_o = None
-
-    def one_phase(self) -> None:
-        """Declare the one-phase form's workspace (at the kernel's top level)."""
-        self.rope_o = dsl.workspace("rope_o", (self.q.B, self.q.H, self.rope), dsl.bf16)
-
-    def keep(self, b, first, width, y) -> None:
-        """Store the rope channels among a column group's output ``y`` (bf16, columns ``first`` ..
-        ``first + width - 1``) into the workspace; a group wholly before them stores nothing."""
-        if sympy.sympify(first + width <= self.nope) == sympy.true:
-            return
-        dsl.store(self.rope_o[b, 0, first - self.nope + dsl.arange(width)], y)  # a nope column: dropped
-
-    def partner(self, cols):
-        """The partner column of each column of ``cols`` (an index tile), -1 for a nope channel."""
-        return dsl.where(cols >= self.nope, self.nope + ((cols - self.nope) ^ 1), -1)
-
-    def rotated(self, b, cols, y, mate):
-        """``y`` (bf16, rows x columns ``cols``) with its rope channels rotated by -P: even channel
-        ``a cos + b sin``, odd ``b cos - a sin`` over the bf16 values in f32, bf16 out (the runtime's
-        ``Rotary.apply(..., inverse=True)`` of its BF16 output, the same f32 operations: its
-        ``a cos - b (-sin)`` and ``a (-sin) + b cos`` are these bits). ``mate`` holds each
-        column's partner (bf16). A position outside the table reads cos = sin = 0 there."""
-        row = dsl.scalar(dsl.load(self.positions[b], (1,)))
-        n = cols.shape[0]
-        pair = dsl.where(cols >= self.nope, (cols - self.nope) >> 1, -1)
-        c = dsl.load(self.cos[row, pair], (1, n))
-        s = dsl.load(self.sin[row, pair], (1, n))
-        a, m = y.to(dsl.f32), mate.to(dsl.f32)
-        even = ((cols - self.nope) & 1).eq(0)[None, :]
-        turned = dsl.where(even, a * c + m * s, a * c - m * s)
-        return dsl.where((cols >= self.nope)[None, :], turned, a).to(dsl.bf16)
-
-
-def epilogue_of(name, q, positions, cos, sin, ROPE=None):
-    """The epilogue of a decode kernel's call (``Epilogue``), or None without one; refuses a
-    partial or misshapen one. The rope channels are ``ROPE`` where the kernel has that constant
-    (V4's rows, whose layout it sets), else twice the tables' columns."""
-    given = [t is not None for t in (positions, cos, sin)]
-    if not any(given):
-        return None
-    if not all(given):
-        raise dsl.DslError(f"{name}: give positions, cos and sin together (the output's inverse rope at the "
-                           f"query's position, model.md 2.5.6), or none")
-    rope = 2 * cos.HALF if ROPE is None else ROPE
-    dsl.require(q.D >= rope, f"{name}: D must hold the rope channels (2 x cos's columns)")
-    for what, table in (("cos", cos), ("sin", sin)):
-        for cond in (2 * table.HALF >= rope, 2 * table.HALF <= rope):
-            dsl.require(cond, f"{name}: {what} must have ROPE / 2 columns, one a pair of rope channels "
-                              f"(model.md 2.4)")
-    return Epilogue(q, positions, cos, sin, rope)
-
-
-def _rope_phase(q, o, epilogue):
-    """The one-phase form's rotation: each query's rope channels from the workspace, and their
-    partners by a column gather of it, rotated into ``o``'s last ROPE columns."""
-    rope_o, width = epilogue.rope_o, epilogue.rope
-    for b in dsl.grid(q.B):
-        k = dsl.arange(width)
-        y = dsl.load(rope_o[b, 0, 0], (q.H, width))
-        mate = dsl.load(rope_o[b, 0, k ^ 1], (q.H, width))
-        dsl.store(o[b, 0, epilogue.nope], epilogue.rotated(b, epilogue.nope + k, y, mate))
 
 
 # SPLIT defaults to 16, the two-phase form, for the tuning cache key (see gemm_splitk.py)
@@ -258,7 +180,7 @@ def decode(q, kv, idx, sink, o, lse, BN, STAGES, SPLIT, BD, rows_of=None, rows_t
     """The kernel's body (the module docstring); ``rows_of(b)``, where given, is the ``kv_rows``
     gather of ``_attend`` for query b, over ``rows_total`` cache rows (a cache of other row
     formats, ``sparse_mqa_decode_fp8``), split by ``columns`` where given (``_attend``). With an
-    ``epilogue`` (``Epilogue``) the stored output's rope channels are rotated by -P."""
+    ``epilogue`` (``decode_epilogue.Epilogue``) the stored output's rope channels are rotated by -P."""
     H, D = q.H, q.D
     blocks = dsl.cdiv(idx.L, BN)
     rows_for = rows_of or (lambda b: None)
@@ -269,7 +191,7 @@ def decode(q, kv, idx, sink, o, lse, BN, STAGES, SPLIT, BD, rows_of=None, rows_t
             finish(q, sink, o, lse, b, *_attend(q, kv, idx, b, 0, blocks, BN, STAGES, rows_for(b), rows_total, columns),
                    columns, epilogue)
         if epilogue is not None:
-            _rope_phase(q, o, epilogue)
+            rope_phase(q, o, epilogue)
         return
     part_o = dsl.workspace("part_o", (SPLIT, q.B, H, D), dsl.f32)
     part_lse = dsl.workspace("part_lse", (SPLIT, q.B, H), dsl.f32)
@@ -339,52 +261,18 @@ def sparse_mqa_decode_reference(q, kv, idx, sink, positions=None, cos=None, sin=
     return {"o": o, "lse": lse.float()}
 
 
-def _table_rows(table, positions):
-    """Rows ``positions`` of a cos / sin table (P x ROPE / 2) in float64, zeros for a position
-    outside it (as the kernel reads them), shaped (B, 1, ROPE / 2) over the heads."""
-    pos = positions.long()
-    inside = ((pos >= 0) & (pos < table.shape[0]))[:, None]
-    rows = torch.where(inside, table[pos.clamp(0, table.shape[0] - 1)].double(), 0.0)
-    return rows[:, None, :]
-
-
-def inverse_rope(o, positions, cos, sin):
-    """model.md 2.4 / 2.5.6: the last 2 x cos's columns of ``o`` (B, H, D; bf16, as the kernel
-    rounds its output first) rotated by -P in float64, then rounded to bf16: pair (a, b) ->
-    (a cos + b sin, b cos - a sin)."""
-    x, rope = o.double(), 2 * cos.shape[-1]
-    c, s = _table_rows(cos, positions), _table_rows(sin, positions)
-    a, b = x[..., -rope::2], x[..., 1 - rope::2]
-    rotated = torch.stack([a * c + b * s, b * c - a * s], -1).flatten(-2)
-    return torch.cat([x[..., :-rope], rotated], -1).to(torch.bfloat16)
-
-
 def _error_bound(case, output, inputs):
     p, rows, _, logits = _probabilities(inputs["q"], inputs["kv"], inputs["idx"], inputs["sink"])
     if output == "o":
         size = torch.einsum("bhl,bld->bhd", p, rows.abs())  # A_c = sum_j p_j |v_jc| >= |o_c|
         if inputs.get("positions") is not None:
-            return _rotated_bound(size, inputs).float()
+            return rotated_bound(size, inputs).float()
         return 2.0 ** -8 * size.float()
     d = inputs["q"].shape[-1]
     mag = torch.einsum("bhd,bld->bhl", inputs["q"].double().abs(), rows.abs()) / math.sqrt(d)
     live = torch.isfinite(logits)
     worst = torch.where(live, mag, torch.zeros_like(mag)).amax(-1) if mag.shape[-1] else mag.sum(-1)
     return (2 * (d + 4) * 2.0 ** -24 * worst).float()
-
-
-def _rotated_bound(size, inputs):
-    """The output's bound with the epilogue: a rope channel of plain bound E = 2^-8 A (its own
-    ``size`` A) becomes 2^-7 (|cos| A_c + |sin| A_partner): the plain bounds of both channels
-    carried through the rotation (|cos| E_c + |sin| E_p), plus the second bf16 rounding of kernel
-    and reference (2^-9 each of |a cos| + |b sin|) and the f32 products and sum (2^-23 each);
-    the nope channels keep 2^-8 A. A position outside the table rotates to zeros: bound 0."""
-    rope = 2 * inputs["cos"].shape[-1]
-    c = _table_rows(inputs["cos"], inputs["positions"]).abs().repeat_interleave(2, -1)
-    s = _table_rows(inputs["sin"], inputs["positions"]).abs().repeat_interleave(2, -1)
-    own = size[..., -rope:]
-    mate = own.view(*own.shape[:-1], rope // 2, 2).flip(-1).flatten(-2)
-    return torch.cat([2.0 ** -8 * size[..., :-rope], 2.0 ** -7 * (c * own + s * mate)], -1)
 
 
 def _tolerance(case, output):
@@ -441,41 +329,6 @@ def random_inputs(case, device, seed, q_shape, kv_shape):
             "o": torch.full(q_shape, float("nan"), dtype=torch.bfloat16, device=device),
             "lse": torch.full(q_shape[:2], float("nan"), dtype=torch.float32, device=device),
             **epilogue_inputs(case, device, seed)}
-
-
-def epilogue_inputs(case, device, seed) -> dict:
-    """The epilogue's inputs where the case names a ``rope`` kind (``_positions``): a table of
-    ``P`` rows (default 300) at base ``base`` (10000; 160000 for a compressed layer's, without
-    its YaRN frequencies, which change no arithmetic), ``ROPE`` rope channels; else none."""
-    kind = case.get("rope")
-    if kind is None:
-        return {}
-    b, n, rope = case["B"], case.get("P", 300), case.get("ROPE", 64)
-    if device.type == "meta":
-        return {"positions": torch.empty(b, dtype=torch.int32), "cos": torch.empty(n, rope // 2),
-                "sin": torch.empty(n, rope // 2)}
-    from .kv_insert import rope_tables
-
-    cos, sin = rope_tables(n, case.get("base", 10000.0), rope)
-    pos = _positions(kind, b, n, torch.Generator().manual_seed(seed + 2))
-    return {"positions": pos.to(torch.int32).to(device), "cos": cos.to(device), "sin": sin.to(device)}
-
-
-def _positions(kind, b, n, g):
-    """Query positions: ``random`` (anywhere in the table), ``zero`` (every query at 0), ``past``
-    (the table's last row, then rows past it: their rope channels rotate to zeros), ``wrap``
-    (around multiples of the 128-row window ring and the 64-row table blocks: k 128 - 1, k 128,
-    k 128 + 1)."""
-    if kind == "random":
-        return torch.randint(0, n, (b,), generator=g)
-    if kind == "zero":
-        return torch.zeros(b, dtype=torch.long)
-    if kind == "past":
-        return n - 1 + torch.arange(b) * 5
-    if kind == "wrap":
-        k = torch.randint(1, max(n // 128, 1) + 1, (b,), generator=g) * 128
-        return (k + torch.tensor([-1, 0, 1])[torch.arange(b) % 3]).clamp(0, n - 1)
-    raise ValueError(f"unknown position kind {kind!r}: random, zero, past or wrap")
 
 
 def _inputs(case, device, seed):
@@ -548,7 +401,7 @@ SPEC = register(Spec(
         # 3 slot blocks over 8 ranges: empty ranges among full ones
         "empty_ranges": {"B": 2, "H": 64, "D": 64, "N": 100, "L": 80, "holes": 0.2,
                          "config": {**SMALL, "SPLIT": 8}},
-        # the inverse rope epilogue (``Epilogue``): the combine's column blocks of nope channels, of
+        # the inverse rope epilogue (``decode_epilogue.Epilogue``): the combine's column blocks of nope channels, of
         # rope channels and of both; the one-phase form's own phase; positions 0, past the table
         # (zeros), around the ring's and the table blocks' boundaries
         **EPILOGUE_CASES,

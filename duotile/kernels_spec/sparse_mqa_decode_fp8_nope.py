@@ -36,6 +36,7 @@ import torch
 
 from .. import dsl
 from . import model_shapes as shapes
+from .decode_epilogue import epilogue_of
 from .kv_insert import row_bytes
 from .registry import Dim, OneOf, Spec, register
 from .sparse_mqa_decode import (
@@ -43,7 +44,6 @@ from .sparse_mqa_decode import (
     _error_bound,
     _tolerance,
     decode,
-    epilogue_of,
     layer_kinds,
     random_inputs,
     sparse_mqa_decode_reference,
@@ -236,7 +236,7 @@ SPEC = register(Spec(
                        "config": {**SMALL, "SPLIT": 2}},
         "window_ring": {"B": 3, "H": 64, "D": 512, "W": 128, "L": 128, "holes": 0.1, "config": {"SPLIT": 8}},
         **ring_and_compressed_cases(128),  # (a CSA / HCA layer)
-        # the inverse rope epilogue (``sparse_mqa_decode.Epilogue``): split and one-phase forms,
+        # the inverse rope epilogue (``decode_epilogue.Epilogue``): split and one-phase forms,
         # positions past the table (zeros), around the ring's boundaries, at 0
         "rope_ring_and_compressed": {"B": 3, "H": 64, "D": 128, "W": 40, "N": 200, "L": 250, "holes": 0.3,
                                      "rope": "random", "P": 500, "config": {**SMALL, "SPLIT": 4, "BD": 64}},
