@@ -20,8 +20,11 @@ Outputs, two forms of one pool:
   sorted ascending, -1 in the empty slots. A block id j stands for positions ``8j .. 8j + 7``
   below ``visible``: what a restricted indexer gathers (2048 x 8 key rows a query instead of
   every row) before its top-512 (``kernels_spec/topk.py``).
-* ``pool`` (B x N, u8): 1 where a position is in the pool, else 0: the runtime's boolean pool
-  (``candidate_pool``, the model op ``pick_pool``), for masking a full score row.
+* ``pool`` (B x N, u8), optional: 1 where a position is in the pool, else 0: the runtime's
+  boolean pool (``candidate_pool``, the model op ``pick_pool``), for masking a full score row (a
+  prefill chunk's Reindex layers). Left out, its phase is not generated: a decode step's Reindex
+  layers read the block list alone (``indexer_logits_pool``), and at 1M positions the pool is 1 MB
+  a query written for nothing.
 
 Exact selection without sorting: block scores become order-preserving i32 keys (the f32 bits,
 negatives with their low 31 bits flipped; -0.0 as 0.0; -inf, NaN and blocks past the row as the
@@ -81,7 +84,7 @@ def _key(x):
 
 @dsl.kernel(batch_dim="B", dynamic=("B", "N"))
 def candidate_pool(scores: dsl.Tensor["B", "N", dsl.f32], visible: dsl.Tensor["B", dsl.i32],
-                   blocks: dsl.Tensor["B", "KB", dsl.i32], pool: dsl.Tensor["B", "N", dsl.u8], *,
+                   blocks: dsl.Tensor["B", "KB", dsl.i32], pool: dsl.OptionalTensor["B", "N", dsl.u8] = None, *,
                    BLOCK: dsl.Const = 8, TOPK_BLOCKS: dsl.Const = 2048,
                    W: dsl.Tunable = dsl.choice(64, 32, 128, also=dsl.SMALLER_POW2),
                    ROWS: dsl.Tunable = dsl.choice(16, 8, 32, also=dsl.SMALLER_POW2),
@@ -132,6 +135,8 @@ def candidate_pool(scores: dsl.Tensor["B", "N", dsl.f32], visible: dsl.Tensor["B
         shown = (j < nblk) & (j * BLOCK < dsl.load(visible[b], (1,)))  # past the last kept: -1
         dsl.store(blocks[b, t * RT], dsl.where(shown, j, -1))
 
+    if pool is None:  # the block list alone (a decode step's Reindex layers read nothing else)
+        return
     for b, m in dsl.grid(n_b, dsl.cdiv(n, WM)):
         pos = m * WM + dsl.arange(WM)
         j = pos // BLOCK

@@ -130,3 +130,22 @@ def test_model_shapes_are_v41_decode_and_prefill_at_its_pool():
     assert {c["B"] for c in shapes.values()} == {*ms.DECODE_BATCHES, ms.PREFILL_CHUNK}
     assert {c["N"] for c in shapes.values()} == {1 << 12, 1 << 16, 1 << 20}
     assert shapes["v41/r1_ctx1m/prefill4096"]["N"] == 1 << 20 and len(shapes) == 12
+
+
+def test_the_block_list_alone_is_the_same_and_the_pool_phase_is_not_generated():
+    """A call without ``pool`` (a decode step's: its Reindex layers read the block list alone)
+    writes the same block list, and its build has no phase that writes a pool row."""
+    inputs = SPEC.make_inputs({"B": 3, "N": 700, "KB": 9, "values": "scattered"}, torch.device("cpu"), seed=5)
+    both = run(inputs["scores"], inputs["visible"], 9)
+    blocks = torch.full((3, 9), -7, dtype=torch.int32)
+    codegen.compile(SPEC.kernel, "interpret", config=SMALL, constants={"BLOCK": 8, "TOPK_BLOCKS": 9})(
+        scores=inputs["scores"], visible=torch.as_tensor(inputs["visible"], dtype=torch.int32), blocks=blocks)
+    assert torch.equal(blocks, both["blocks"])
+    consts = {"BLOCK": 8, "TOPK_BLOCKS": 2048}
+    meta = SPEC.meta_inputs({"B": 16, "N": 1 << 20, "KB": 2048})
+    grids = {}
+    for name, present in (("with", meta), ("alone", {k: v for k, v in meta.items() if k != "pool"})):
+        sig = SPEC.kernel.bind(present)
+        module = SPEC.kernel.trace(sig.dtypes, sig.present, None, consts)
+        grids[name] = sum(op.name == "grid" for op in module.walk())
+    assert grids["alone"] == grids["with"] - 1

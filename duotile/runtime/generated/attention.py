@@ -178,19 +178,21 @@ class AttentionKernels:
             logits=logits)
         return logits
 
-    def _candidate_pool(self, ctx, scores: torch.Tensor, n_visible: torch.Tensor, block: int, topk_blocks: int):
-        """The pool as the runtime's boolean [S, N] and the kernel's block list [S, KB] (int32), which
-        the Reindex layers' decode scores alone (``_index_scores_pool``)."""
+    def _candidate_pool(self, ctx, scores: torch.Tensor, n_visible: torch.Tensor, block: int, topk_blocks: int,
+                        with_pool: bool = True):
+        """The pool as the runtime's boolean [S, N] (left out, and not written, without
+        ``with_pool``) and the kernel's block list [S, KB] (int32), which the Reindex layers' decode
+        scores alone (``_index_scores_pool``)."""
         s, n = scores.shape
         if s == 0 or n == 0:
             return NotImplemented
         dev = scores.device
         blocks = torch.empty(s, topk_blocks, dtype=torch.int32, device=dev)
-        pool = torch.empty(s, n, dtype=torch.uint8, device=dev)
+        pool = {"pool": torch.empty(s, n, dtype=torch.uint8, device=dev)} if with_pool else {}
         self._kernel("candidate_pool", dev, {"BLOCK": int(block), "TOPK_BLOCKS": int(topk_blocks)})(
             scores=scores.float().contiguous(), visible=ship(n_visible.to(torch.int32), dev), blocks=blocks,
-            pool=pool)
-        return pool.bool(), blocks
+            **pool)
+        return (pool["pool"].bool() if with_pool else None), blocks
 
     def _compress(self, ctx, st, c: torch.Tensor, z: torch.Tensor, start: int, ratio: int, overlap: bool):
         """``compressor_prefill`` over one sequence's chunk, on its state's banks (``cache.py``),

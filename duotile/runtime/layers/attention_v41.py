@@ -70,11 +70,12 @@ def pool_blocks(pool: torch.Tensor, block: int, topk_blocks: int) -> torch.Tenso
 
 @model_op("candidate_pool")
 def pick_pool(ctx: Ctx, scores: torch.Tensor, n_visible: torch.Tensor, block: int,
-              topk_blocks: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """``candidate_pool`` as the model op: the boolean pool [S, N] and its block list (``pool_blocks``),
-    which a Reindex layer's decode scores alone (``index_scores_pool``)."""
+              topk_blocks: int, with_pool: bool = True) -> tuple[torch.Tensor | None, torch.Tensor]:
+    """``candidate_pool`` as the model op: the boolean pool [S, N] (None without ``with_pool``: a
+    decode step, whose Reindex layers read the block list alone) and its block list
+    (``pool_blocks``), which a Reindex layer's decode scores alone (``index_scores_pool``)."""
     pool = candidate_pool(scores, n_visible, block, topk_blocks)
-    return pool, pool_blocks(pool, block, topk_blocks)
+    return pool if with_pool else None, pool_blocks(pool, block, topk_blocks)
 
 
 def pool_columns(blocks: torch.Tensor, block: int) -> torch.Tensor:
@@ -179,10 +180,11 @@ class AttentionV41:
     def _select_decode(self, ctx: Ctx, seqs: list, qi, wts, pos: torch.Tensor) -> list[torch.Tensor]:
         """``_select`` for a decode step: every sequence's query against its own index keys in one
         call (the keys as one stack, `stacked.py`, each row masked past what its sequence sees).
-        The candidate source keeps its pool per sequence (the boolean row and the block list); a
-        Reindex layer scores only the pool's positions (``index_scores_pool``: KB * block rows a
-        query, not every visible one), takes the top-k of those columns and maps them back to
-        positions: the rows the full row masked by the pool selects, ties to the lowest position."""
+        The candidate source keeps its pool's block list per sequence (not the boolean row: no
+        layer of a decode step reads it); a Reindex layer scores only the pool's positions
+        (``index_scores_pool``: KB * block rows a query, not every visible one), takes the top-k of
+        those columns and maps them back to positions: the rows the full row masked by the pool
+        selects, ties to the lowest position."""
         cfg, stores = self.cfg, [seq.cache.layers[self.kv_src].index_keys for seq, _ in seqs]
         keys = stack_attr(stores, stores[0].planes[0])  # values, or MXFP4 rows as stored
         n_vis = (pos + 1) // self.ratio
@@ -194,9 +196,10 @@ class AttentionV41:
         else:
             scores = index_scores(ctx, qi, wts, keys, n_vis)
             if self.layer == cfg.candidate_source_layer_id:
-                pool, blocks = pick_pool(ctx, scores, n_vis, cfg.candidate_block_size, cfg.candidate_topk_blocks)
-                for (seq, _), row, ids in zip(seqs, pool.split(1), blocks.split(1)):
-                    seq.scratch["pool"], seq.scratch["pool_blocks"] = row, ids
+                _, blocks = pick_pool(ctx, scores, n_vis, cfg.candidate_block_size, cfg.candidate_topk_blocks,
+                                      with_pool=False)
+                for (seq, _), ids in zip(seqs, blocks.split(1)):
+                    seq.scratch["pool_blocks"] = ids
             chosen = topk(ctx, scores, cfg.index_topk)
         sels = chosen.split(1)
         for (seq, _), sel in zip(seqs, sels):
