@@ -68,12 +68,7 @@ def indexer_logits(q: dsl.Tensor["B", "H", "D", dsl.bf16], w: dsl.Tensor["B", "H
     # which add exact zeros: the dots tile keeps a width the tensor cores' instructions take
     H, D = dsl.maximum(q.H, MIN_HEADS), q.D
     packed = k.dtype == dsl.u8  # MXFP4 rows as stored
-    if packed:
-        dsl.require(k.R >= D // 2 + D // MXFP4_BLOCK,
-                    "k's MXFP4 rows (R bytes) are short of D / 2 bytes of e2m1 pairs and their D / 32 codes")
-    else:  # (sizes compare as symbols: == would be False before binding)
-        for cond in (k.R >= D, k.R <= D):
-            dsl.require(cond, "k's rows must hold D values, as the queries' rows do")
+    require_key_rows(k, D)
     for b, g in dsl.grid(q.B, dsl.cdiv(dsl.cdiv(k.L, BN), NB)):
         q_tile = dsl.load(q[b, 0, 0], (H, D), role="operand")
         wts = dsl.load(w[b, 0], (H,))
@@ -93,6 +88,17 @@ def indexer_logits(q: dsl.Tensor["B", "H", "D", dsl.bf16], w: dsl.Tensor["B", "H
                 dots = dots * dsl.load(k_scale[b, row], (BN,))[:, None]
             s = (dsl.maximum(dots, 0.0) * wts[None, :]).sum(axis=1)
             dsl.store(logits[b, row], dsl.where(row + dsl.arange(BN) < visible, s, NEG_INF))
+
+
+def require_key_rows(k, D) -> None:
+    """``k``'s rows (R wide) hold D values: bf16 rows of exactly D, or MXFP4 rows as stored (u8) of
+    at least D / 2 bytes of e2m1 pairs and their D / 32 codes (a shorter row would read zeros)."""
+    if k.dtype == dsl.u8:
+        dsl.require(k.R >= D // 2 + D // MXFP4_BLOCK,
+                    "k's MXFP4 rows (R bytes) are short of D / 2 bytes of e2m1 pairs and their D / 32 codes")
+    else:  # (sizes compare as symbols: == would be False before binding)
+        for cond in (k.R >= D, k.R <= D):
+            dsl.require(cond, "k's rows must hold D values, as the queries' rows do")
 
 
 def _keys(k: torch.Tensor, k_scale: torch.Tensor | None, lo: int, hi: int, d: int) -> torch.Tensor:

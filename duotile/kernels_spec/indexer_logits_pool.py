@@ -42,7 +42,7 @@ import torch
 from .. import dsl
 from ..dsl.ops import MXFP4_BLOCK
 from . import model_shapes as shapes
-from .indexer_logits import MIN_HEADS, mxfp4_key_values
+from .indexer_logits import MIN_HEADS, mxfp4_key_values, require_key_rows
 from .indexer_logits import _inputs as _decode_inputs
 from .registry import Dim, OneOf, Spec, register
 
@@ -63,12 +63,7 @@ def indexer_logits_pool(q: dsl.Tensor["B", "H", "D", dsl.bf16], w: dsl.Tensor["B
                                f"positions of a pool block)")
     H, D = dsl.maximum(q.H, MIN_HEADS), q.D  # padded heads: zero queries of weight 0 (indexer_logits)
     packed = k.dtype == dsl.u8  # MXFP4 rows as stored
-    if packed:
-        dsl.require(k.R >= D // 2 + D // MXFP4_BLOCK,
-                    "k's MXFP4 rows (R bytes) are short of D / 2 bytes of e2m1 pairs and their D / 32 codes")
-    else:  # (sizes compare as symbols: == would be False before binding)
-        for cond in (k.R >= D, k.R <= D):
-            dsl.require(cond, "k's rows must hold D values, as the queries' rows do")
+    require_key_rows(k, D)
     for cond in (logits.C >= blocks.KB * BLOCK, logits.C <= blocks.KB * BLOCK):
         dsl.require(cond, "logits must have KB * BLOCK columns: one a position of each listed block")
     for b, g in dsl.grid(q.B, dsl.cdiv(dsl.cdiv(logits.C, BN), NB)):

@@ -39,7 +39,7 @@ import torch
 from .. import dsl
 from ..dsl.ops import MXFP4_BLOCK
 from . import model_shapes as shapes
-from .indexer_logits import MIN_HEADS, NEG_INF, mxfp4_key_values
+from .indexer_logits import MIN_HEADS, NEG_INF, mxfp4_key_values, require_key_rows
 from .quantize_fp4 import quantize_fp4_reference
 from .registry import Dim, OneOf, Spec, register
 
@@ -65,12 +65,7 @@ def indexer_logits_prefill(q: dsl.Tensor["T", "H", "D", dsl.bf16], w: dsl.Tensor
     if not (isinstance(RATIO, int) and RATIO >= 1):
         raise dsl.DslError(f"RATIO {RATIO!r} must be a positive int (a compress ratio)")
     H, D = dsl.maximum(q.H, MIN_HEADS), q.D  # fewer heads are padded with zero queries of weight 0
-    if k.dtype == dsl.u8:  # MXFP4 rows as stored
-        dsl.require(k.R >= D // 2 + D // MXFP4_BLOCK,
-                    "k's MXFP4 rows (R bytes) are short of D / 2 bytes of e2m1 pairs and their D / 32 codes")
-    else:  # (sizes compare as symbols: == would be False before binding)
-        for cond in (k.R >= D, k.R <= D):
-            dsl.require(cond, "k's rows must hold D values, as the queries' rows do")
+    require_key_rows(k, D)
     for m, g in dsl.grid(dsl.cdiv(q.T, BM), dsl.cdiv(dsl.cdiv(k.N, BN), NB)):
         first = g * NB * BN  # the block's first key row
         queries = [m * BM + i for i in range(BM)]

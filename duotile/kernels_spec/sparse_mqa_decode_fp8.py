@@ -248,9 +248,12 @@ def _as_ring(case: dict) -> dict:
     return {("W" if k == "N" else k): v for k, v in case.items()}
 
 
-def ring_and_compressed_cases(d: int) -> dict:
-    """Window rows and compressed rows in one list (a layer with compressed rows), rows of ``d``
-    channels: the first ring_slots(W) slots name ring rows, the rest compressed rows."""
+def stored_row_cases(d: int) -> dict:
+    """The cases both stored-row decode specs take, rows of ``d`` channels: window rows and
+    compressed rows in one list (a layer with compressed rows: the first ring_slots(W) slots name
+    ring rows, the rest compressed rows), and the inverse rope epilogue
+    (``decode_epilogue.Epilogue``): split and one-phase forms, positions past the table (zeros),
+    around the ring's boundaries, at 0."""
     def case(**c):
         return {"H": 64, "D": d, **c}
     return {
@@ -262,6 +265,12 @@ def ring_and_compressed_cases(d: int) -> dict:
         "ring_and_compressed_straddle": case(B=2, W=64, N=90, L=224, holes=0.2, config={**SMALL, "SPLIT": 2}),
         # a ring of 200 rows: a ring part of two 128-slot stretches
         "ring_past_128": case(B=2, W=200, N=50, L=300, holes=0.2, config={**SMALL, "SPLIT": 3}),
+        "rope_ring_and_compressed": case(B=3, W=40, N=200, L=250, holes=0.3, rope="random", P=500,
+                                         config={**SMALL, "SPLIT": 4, "BD": 64}),
+        "rope_one_phase": case(B=3, H=4, W=16, N=74, L=200, rope="wrap", P=600, base=160000.0,
+                               config={**SMALL, "SPLIT": 1}),
+        "rope_past_table": case(B=3, W=64, L=64, rope="past", P=70, config={**SMALL, "SPLIT": 2}),
+        "rope_at_zero_one_phase": case(B=2, W=32, L=32, rope="zero", config={**SMALL, "SPLIT": 1}),
     }
 
 
@@ -278,17 +287,7 @@ SPEC = register(Spec(
         "wide_codes": {"B": 2, "H": 64, "D": 128, "W": 64, "L": 64, "codes": (107, 147),
                        "config": {**SMALL, "SPLIT": 2}},
         "window_ring": {"B": 3, "H": 64, "D": 512, "W": 128, "L": 128, "holes": 0.1, "config": {"SPLIT": 8}},
-        **ring_and_compressed_cases(64),
-        # the inverse rope epilogue (``decode_epilogue.Epilogue``): split and one-phase forms,
-        # positions past the table (zeros), around the ring's boundaries, at 0
-        "rope_ring_and_compressed": {"B": 3, "H": 64, "D": 64, "W": 40, "N": 200, "L": 250, "holes": 0.3,
-                                     "rope": "random", "P": 500, "config": {**SMALL, "SPLIT": 4, "BD": 64}},
-        "rope_one_phase": {"B": 3, "H": 4, "D": 64, "W": 16, "N": 74, "L": 200, "rope": "wrap", "P": 600,
-                           "base": 160000.0, "config": {**SMALL, "SPLIT": 1}},
-        "rope_past_table": {"B": 3, "H": 64, "D": 64, "W": 64, "L": 64, "rope": "past", "P": 70,
-                            "config": {**SMALL, "SPLIT": 2}},
-        "rope_at_zero_one_phase": {"B": 2, "H": 64, "D": 64, "W": 32, "L": 32, "rope": "zero",
-                                   "config": {**SMALL, "SPLIT": 1}},
+        **stored_row_cases(64),
     },
     build_cases={"v41_swa": {"B": 16, "H": 64, "D": 512, "L": 128, "W": 128},
                  "v41_csa": {"B": 16, "H": 64, "D": 512, "W": 128, "L": 640, "N": 32768},

@@ -49,7 +49,7 @@ from .sparse_mqa_decode import (
     sparse_mqa_decode_reference,
 )
 from .sparse_mqa_decode import SPEC as BF16_SPEC
-from .sparse_mqa_decode_fp8 import check_block, joint_index, ring_and_compressed_cases, ring_slots, split_list
+from .sparse_mqa_decode_fp8 import check_block, joint_index, ring_slots, split_list, stored_row_cases
 
 CODE_BLOCK = 64  # nope channels a UE8M0 code covers in V4's rows
 
@@ -235,17 +235,7 @@ SPEC = register(Spec(
         "wide_codes": {"B": 2, "H": 64, "D": 192, "W": 64, "L": 64, "codes": (107, 147),
                        "config": {**SMALL, "SPLIT": 2}},
         "window_ring": {"B": 3, "H": 64, "D": 512, "W": 128, "L": 128, "holes": 0.1, "config": {"SPLIT": 8}},
-        **ring_and_compressed_cases(128),  # (a CSA / HCA layer)
-        # the inverse rope epilogue (``decode_epilogue.Epilogue``): split and one-phase forms,
-        # positions past the table (zeros), around the ring's boundaries, at 0
-        "rope_ring_and_compressed": {"B": 3, "H": 64, "D": 128, "W": 40, "N": 200, "L": 250, "holes": 0.3,
-                                     "rope": "random", "P": 500, "config": {**SMALL, "SPLIT": 4, "BD": 64}},
-        "rope_one_phase": {"B": 3, "H": 4, "D": 128, "W": 16, "N": 74, "L": 200, "rope": "wrap", "P": 600,
-                           "base": 160000.0, "config": {**SMALL, "SPLIT": 1}},
-        "rope_past_table": {"B": 3, "H": 64, "D": 128, "W": 64, "L": 64, "rope": "past", "P": 70,
-                            "config": {**SMALL, "SPLIT": 2}},
-        "rope_at_zero_one_phase": {"B": 2, "H": 64, "D": 128, "W": 32, "L": 32, "rope": "zero",
-                                   "config": {**SMALL, "SPLIT": 1}},
+        **stored_row_cases(128),  # (a CSA / HCA layer; the epilogue)
     },
     build_cases={"v4_swa": {"B": 16, "H": 64, "D": 512, "L": 128, "W": 128},
                  "v4_csa": {"B": 16, "H": 64, "D": 512, "W": 128, "L": 640, "N": 16384},
