@@ -79,8 +79,8 @@ class AttentionKernels:
         args = {"q": q.to(torch.bfloat16).contiguous(), "idx": idx.contiguous(), "sink": sink.float().contiguous(),
                 "o": o, "kv": ring.view(torch.float8_e4m3fn), "kv_scale": ring}
         if rotary is not None:
-            cos, sin = self._rope_table(rotary, int(positions.max()) // rotary.BLOCK + 1, q.device)
-            args.update(positions=ship(positions.to(torch.int32), q.device), cos=cos, sin=sin)
+            at, cos, sin = self._positions_and_table(rotary, positions, q.device)
+            args.update(positions=at, cos=cos, sin=sin)
         if fmt == "fp8_nope":  # V4's rows: e4m3 nope channels, their codes, BF16 rope channels
             args["kv_rope"] = ring.view(torch.bfloat16)
             if cmp is not None:
@@ -101,14 +101,25 @@ class AttentionKernels:
         if b == 0 or x.dtype not in (torch.bfloat16, torch.float32) or rotary.dim % 32:
             return NotImplemented
         dev = x.device
-        cos, sin = self._rope_table(rotary, int(positions.max()) // rotary.BLOCK + 1, dev)
+        at, cos, sin = self._positions_and_table(rotary, positions, dev)
         consts = {"FORMAT": "fp8" if fmt == "fp8/32" else fmt, "WINDOW": int(ring.shape[1]), "ROPE": rotary.dim,
                   "EPS": float(eps),
                   "FLOOR": KV_ENCODE_FLOOR}
         self._kernel("kv_insert", dev, consts)(kv=x.contiguous(), weight=weight.float().contiguous(),
-                                                positions=ship(positions.to(torch.int32), dev), cos=cos,
+                                                positions=at, cos=cos,
                                                 sin=sin, cache=ring)
         return None
+
+    def _positions_and_table(self, rotary, positions: torch.Tensor, dev):
+        """A step's positions (host) on ``dev`` as int32 and the rotary's table rows 0 .. their
+        largest (``_rope_table``): shipped once for the positions tensor a step's layers all pass
+        (``kv_insert`` and the decode's epilogue, each layer), not once a call."""
+        kept = self._consts.get(("positions",))
+        if kept is None or kept[0] is not positions or kept[1] != dev:
+            kept = self._consts[("positions",)] = (positions, dev, ship(positions.to(torch.int32), dev),
+                                                   int(positions.max()))
+        cos, sin = self._rope_table(rotary, kept[3] // rotary.BLOCK + 1, dev)
+        return kept[2], cos, sin
 
     def _rope_table(self, rotary, blocks: int, dev) -> tuple[torch.Tensor, torch.Tensor]:
         """The rotary's cos / sin rows of positions 0 .. 64 ``blocks`` - 1 on ``dev``, joined once

@@ -80,7 +80,7 @@ def attend(ctx: Ctx, seqs: list, layer: int, q: torch.Tensor, kv: torch.Tensor, 
     they are and rotates in the same op (``sparse_attention_stored``)."""
     ring0 = seqs[0][0].cache.layers[layer].ring
     if one_token_each(seqs) and isinstance(ring0, StoredRing):
-        return ctx.act(_stored_decode(ctx, seqs, layer, q, encoded, compressed, sink, scale, rotary))
+        return ctx.act(_stored_decode(ctx, seqs, layer, q, encoded, compressed, sink, scale, rotary, positions))
     out = _attend_rows(ctx, seqs, layer, q, kv, compressed, sink, scale, encoded)
     return _inverse_rope(ctx, rotary, positions, out)
 
@@ -126,19 +126,19 @@ def sparse_attention_rows(ctx: Ctx, q: torch.Tensor, rows: torch.Tensor, idx: to
 
 
 def _stored_decode(ctx: Ctx, seqs: list, layer: int, q: torch.Tensor, encoded: torch.Tensor, compressed, sink,
-                   scale, rotary: Rotary):
+                   scale, rotary: Rotary, positions: torch.Tensor):
     """``attend`` of a decode step over rings as stored: the rings' rows as one stack, the new
     rows' bytes written first (slot P mod W), and one index list a query: its W window slots in
     position order (-1 before position 0), then its compressed rows (``Selected``: its selected
-    ones; ``Visible``: every row it sees; -1 for none); the output rotated by -P in the op."""
+    ones; ``Visible``: every row it sees; -1 for none); the output rotated by -P in the op.
+    ``positions`` (host): the step's, one a sequence (each its token's)."""
     from ...kernels_spec.sparse_mqa_decode_fp8 import ring_slots
     from ..stacked import stack_attr
 
     rings = [seq.cache.layers[layer].ring for seq, _ in seqs]
     ring = stack_attr(rings, "rows")
     b, size, dev = ring.shape[0], ring.shape[1], ring.device
-    host = torch.tensor([seq.start for seq, _ in seqs])
-    pos = ship(host, dev)
+    pos = ship(positions, dev)
     each = torch.arange(b, device=dev)
     if encoded is not None:  # (kv_insert wrote them already)
         ring[each, pos % size] = encoded
@@ -149,7 +149,7 @@ def _stored_decode(ctx: Ctx, seqs: list, layer: int, q: torch.Tensor, encoded: t
         cmp = stack_attr(compressed.stores, "rows")
         pad = idx.new_full((b, ring_slots(size) - size), -1)
         idx = torch.cat([idx, pad, ship(_compressed_slots(compressed), dev)], 1)
-    return sparse_attention_stored(ctx, q, ring, idx.to(torch.int32), cmp, sink, scale, rings[0].fmt, rotary, host)
+    return sparse_attention_stored(ctx, q, ring, idx.to(torch.int32), cmp, sink, scale, rings[0].fmt, rotary, positions)
 
 
 def _compressed_slots(compressed) -> torch.Tensor:
