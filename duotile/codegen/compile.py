@@ -9,7 +9,7 @@ from ..dsl.errors import DslError
 from ..dsl.ir import Module, dynamic_symbol
 from ..dsl.kernel import KernelDef, Signature
 from ..dsl.tunables import ConfigValueError, same_value
-from ..passes.bind_shapes import bind_shapes
+from ..passes.bind_shapes import bind_shapes, check_dynamic_requires
 from ..passes.check_batch_invariance import check_batch_invariance
 from ..passes.split_phases import split_phases
 from ..passes.verify_ir import verify_ir
@@ -216,6 +216,7 @@ class CompiledKernel:
                 check_reads_only(self.kernel, phases)
             self._cache[key] = (phases, build_phases(self.kernel, phases, tgt, knobs, self.workdir), None)
         phases, artifacts, fn = self._cache[key]
+        check_dynamic_requires(phases[0], sig.shapes)  # once a call shape: the build serves many
         return phases, artifacts, fn, key
 
     def _config(self, sig) -> dict[str, Any] | None:

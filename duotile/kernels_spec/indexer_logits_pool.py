@@ -49,11 +49,11 @@ from .registry import Dim, OneOf, Spec, register
 NEG_INF = float("-inf")
 
 
-@dsl.kernel(batch_dim="B", dynamic=("B", "L"))
+@dsl.kernel(batch_dim="B", dynamic=("B", "L", "KS"))
 def indexer_logits_pool(q: dsl.Tensor["B", "H", "D", dsl.bf16], w: dsl.Tensor["B", "H", dsl.f32],
-                        k: dsl.Tensor["B", "L", "R", dsl.bf16 | dsl.u8], pos: dsl.Tensor["B", dsl.i32],
+                        k: dsl.Tensor["KS", "L", "R", dsl.bf16 | dsl.u8], pos: dsl.Tensor["B", dsl.i32],
                         blocks: dsl.Tensor["B", "KB", dsl.i32], logits: dsl.Tensor["B", "C", dsl.f32], *,
-                        RATIO: dsl.Const = 1, BLOCK: dsl.Const = 8,
+                        RATIO: dsl.Const = 1, BLOCK: dsl.Const = 8, SHARED: dsl.Const = False,
                         BN: dsl.Tunable = dsl.choice(64, 32, 128),
                         NB: dsl.Tunable = dsl.choice(4, 1, 2, 8, 16),
                         STAGES: dsl.Tunable = dsl.int_range(1, 3, default=2)):
@@ -66,6 +66,7 @@ def indexer_logits_pool(q: dsl.Tensor["B", "H", "D", dsl.bf16], w: dsl.Tensor["B
     require_key_rows(k, D)
     for cond in (logits.C >= blocks.KB * BLOCK, logits.C <= blocks.KB * BLOCK):
         dsl.require(cond, "logits must have KB * BLOCK columns: one a position of each listed block")
+    rows_of = _key_stack(k, q, SHARED)
     for b, g in dsl.grid(q.B, dsl.cdiv(dsl.cdiv(logits.C, BN), NB)):
         q_tile = dsl.load(q[b, 0, 0], (H, D), role="operand")
         wts = dsl.load(w[b, 0], (H,))
@@ -77,14 +78,27 @@ def indexer_logits_pool(q: dsl.Tensor["B", "H", "D", dsl.bf16], w: dsl.Tensor["B
             live = (blk >= 0) & (p < visible) & (p < k.L)
             rows = dsl.where(live, p, -1)  # a dead column gathers a zero row
             if packed:
-                k_tile = dsl.mxfp4_values(dsl.load(k[b, rows, 0], (BN, D // 2), role="operand"),
-                                          dsl.load(k[b, rows, D // 2], (BN, D // MXFP4_BLOCK), role="operand"))
+                k_tile = dsl.mxfp4_values(dsl.load(k[rows_of(b), rows, 0], (BN, D // 2), role="operand"),
+                                          dsl.load(k[rows_of(b), rows, D // 2], (BN, D // MXFP4_BLOCK),
+                                                   role="operand"))
             else:
-                k_tile = dsl.load(k[b, rows, 0], (BN, D), role="operand")
+                k_tile = dsl.load(k[rows_of(b), rows, 0], (BN, D), role="operand")
             dots = dsl.zeros((BN, H), dsl.f32, role="accumulator")
             dsl.gemm(k_tile, q_tile, dots, transpose_b=True)
             s = (dsl.maximum(dots, 0.0) * wts[None, :]).sum(axis=1)
             dsl.store(logits[b, (g * NB + i) * BN], dsl.where(live, s, NEG_INF))
+
+
+def _key_stack(k, q, shared):
+    """Which key stack query b reads: its own (``k`` B x L x R, a decode step's sequences) or, with
+    ``SHARED``, the one every query reads (``k`` 1 x L x R: a prefill chunk of one sequence)."""
+    if not isinstance(shared, bool):
+        raise dsl.DslError(f"SHARED {shared!r} must be a bool: True where every query reads one key stack")
+    if shared:
+        dsl.require(k.KS <= 1, "SHARED: k must hold one key stack (1 x L x R) that every query reads")
+        return lambda b: 0
+    dsl.require(k.KS >= q.B, "k must hold a key stack a query (B x L x R), or give SHARED for one that all read")
+    return lambda b: b
 
 
 def pool_positions(blocks: torch.Tensor, block: int) -> torch.Tensor:
@@ -110,11 +124,17 @@ def _live_rows(k, pos, blocks, RATIO, BLOCK):
     return torch.where(live, p, torch.zeros_like(p)), live
 
 
-def indexer_logits_pool_reference(q, w, k, pos, blocks, RATIO: int = 1, BLOCK: int = 8) -> dict:
+def _own_stacks(k: torch.Tensor, b: int) -> torch.Tensor:
+    """A key stack a query: ``k`` itself, or the one stack (1 x L x R, ``SHARED``) seen by each."""
+    return k.expand(b, -1, -1) if k.shape[0] == 1 else k
+
+
+def indexer_logits_pool_reference(q, w, k, pos, blocks, RATIO: int = 1, BLOCK: int = 8, SHARED: bool = False) -> dict:
     """model.md 2.13 in float64, rounded once to f32: column c of query b is position
     p = blocks[b, c // BLOCK] * BLOCK + c % BLOCK, scored sum_h w[b, h] relu(q[b, h] . k[b, p])
-    where the block slot holds a block and p < (pos[b] + 1) // RATIO (and p < L), else -inf.
-    Columns in chunks, so that a model-sized call fits a GPU."""
+    where the block slot holds a block and p < (pos[b] + 1) // RATIO (and p < L), else -inf
+    (``SHARED``: k[0] for every b). Columns in chunks, so that a model-sized call fits a GPU."""
+    k = _own_stacks(k, q.shape[0]) if SHARED else k
     rows, live = _live_rows(k, pos, blocks, RATIO, BLOCK)
     q64, w64 = q.double(), w.double()
     out = torch.empty(rows.shape, dtype=torch.float32, device=q.device)
@@ -128,7 +148,8 @@ def indexer_logits_pool_reference(q, w, k, pos, blocks, RATIO: int = 1, BLOCK: i
 
 def _error_bound(case, output, inputs) -> torch.Tensor:
     """``indexer_logits``' bound at the gathered rows: gamma * sum_h |w_h| sum_d |q_hd| |k_pd|."""
-    q, w, k = inputs["q"], inputs["w"], inputs["k"]
+    q, w = inputs["q"], inputs["w"]
+    k = _own_stacks(inputs["k"], q.shape[0])
     rows, _ = _live_rows(k, inputs["pos"], inputs["blocks"], case.get("RATIO", 1), case.get("BLOCK", 8))
     gamma = 2.0 * (q.shape[2] + q.shape[1] + 3) * 2.0 ** -24
     v = (w.double().abs()[:, :, None] * q.double().abs()).sum(1)  # (B, D)
@@ -165,9 +186,24 @@ def _block_row(kind: str, visible: int, rows: int, kb: int, block: int, g: torch
     return ids + [-1] * (kb - len(ids))
 
 
+def _chunk_inputs(case, device, seed) -> dict:
+    """``SHARED``: a prefill chunk of B queries of one sequence over its one key stack (1 x L x R),
+    at consecutive positions ending where every row is visible (the chunk's first queries see
+    fewer rows, or none, where the chunk is longer than the rows)."""
+    ratio, b = case.get("RATIO", 1), case["B"]
+    out = _decode_inputs({**case, "L": 1, "RATIO": ratio}, device, seed)  # queries and weights
+    out["k"] = _decode_inputs({**case, "B": 1, "RATIO": ratio}, device, seed + 3)["k"]
+    last = case["L"] * ratio + ratio - 1
+    out["pos"] = (last - b + 1 + torch.arange(b)).clamp(min=0).to(torch.int32).to(device)
+    return out
+
+
 def _inputs(case, device, seed):
     b, kb, block = case["B"], case.get("KB", 2048), case.get("BLOCK", 8)
-    decode = _decode_inputs({**case, "RATIO": case.get("RATIO", 1)}, device, seed)
+    if case.get("SHARED"):
+        decode = _chunk_inputs(case, device, seed)
+    else:
+        decode = _decode_inputs({**case, "RATIO": case.get("RATIO", 1)}, device, seed)
     decode.pop("logits")
     out = {"logits": torch.full((b, kb * block), float("nan"), dtype=torch.float32, device=device)}
     if device.type == "meta":
@@ -180,10 +216,11 @@ def _inputs(case, device, seed):
 
 
 def pool_indexer_shapes(m: shapes.ModelDims) -> dict[str, dict]:
-    """V4.1's Reindex scoring at a decode step (V4-Flash has no pool): the pool's KB blocks of BLOCK
-    positions over layer 20's ratio-1 keys at contexts of 64K and 1M (L = context), at decode
-    batches 1, 16 and 64 (one build serves every B): MXFP4 keys as the cache stores them, and bf16
-    keys where they stay within 4 GiB (B x L <= 2^24 rows of 128)."""
+    """V4.1's Reindex scoring (V4-Flash has no pool): the pool's KB blocks of BLOCK positions over
+    layer 20's ratio-1 keys at contexts of 64K and 1M (L = context), at decode batches 1, 16 and 64
+    (one build serves every B): MXFP4 keys as the cache stores them, and bf16 keys where they stay
+    within 4 GiB (B x L <= 2^24 rows of 128); and a prefill chunk's queries over their sequence's
+    MXFP4 keys (``SHARED``)."""
     if not m.candidate_topk_blocks:
         return {}
     out: dict[str, dict] = {}
@@ -197,6 +234,11 @@ def pool_indexer_shapes(m: shapes.ModelDims) -> dict[str, dict]:
                 out[f"{m.short}/r1_ctx{label}{tag}/decode{b}"] = {
                     "B": b, "H": m.index_heads, "L": context, "D": m.index_head_dim, "KB": m.candidate_topk_blocks,
                     "RATIO": 1, "BLOCK": m.candidate_block, "dtype": kind, "model": m.name}
+        # a prefill chunk ending the context, its queries over the sequence's one key stack
+        out[f"{m.short}/r1_ctx{label}_mxfp4/prefill{shapes.PREFILL_CHUNK}"] = {
+            "B": shapes.PREFILL_CHUNK, "H": m.index_heads, "L": context, "D": m.index_head_dim,
+            "KB": m.candidate_topk_blocks, "RATIO": 1, "BLOCK": m.candidate_block, "dtype": "mxfp4",
+            "SHARED": True, "model": m.name}
     return out
 
 
@@ -239,12 +281,19 @@ SPEC = register(Spec(
         # one block of one position; the default config's tiles over a wider pool
         "one_position": {"B": 2, "H": 32, "L": 1, "D": 128, "KB": 1, "BLOCK": 1, "visible": "all", "pool": "all"},
         "model_block": {"B": 2, "H": 32, "L": 3000, "D": 128, "KB": 64, "visible": "all", "pool": "pool"},
+        # a prefill chunk: every query reads one key stack, causal (the first queries see fewer rows)
+        "shared_chunk": {"B": 7, "H": 32, "L": 60, "D": 128, "KB": 5, "SHARED": True, "config": SMALL},
+        "shared_chunk_mxfp4": {"B": 9, "H": 2, "L": 40, "D": 64, "KB": 4, "BLOCK": 4, "RATIO": 2, "SHARED": True,
+                               "dtype": "mxfp4", "pool": "pool"},
+        "shared_longer_than_rows": {"B": 12, "H": 32, "L": 5, "D": 128, "KB": 3, "BLOCK": 2, "SHARED": True,
+                                    "pool": "all", "config": SMALL},
     },
     build_cases={"v41_ctx1m_mxfp4_decode16": {"B": 16, "H": 32, "L": 1 << 20, "D": 128, "KB": 2048,
                                               "dtype": "mxfp4"}},
     tolerance=lambda case, out: (1e-30, 2.0 ** -24),
     extra_error=_error_bound,
-    constants_of=lambda case: {"RATIO": case.get("RATIO", 1), "BLOCK": case.get("BLOCK", 8)},
+    constants_of=lambda case: {"RATIO": case.get("RATIO", 1), "BLOCK": case.get("BLOCK", 8),
+                               "SHARED": bool(case.get("SHARED", False))},
     flops=lambda c: 2.0 * c["B"] * c["H"] * _columns(c) * c["D"],
     # key rows at the pool's positions, the logits, the block list, the queries and weights
     bytes_moved=lambda c: c["B"] * ((_key_bytes(c) + 4.0) * _columns(c) + 4.0 * c.get("KB", 2048)
@@ -253,6 +302,6 @@ SPEC = register(Spec(
     sweep={"B": Dim(1, 6, large=64), "H": OneOf(32, 2, 64), "L": Dim(1, 300, large=70000), "D": OneOf(64, 128),
            "KB": OneOf(1, 3, 8, 17, 64), "BLOCK": OneOf(8, 8, 4, 1), "RATIO": OneOf(1, 1, 2),
            "values": OneOf("normal", "normal", "ints"), "dtype": OneOf("bf16", "mxfp4"),
-           "pool": OneOf("mixed", "pool", "wild", "all"),
+           "pool": OneOf("mixed", "pool", "wild", "all"), "SHARED": OneOf(False, False, True),
            "config": {"BN": OneOf(32, 64), "NB": OneOf(1, 2, 4), "STAGES": OneOf(1, 2)}},
 ))

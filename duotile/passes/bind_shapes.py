@@ -106,6 +106,19 @@ def bind_shapes(module: Module, shapes: dict[str, int], dynamic: tuple[str, ...]
     return bound
 
 
+def check_dynamic_requires(module: Module, shapes: dict[str, int]) -> None:
+    """The conditions ``bind_shapes`` left, those on dynamic sizes, at one call's sizes (``shapes``
+    by size name): a build serves every value of its dynamic sizes, so each new call shape is
+    checked here, at the call, as a static one is at the build."""
+    for cond, message, loc in module.requires:
+        if not getattr(cond, "free_symbols", None):
+            continue
+        subs = {s: sympy.Integer(shapes[str(s)[2:]]) for s in cond.free_symbols
+                if str(s).startswith("n_") and str(s)[2:] in shapes}
+        if cond.xreplace(subs) in (sympy.false, False):
+            raise DslError(f"{module.name}: {message} (sizes {shapes})", loc)
+
+
 def _check_requires(module: Module, shapes: dict[str, int]) -> None:
     """``dsl.require``'s conditions at these sizes: one that is false is the call's error, at its
     spec line; one that still holds a dynamic size is left (the sizes a build serves are not known)."""

@@ -18,10 +18,17 @@ def head(x: dsl.Tensor["R", "C", dsl.f32], out: dsl.Tensor["R", "K", dsl.f32], *
         dsl.store(out[r, 0], dsl.load(x[r, 2], (1, 4)))
 
 
-def _call(cols: int):
+@dsl.kernel(dynamic=("R", "C"))
+def head_dynamic(x: dsl.Tensor["R", "C", dsl.f32], out: dsl.Tensor["R", "K", dsl.f32], *, K: dsl.Const = 4):
+    dsl.require(x.C >= out.K + 2, "x's rows must hold K values and 2 more")
+    for r in dsl.grid(x.R):
+        dsl.store(out[r, 0], dsl.load(x[r, 2], (1, 4)))
+
+
+def _call(cols: int, kernel=head):
     x = torch.arange(3 * cols, dtype=torch.float32).reshape(3, cols)
     out = torch.zeros(3, 4)
-    codegen.compile(head, "interpret")(x=x, out=out)
+    codegen.compile(kernel, "interpret")(x=x, out=out)
     return x, out
 
 
@@ -34,6 +41,20 @@ def test_a_call_that_does_not_is_refused_at_the_spec_line_with_its_sizes():
     with pytest.raises(DslError, match=r"x's rows must hold K values and 2 more \(sizes .*'C': 5") as err:
         _call(5)
     assert "test_require.py:16" in str(err.value)
+
+
+def test_a_condition_on_a_dynamic_size_is_checked_at_each_call_the_build_serves():
+    """One build serves every value of a dynamic size, so its conditions are checked at each new
+    call shape (regression: they were left unchecked, and a too-short row read zeros silently)."""
+    kernel = codegen.compile(head_dynamic, "interpret")
+    for cols in (6, 9):
+        x = torch.arange(3 * cols, dtype=torch.float32).reshape(3, cols)
+        out = torch.zeros(3, 4)
+        kernel(x=x, out=out)
+        assert torch.equal(out, x[:, 2:6])
+    with pytest.raises(DslError, match=r"x's rows must hold K values and 2 more \(sizes .*'C': 5") as err:
+        kernel(x=torch.zeros(3, 5), out=torch.zeros(3, 4))
+    assert "test_require.py:" in str(err.value)
 
 
 def test_a_condition_decided_while_tracing_fails_at_once_and_a_non_condition_is_refused():

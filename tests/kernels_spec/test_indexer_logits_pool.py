@@ -153,3 +153,32 @@ def test_bad_block_constant_is_refused():
     inputs = POOL.make_inputs(POOL.cases["no_blocks"], CPU, 1)
     with pytest.raises(dsl.DslError, match="BLOCK 0 must be a positive int"):
         _pool_logits(case, inputs)
+
+
+def test_a_call_whose_key_stacks_do_not_fit_its_queries_is_refused():
+    """One build serves every batch and context (B, L and KS dynamic): a key stack too few for the
+    queries, or more than one where every query reads the one (``SHARED``), is refused at the call."""
+    case = POOL.cases["v41_mixed"]
+    inputs = POOL.make_inputs(case, CPU, 3)
+    kernel = codegen.compile(POOL.kernel, "interpret", config=POOL.config_of(case), constants=POOL.constants_of(case))
+    with pytest.raises(dsl.DslError, match="k must hold a key stack a query"):
+        kernel(**{**inputs, "k": inputs["k"][:3].contiguous()})
+    shared = codegen.compile(POOL.kernel, "interpret", config=POOL.config_of(case),
+                             constants={**POOL.constants_of(case), "SHARED": True})
+    with pytest.raises(dsl.DslError, match="SHARED: k must hold one key stack"):
+        shared(**inputs)
+    shared(**{**inputs, "k": inputs["k"][:1].contiguous()})  # one stack: every query reads it
+
+
+@pytest.mark.parametrize("name", ["shared_chunk", "shared_chunk_mxfp4", "shared_longer_than_rows"])
+def test_a_chunks_shared_keys_give_each_query_the_logits_of_its_own_copy(name):
+    """``SHARED``: the chunk's queries read one key stack; the logits are those of the decode form
+    given each query a copy of that stack, bit for bit."""
+    case = POOL.cases[name]
+    inputs = POOL.make_inputs(case, CPU, 5)
+    got = _pool_logits(case, inputs)
+    b = inputs["q"].shape[0]
+    own = {**inputs, "k": inputs["k"].expand(b, -1, -1).contiguous()}
+    want = _pool_logits({**case, "SHARED": False}, own, POOL.config_of(case))
+    assert torch.equal(got, want)
+    assert bool(torch.isfinite(got).any()) and bool(torch.isneginf(got).any())

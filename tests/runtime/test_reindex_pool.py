@@ -1,7 +1,7 @@
-"""V4.1's Reindex layers at decode score only the candidate pool's positions (``index_scores_pool``)
-where they scored every visible row and masked the rest with the pool: the rows they select, and
-so a generation's logits, are the same bit for bit on the reference ops, and its greedy tokens on
-generated kernels."""
+"""V4.1's Reindex layers score only the candidate pool's positions (``index_scores_pool``), at
+decode and in a prefill chunk, where they scored every visible row and masked the rest with the
+pool: the rows they select, and so a generation's logits, are the same bit for bit on the reference
+ops, and its greedy tokens on generated kernels."""
 
 from __future__ import annotations
 
@@ -10,31 +10,62 @@ import torch
 
 from duotile.runtime.engine import LLM
 from duotile.runtime.layers import attention_v41
-from duotile.runtime.layers.attention_v41 import AttentionV41, pick_pool, pool_blocks
-from duotile.runtime.layers.common import Ctx, index_scores, topk
+from duotile.runtime.layers.attention_v41 import AttentionV41, candidate_pool, pick_pool, pool_blocks
+from duotile.runtime.layers.common import Ctx, index_scores, pad_cat, topk
 from duotile.runtime.ops import FastOps
 from duotile.runtime.sampler import SamplingParams
+from duotile.runtime.layers.step import one_token_each
 from duotile.runtime.stacked import stack_attr
+
+
+def _masked_by_pool(self, ctx, scores, n_vis, pool_of):
+    """Full score rows with the Reindex layer's rows outside each query's pool set to -inf; the
+    candidate source's pool (boolean) kept per sequence by ``pool_of``."""
+    cfg = self.cfg
+    if self.kind == "reindex":
+        pool = pool_of()
+        width = scores.shape[1]
+        if pool.shape[1] < width:
+            pool = torch.cat([pool, pool.new_zeros(pool.shape[0], width - pool.shape[1])], 1)
+        return scores.masked_fill(~pool[:, :width], float("-inf")), None
+    if self.layer == cfg.candidate_source_layer_id:
+        return scores, candidate_pool(scores, n_vis, cfg.candidate_block_size, cfg.candidate_topk_blocks)
+    return scores, None
 
 
 def _full_row_select_decode(self, ctx, seqs, qi, wts, pos):
     """The decode selection as it was: every visible row scored, the Reindex layers' rows outside the
     pool masked to -inf, one top-k over the full row."""
-    cfg, stores = self.cfg, [seq.cache.layers[self.kv_src].index_keys for seq, _ in seqs]
-    keys = stack_attr(stores, stores[0].planes[0])
+    stores = [seq.cache.layers[self.kv_src].index_keys for seq, _ in seqs]
     n_vis = (pos + 1) // self.ratio
-    scores = index_scores(ctx, qi, wts, keys, n_vis)
-    if self.kind == "reindex":
-        pool = torch.cat([seq.scratch["pool"] for seq, _ in seqs])
-        width = scores.shape[1]
-        if pool.shape[1] < width:
-            pool = torch.cat([pool, pool.new_zeros(pool.shape[0], width - pool.shape[1])], 1)
-        scores = scores.masked_fill(~pool[:, :width], float("-inf"))
-    elif self.layer == cfg.candidate_source_layer_id:
-        pool, _ = pick_pool(ctx, scores, n_vis, cfg.candidate_block_size, cfg.candidate_topk_blocks)
+    scores = index_scores(ctx, qi, wts, stack_attr(stores, stores[0].planes[0]), n_vis)
+    scores, pool = _masked_by_pool(self, ctx, scores, n_vis,
+                                   lambda: torch.cat([seq.scratch["full_pool"] for seq, _ in seqs]))
+    if pool is not None:
         for (seq, _), row in zip(seqs, pool.split(1)):
-            seq.scratch["pool"] = row
-    sels = topk(ctx, scores, cfg.index_topk).split(1)
+            seq.scratch["full_pool"] = row
+    sels = topk(ctx, scores, self.cfg.index_topk).split(1)
+    for (seq, _), sel in zip(seqs, sels):
+        seq.scratch[("topk", self.layer)] = sel
+    return list(sels)
+
+
+def _full_row_select(self, ctx, seqs, qi, wts, pos):
+    """The prefill selection as it was: each sequence's queries score every visible row, a Reindex
+    layer masks the rows outside each query's pool, one top-k for all."""
+    if self.kind == "reuse":
+        return [seq.scratch[("topk", self.idx_src)] for seq, _ in seqs]
+    if one_token_each(seqs):
+        return _full_row_select_decode(self, ctx, seqs, qi, wts, pos)
+    scores = []
+    for seq, sl in seqs:
+        n_vis = (pos[sl] + 1) // self.ratio
+        s = index_scores(ctx, qi[sl], wts[sl], seq.cache.layers[self.kv_src].index_keys.stored, n_vis)
+        s, pool = _masked_by_pool(self, ctx, s, n_vis, lambda seq=seq: seq.scratch["full_pool"])
+        if pool is not None:
+            seq.scratch["full_pool"] = pool
+        scores.append(s)
+    sels = topk(ctx, pad_cat(scores, float("-inf")), self.cfg.index_topk).split([len(s) for s in scores])
     for (seq, _), sel in zip(seqs, sels):
         seq.scratch[("topk", self.layer)] = sel
     return list(sels)
@@ -56,7 +87,7 @@ def test_pool_scoring_gives_the_logits_of_full_row_scoring(ckpt_dir, monkeypatch
     pooled = _generate(llm, 6, PROMPTS)
     calls = llm.last_stats.ops
     assert calls["index_scores_pool"][1] > 0 and calls["candidate_pool"][1] > 0, calls
-    monkeypatch.setattr(AttentionV41, "_select_decode", _full_row_select_decode)
+    monkeypatch.setattr(AttentionV41, "_select", _full_row_select)
     full = _generate(llm, 6, PROMPTS)
     assert "index_scores_pool" not in llm.last_stats.ops
     for a, b in zip(pooled, full):
@@ -72,7 +103,7 @@ def test_greedy_tokens_on_generated_kernels_are_those_of_full_row_scoring(ckpt_d
     prompts = [list(range(3, 23)), [2, 7]]
     pooled = _generate(llm, 3, prompts)
     assert llm.last_stats.ops["index_scores_pool"][0] > 0 == llm.last_stats.ops["index_scores_pool"][1]
-    monkeypatch.setattr(AttentionV41, "_select_decode", _full_row_select_decode)
+    monkeypatch.setattr(AttentionV41, "_select", _full_row_select)
     full = _generate(llm, 3, prompts)
     for a, b in zip(pooled, full):
         assert a.token_ids == b.token_ids
@@ -101,6 +132,19 @@ def test_pool_scores_are_the_full_rows_at_the_pools_positions():
 
 def test_the_pool_op_gives_the_block_list_of_its_pool():
     scores = torch.tensor([[0.0, 5, 1, 1, 2, 2, 9, 0, 0, 0]])
-    pool, blocks = pick_pool(Ctx(FastOps()), scores, torch.tensor([9]), 2, 3)
+    pool = candidate_pool(scores, torch.tensor([9]), 2, 3)
     assert pool[0].nonzero().flatten().tolist() == [0, 1, 6, 7, 8]
+    blocks = pick_pool(Ctx(FastOps()), scores, torch.tensor([9]), 2, 3)
     assert blocks.tolist() == [[0, 3, 4]] and torch.equal(blocks, pool_blocks(pool, 2, 3))
+
+
+def test_pool_scores_over_shared_keys_are_each_querys_own_keys_scores():
+    """A prefill chunk's queries read one sequence's keys [N, c]: the same scores as each query
+    given that stack as its own."""
+    g = torch.Generator().manual_seed(1)
+    qi, wts, keys = torch.randn(3, 4, 16, generator=g), torch.randn(3, 4, generator=g), torch.randn(30, 16, generator=g)
+    n_vis, ctx = torch.tensor([12, 13, 14]), Ctx(FastOps())
+    blocks = torch.tensor([[0, 2, -1], [1, 3, -1], [0, 1, 3]], dtype=torch.int32)
+    shared = attention_v41.index_scores_pool(ctx, qi, wts, keys, n_vis, blocks, 4)
+    own = attention_v41.index_scores_pool(ctx, qi, wts, keys.expand(3, -1, -1), n_vis, blocks, 4)
+    assert torch.equal(shared, own) and bool(torch.isneginf(shared[0, 8:]).all())

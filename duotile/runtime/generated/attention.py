@@ -171,39 +171,38 @@ class AttentionKernels:
         return logits
 
     def _index_scores_pool(self, ctx, qi, wts, keys, n_visible, blocks, block: int) -> torch.Tensor:
-        """A Reindex layer's decode scores of its candidate pool alone (``indexer_logits_pool``: the
-        key rows of the listed blocks' positions, gathered, KB * block columns a query); the
-        visible prefix as ``pos`` at ratio 1. Keys [S, N, c], each query's own; no key rows yet:
-        every column -inf, no launch."""
+        """A Reindex layer's scores of its candidate pool alone (``indexer_logits_pool``: the key
+        rows of the listed blocks' positions, gathered, KB * block columns a query); the visible
+        prefix as ``pos`` at ratio 1. Keys [S, N, c], each query's own (a decode step), or [N, c],
+        one sequence's, which every query of its prefill chunk reads (``SHARED``); no key rows
+        yet: every column -inf, no launch."""
         s, n = qi.shape[0], keys.shape[-2]
-        if ctx.dtype != torch.bfloat16 or keys.dim() != 3:
+        if ctx.dtype != torch.bfloat16:
             return NotImplemented
         dev = qi.device
         if s == 0 or n == 0:
             return torch.full((s, blocks.shape[1] * block), float("-inf"), dtype=torch.float32, device=dev)
         k = keys if keys.dtype == torch.uint8 else keys.to(torch.bfloat16)  # MXFP4 rows as stored, or values
         logits = torch.empty(s, blocks.shape[1] * block, dtype=torch.float32, device=dev)
-        self._kernel("indexer_logits_pool", dev, {"RATIO": 1, "BLOCK": int(block)})(
-            q=qi.to(torch.bfloat16).contiguous(), w=wts.float().contiguous(), k=k.contiguous(),
+        shared = k.dim() == 2
+        self._kernel("indexer_logits_pool", dev, {"RATIO": 1, "BLOCK": int(block), "SHARED": shared})(
+            q=qi.to(torch.bfloat16).contiguous(), w=wts.float().contiguous(),
+            k=(k[None] if shared else k).contiguous(),
             pos=ship((n_visible - 1).to(torch.int32), dev), blocks=ship(blocks.to(torch.int32), dev).contiguous(),
             logits=logits)
         return logits
 
-    def _candidate_pool(self, ctx, scores: torch.Tensor, n_visible: torch.Tensor, block: int, topk_blocks: int,
-                        with_pool: bool = True):
-        """The pool as the runtime's boolean [S, N] (left out, and not written, without
-        ``with_pool``) and the kernel's block list [S, KB] (int32), which the Reindex layers' decode
-        scores alone (``_index_scores_pool``)."""
+    def _candidate_pool(self, ctx, scores: torch.Tensor, n_visible: torch.Tensor, block: int, topk_blocks: int):
+        """The pool's block list [S, KB] (int32; the kernel's boolean pool left out), whose
+        positions alone the Reindex layers score (``_index_scores_pool``)."""
         s, n = scores.shape
         if s == 0 or n == 0:
             return NotImplemented
         dev = scores.device
         blocks = torch.empty(s, topk_blocks, dtype=torch.int32, device=dev)
-        pool = {"pool": torch.empty(s, n, dtype=torch.uint8, device=dev)} if with_pool else {}
         self._kernel("candidate_pool", dev, {"BLOCK": int(block), "TOPK_BLOCKS": int(topk_blocks)})(
-            scores=scores.float().contiguous(), visible=ship(n_visible.to(torch.int32), dev), blocks=blocks,
-            **pool)
-        return (pool["pool"].bool() if with_pool else None), blocks
+            scores=scores.float().contiguous(), visible=ship(n_visible.to(torch.int32), dev), blocks=blocks)
+        return blocks
 
     def _compress(self, ctx, st, c: torch.Tensor, z: torch.Tensor, start: int, ratio: int, overlap: bool):
         """``compressor_prefill`` over one sequence's chunk, on its state's banks (``cache.py``),

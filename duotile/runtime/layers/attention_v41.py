@@ -69,13 +69,10 @@ def pool_blocks(pool: torch.Tensor, block: int, topk_blocks: int) -> torch.Tenso
 
 
 @model_op("candidate_pool")
-def pick_pool(ctx: Ctx, scores: torch.Tensor, n_visible: torch.Tensor, block: int,
-              topk_blocks: int, with_pool: bool = True) -> tuple[torch.Tensor | None, torch.Tensor]:
-    """``candidate_pool`` as the model op: the boolean pool [S, N] (None without ``with_pool``: a
-    decode step, whose Reindex layers read the block list alone) and its block list
-    (``pool_blocks``), which a Reindex layer's decode scores alone (``index_scores_pool``)."""
-    pool = candidate_pool(scores, n_visible, block, topk_blocks)
-    return pool if with_pool else None, pool_blocks(pool, block, topk_blocks)
+def pick_pool(ctx: Ctx, scores: torch.Tensor, n_visible: torch.Tensor, block: int, topk_blocks: int) -> torch.Tensor:
+    """``candidate_pool`` as the model op: the pool's block list [S, topk_blocks] (``pool_blocks``),
+    whose positions alone a Reindex layer scores (``index_scores_pool``)."""
+    return pool_blocks(candidate_pool(scores, n_visible, block, topk_blocks), block, topk_blocks)
 
 
 def pool_columns(blocks: torch.Tensor, block: int) -> torch.Tensor:
@@ -97,9 +94,10 @@ def pool_to_positions(sel: torch.Tensor, blocks: torch.Tensor, block: int) -> to
 @model_op("index_scores_pool")
 def index_scores_pool(ctx: Ctx, qi: torch.Tensor, wts: torch.Tensor, keys: torch.Tensor, n_visible: torch.Tensor,
                       blocks: torch.Tensor, block: int) -> torch.Tensor:
-    """A Reindex layer's decode scores of its candidate pool alone (model.md 2.13), [S, KB * block]
-    in candidate order (``pool_columns``): the full row's ``index_scores`` at each column's position,
-    -inf for an empty block slot or a position not visible. ``keys`` [S, N, c], each query's own."""
+    """A Reindex layer's scores of its candidate pool alone (model.md 2.13), [S, KB * block] in
+    candidate order (``pool_columns``): the full row's ``index_scores`` at each column's position,
+    -inf for an empty block slot or a position not visible. ``keys`` [S, N, c] (a decode step's
+    queries, each its own) or [N, c] (a prefill chunk's, one sequence's, which every query reads)."""
     full = index_scores.__wrapped__(ctx, qi, wts, keys, n_visible)
     p = pool_columns(ship(blocks, full.device), block)
     live = (p >= 0) & (p < full.shape[1])
@@ -162,17 +160,36 @@ class AttentionV41:
             return [seq.scratch[("topk", self.idx_src)] for seq, _ in seqs]
         if one_token_each(seqs):
             return self._select_decode(ctx, seqs, qi, wts, pos)
+        if self.kind == "reindex":
+            return self._select_pool(ctx, seqs, qi, wts, pos)
         scores = []
         for seq, sl in seqs:
             n_vis = (pos[sl] + 1) // self.ratio
             s = index_scores(ctx, qi[sl], wts[sl], seq.cache.layers[self.kv_src].index_keys.stored, n_vis)
-            if self.kind == "reindex":
-                s = s.masked_fill(~seq.scratch["pool"], float("-inf"))
-            elif self.layer == cfg.candidate_source_layer_id:
-                seq.scratch["pool"], seq.scratch["pool_blocks"] = pick_pool(
-                    ctx, s, n_vis, cfg.candidate_block_size, cfg.candidate_topk_blocks)
+            if self.layer == cfg.candidate_source_layer_id:
+                seq.scratch["pool_blocks"] = pick_pool(ctx, s, n_vis, cfg.candidate_block_size,
+                                                       cfg.candidate_topk_blocks)
             scores.append(s)
         sels = topk(ctx, pad_cat(scores, float("-inf")), cfg.index_topk).split([len(s) for s in scores])
+        for (seq, _), sel in zip(seqs, sels):
+            seq.scratch[("topk", self.layer)] = sel
+        return list(sels)
+
+    def _select_pool(self, ctx: Ctx, seqs: list, qi, wts, pos: torch.Tensor) -> list[torch.Tensor]:
+        """A Reindex layer's prefill selection: each query scores only its candidate pool's
+        positions (``index_scores_pool`` over its sequence's keys, which the chunk's queries share),
+        the top-k of those columns for all at once, mapped back to positions: the rows of the full
+        row masked by the pool, ties to the lowest position."""
+        cfg, block = self.cfg, self.cfg.candidate_block_size
+        scores, blocks = [], []
+        for seq, sl in seqs:
+            ids = seq.scratch["pool_blocks"]
+            keys = seq.cache.layers[self.kv_src].index_keys.stored
+            scores.append(index_scores_pool(ctx, qi[sl], wts[sl], keys, (pos[sl] + 1) // self.ratio, ids, block))
+            blocks.append(ids)
+        ids = torch.cat(blocks)
+        chosen = pool_to_positions(topk(ctx, torch.cat(scores), cfg.index_topk), ship(ids, scores[0].device), block)
+        sels = chosen.split([len(s) for s in scores])
         for (seq, _), sel in zip(seqs, sels):
             seq.scratch[("topk", self.layer)] = sel
         return list(sels)
@@ -196,8 +213,7 @@ class AttentionV41:
         else:
             scores = index_scores(ctx, qi, wts, keys, n_vis)
             if self.layer == cfg.candidate_source_layer_id:
-                _, blocks = pick_pool(ctx, scores, n_vis, cfg.candidate_block_size, cfg.candidate_topk_blocks,
-                                      with_pool=False)
+                blocks = pick_pool(ctx, scores, n_vis, cfg.candidate_block_size, cfg.candidate_topk_blocks)
                 for (seq, _), ids in zip(seqs, blocks.split(1)):
                     seq.scratch["pool_blocks"] = ids
             chosen = topk(ctx, scores, cfg.index_topk)
