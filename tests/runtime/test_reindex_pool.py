@@ -12,9 +12,9 @@ from duotile.runtime.engine import LLM
 from duotile.runtime.layers import attention_v41
 from duotile.runtime.layers.attention_v41 import AttentionV41, candidate_pool, pick_pool, pool_blocks
 from duotile.runtime.layers.common import Ctx, index_scores, pad_cat, topk
+from duotile.runtime.layers.step import one_token_each
 from duotile.runtime.ops import FastOps
 from duotile.runtime.sampler import SamplingParams
-from duotile.runtime.layers.step import one_token_each
 from duotile.runtime.stacked import stack_attr
 
 
