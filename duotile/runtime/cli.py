@@ -75,6 +75,10 @@ def _register_generate(subparsers: argparse._SubParsersAction) -> None:
                    help="generated: run duotile's kernels for the model ops a spec covers (the ops report "
                         "printed after the tokens says which ran where); sm90 builds on an H200, the "
                         "interpreter elsewhere (default: %(default)s)")
+    p.add_argument("--fp8-wo-a", action="store_true",
+                   help="run the grouped output projection wo_a as engines do, its input quantised to FP8 "
+                        "and its FP8 codes read, not in BF16 on its dequantised value as the released "
+                        "reference does (default: off, the reference's numerics)")
     p.add_argument("--device", default="cpu", help="cpu, cuda[:N], npu[:N] (needs torch_npu) or mps "
                    "(default: %(default)s)")
     p.add_argument("--threads", type=int, default=1,
@@ -118,7 +122,7 @@ def run(args: argparse.Namespace) -> int:
         params = SamplingParams(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
                                 max_tokens=args.max_tokens, seed=args.seed)
         llm = LLM(args.model, dtype=getattr(torch, args.dtype), batch_invariant=args.batch_invariant,
-                  device=device, kernels=args.kernels)
+                  device=device, kernels=args.kernels, fp8_wo_a=args.fp8_wo_a)
         show = not args.no_progress and args.max_tokens >= PROGRESS_MIN_TOKENS
         if args.build_ahead:
             _build_ahead(llm, args, params)

@@ -153,19 +153,24 @@ class Model:
 
     def __init__(self, checkpoint: Checkpoint, *, dtype: torch.dtype = torch.bfloat16, quant: bool = True,
                  batch_invariant: bool = False, device: torch.device | str = "cpu", kernels: str = "reference",
-                 packed_only: bool | None = None, stored_rows: bool | None = None):
+                 packed_only: bool | None = None, stored_rows: bool | None = None, fp8_wo_a: bool = False):
         """``packed_only``: keep the quantised weights as released codes alone, each dequantised at
         its use on the reference path (a quarter or an eighth of the dequantised bytes); by default
         so with the generated kernels (they read the codes), never with the reference ops.
         ``stored_rows``: keep the window rings, compressed rows and index keys as their bytes
         (``stored.py``: V4.1's 528- and 288-byte rows, V4's 584-byte ones, 68-byte keys), by default
         wherever the rows are quantised (``quant``); the values read from them are the ones the
-        dequantised cache held."""
+        dequantised cache held. ``fp8_wo_a``: run the grouped ``wo_a`` as engines do, its input
+        quantised to FP8 like every other FP8 projection's, on the weight's codes, rather than in
+        BF16 on its dequantised value as the released reference does (model.md 2.10); needs
+        ``quant``. Off by default: the reference's numerics."""
         check_dtype(dtype)
         device = resolve_device(device)
         cfg = self.config = checkpoint.config
         packed = kernels == "generated" if packed_only is None else packed_only
-        ws = WeightSource(checkpoint, device, packed=packed, dequantised=not packed)
+        if fp8_wo_a and not quant:
+            raise ValueError("fp8_wo_a: wo_a's input is quantised to FP8, and with quant=False nothing is quantised")
+        ws = WeightSource(checkpoint, device, packed=packed, dequantised=not packed, fp8_wo_a=fp8_wo_a)
         self.device, self.dtype = device, dtype
         self.stored_rows = quant if stored_rows is None else stored_rows
         if self.stored_rows and not quant:
@@ -174,7 +179,7 @@ class Model:
         if self.stored_rows and not cfg.is_v41 and cfg.qk_rope_head_dim != NOPE_ROPE:
             raise ValueError(f"stored_rows: V4's rows keep {NOPE_ROPE} rope channels in BF16; this configuration has "
                              f"qk_rope_head_dim = {cfg.qk_rope_head_dim}")
-        self.ctx = Ctx(make_ops(batch_invariant, kernels), dtype, quant)
+        self.ctx = Ctx(make_ops(batch_invariant, kernels), dtype, quant, fp8_wo_a=fp8_wo_a)
         self.embed, self.norm, self.head = ws.t("embed.weight"), ws.t("norm.weight"), ws.t("head.weight")
         self.blocks = [Block(cfg, ws, layer) for layer in range(cfg.num_hidden_layers)]
         self.weight_bytes = ws.device_bytes  # on the device, as kept: packed codes, or dequantised values

@@ -122,7 +122,9 @@ def test_unknown_kernels_choice_is_rejected():
 def test_every_served_op_is_a_model_op_with_a_spec():
     ops = GeneratedOps(FastOps())
     assert set(ops._serves) <= set(model_ops.OPS)
-    assert set(_OP_OF.values()) | {"hc_collapse", "lm_head"} == set(ops._serves)  # both of other ops' specs
+    # served by other ops' specs: the collapse and the head by hc_post's and the norm's and gemm's, the
+    # grouped wo_a by quantize and gemm_blockscaled
+    assert set(_OP_OF.values()) | {"hc_collapse", "lm_head", "grouped_linear_q"} == set(ops._serves)
     with pytest.raises(ValueError, match="not one of OPS"):
         model_ops.model_op("no_such_op")
 
@@ -150,7 +152,7 @@ def _reference_of(op):
             "rope": common.rope, "kv_round": common.round_rows, "kv_encode": cache_rows.kv_encode,
             "sparse_attention_stored": cache_rows.sparse_attention_stored,
             "sparse_attention_rows": cache_rows.sparse_attention_rows, "kv_insert": cache_rows.kv_insert,
-            "index_scores_pool": attention_v41.index_scores_pool}
+            "index_scores_pool": attention_v41.index_scores_pool, "grouped_linear_q": common.grouped_linear_q}
     return ops[op].__wrapped__
 
 
@@ -234,6 +236,16 @@ def _agree(op, got, want, args) -> bool:
         from duotile.runtime import quant
 
         terms = quant.act_quant(x, linear.act_block).abs() @ linear.weight.abs().T
+        return got.dtype == want.dtype and _close(got, want, 0.0, ACCUMULATION * terms + 1e-7)
+    if op == "grouped_linear_q":  # linear_q's bound, a group at a time
+        from duotile.kernels_spec.gemm_blockscaled import ACCUMULATION
+        from duotile.runtime import quant
+
+        og, linear = args[1].float(), args[2]
+        t, groups, k = og.shape
+        x = quant.act_quant(og.reshape(t, groups * k), linear.act_block).view(t, groups, k).abs()
+        w = linear.weight.view(groups, -1, k).abs()
+        terms = torch.cat([x[:, g] @ w[g].T for g in range(groups)], -1)
         return got.dtype == want.dtype and _close(got, want, 0.0, ACCUMULATION * terms + 1e-7)
     if op in ("hc_collapse", "hc_post", "hc_head", "engram"):
         return got.dtype == want.dtype and _close(got, want, 2.0 ** -7)
@@ -337,6 +349,7 @@ def each_op_agrees(llm: LLM, name: str) -> None:
                 "rope", "kv_round"}
     want_ops |= {"moe_experts", "kv_encode", "kv_insert", "sparse_attention_stored"}
     want_ops |= {"hc_head"} if name == "v4-tiny" else {"engram_hash", "engram", "candidate_pool", "index_scores_pool"}
+    want_ops |= {"grouped_linear_q"} if llm.model.ctx.fp8_wo_a else set()
     assert set(seen) == want_ops, set(seen)
     assert [op for op, v in sorted(seen.items()) if not all(v)] == []
     report = llm.last_stats.ops

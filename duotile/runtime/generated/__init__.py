@@ -64,7 +64,7 @@ class GeneratedOps(DenseKernels, AttentionKernels, StreamKernels, MoEKernels):
                         "route": self._route, "sparse_attention": self._sparse_attention,
                         "index_scores": self._index_scores, "hc_pre": self._hc_pre,
                         "hc_collapse": self._hc_collapse, "hc_post": self._hc_post, "hc_head": self._hc_head,
-                        "linear_q": self._linear_q, "sample": self._sample, "linear": self._linear,
+                        "linear_q": self._linear_q, "grouped_linear_q": self._grouped_linear_q, "sample": self._sample, "linear": self._linear,
                         "lm_head": self._lm_head, "engram_hash": self._engram_hash, "engram": self._engram,
                         "moe_experts": self._moe_experts, "candidate_pool": self._candidate_pool,
                         "compress": self._compress, "compress_decode": self._compress_decode,

@@ -50,6 +50,28 @@ class DenseKernels:
         c = self._blockscaled(*self._quantize(rows, block), codes, scales, block, out=torch.float32)
         return c.float().reshape(*x.shape[:-1], codes.shape[0])
 
+    def _grouped_linear_q(self, ctx, og: torch.Tensor, wo_a) -> torch.Tensor:
+        """The grouped ``wo_a`` on its FP8 codes: the activation quantised by ``quantize`` (a group
+        is whole blocks of it), then one ``gemm_blockscaled`` over the groups (its G axis), each
+        group's A, codes and scales a contiguous slice; FP32 [T, G * N] out, as the reference's.
+        A group whose rows or columns are not whole blocks goes to the reference."""
+        t, groups, k = og.shape
+        block, packed = wo_a.act_block, wo_a.packed
+        if (not ctx.quant or packed is None or packed[0] != "fp8" or t == 0 or k % block
+                or og.dtype not in (torch.bfloat16, torch.float32)):
+            return NotImplemented
+        _, codes, scales = packed
+        n = codes.shape[0] // groups
+        if n % block or codes.shape[1] != k:
+            return NotImplemented
+        q, qs = self._quantize(og.reshape(t, groups * k), block)
+        a = q.view(t, groups, k).transpose(0, 1).contiguous()  # group-major, as the kernel reads A
+        sa = qs.view(t, groups, k // block).transpose(0, 1).contiguous()
+        c = torch.empty(groups, t, n, dtype=torch.float32, device=og.device)
+        self._kernel("gemm_blockscaled", og.device, {"BLOCK": block})(
+            a=a, a_scale=sa, b=codes.view(groups, n, k), b_scale=scales.view(groups, n // block, -1), c=c)
+        return c.transpose(0, 1).reshape(t, groups * n)
+
     def _bf16_weight(self, w: torch.Tensor) -> torch.Tensor | None:
         """A weight's BF16 copy where BF16 holds it exactly (weights stored as BF16), else None.
         Keyed by where the values live, not by the tensor object: a view made per call (wo_a's

@@ -73,8 +73,8 @@ class AttentionV4:
         self.cfg, self.layer, self.kind, self.ratio = cfg, layer, cfg.attention_kind(layer), cfg.ratio(layer)
         self.wq_a, self.wq_b, self.wkv = ws.linear(p + "wq_a"), ws.linear(p + "wq_b"), ws.linear(p + "wkv")
         self.q_norm, self.kv_norm = ws.t(p + "q_norm.weight"), ws.t(p + "kv_norm.weight")
-        # wo_a runs as a BF16 matrix per group (grouped_output), not on its FP8 codes: its value is kept
-        self.wo_a, self.wo_b = ws.linear(p + "wo_a", dequantised=True), ws.linear(p + "wo_b")
+        # wo_a runs as a BF16 matrix per group (grouped_output) or, with fp8_wo_a, on its FP8 codes
+        self.wo_a, self.wo_b = ws.grouped_output_weight(p + "wo_a"), ws.linear(p + "wo_b")
         self.sink = ws.t(p + "attn_sink")
         self.rope = Rotary(cfg, self.ratio > 0, ws.device)
         eps = cfg.rms_norm_eps

@@ -27,6 +27,7 @@ class Ctx:
     dtype: torch.dtype = torch.bfloat16
     quant: bool = True
     tally: Tally = field(default_factory=Tally)  # calls per model op, generated or reference (model_ops.py)
+    fp8_wo_a: bool = False  # the grouped wo_a as engines run it (FP8 activations), not in BF16 (model.md 2.10)
 
     def act(self, t: torch.Tensor) -> torch.Tensor:
         """Round to the activation dtype, where the reference stores a BF16 tensor."""
@@ -229,13 +230,28 @@ def pad_cat(parts: list[torch.Tensor], fill) -> torch.Tensor:
 
 
 def grouped_output(ctx: Ctx, o: torch.Tensor, wo_a: Linear, wo_b: Linear, groups: int) -> torch.Tensor:
-    """Grouped low-rank output projection (model.md 2.5.7); o [T, H*d] -> [T, D] in the act dtype."""
+    """Grouped low-rank output projection (model.md 2.5.7); o [T, H*d] -> [T, D] in the act dtype.
+    The reference runs ``wo_a`` in BF16 on its dequantised weight with no activation quantisation;
+    with ``ctx.fp8_wo_a`` as engines do (``grouped_linear_q``)."""
     t = o.shape[0]
     og = o.view(t, groups, -1)
-    wa = wo_a.weight.view(groups, -1, og.shape[-1])
-    ys = [matmul(ctx, og[:, g], wa[g]) for g in range(groups)]  # the reference runs wo_a in BF16, no act quant
-    y = ctx.act(torch.cat(ys, -1))
+    if ctx.fp8_wo_a and ctx.quant and wo_a.act_block:
+        y = ctx.act(grouped_linear_q(ctx, og, wo_a))
+    else:
+        wa = wo_a.weight.view(groups, -1, og.shape[-1])
+        y = ctx.act(torch.cat([matmul(ctx, og[:, g], wa[g]) for g in range(groups)], -1))
     return ctx.act(wo_b(ctx, y))
+
+
+@model_op("grouped_linear_q")
+def grouped_linear_q(ctx: Ctx, og: torch.Tensor, wo_a: Linear) -> torch.Tensor:
+    """``wo_a`` as engines run it (model.md 2.5.7, 2.10's note): each group's activation [T, K]
+    quantised as every FP8 GEMM's is (e4m3, a UE8M0 scale per ``act_block`` channels), times the
+    group's FP8 weight block [N, K]; FP32 [T, G * N], the groups side by side."""
+    t, groups, k = og.shape
+    x = quant.act_quant(og.reshape(t, groups * k), wo_a.act_block).view(t, groups, k)
+    wa = wo_a.weight.view(groups, -1, k)
+    return torch.cat([ctx.ops.linear(x[:, g], wa[g]) for g in range(groups)], -1)
 
 
 class WeightSource:
@@ -246,10 +262,11 @@ class WeightSource:
     ``device_bytes`` counts what was placed on the device."""
 
     def __init__(self, checkpoint, device: torch.device | str = "cpu", packed: bool = False,
-                 dequantised: bool = True):
+                 dequantised: bool = True, fp8_wo_a: bool = False):
         if not (packed or dequantised):
             raise ValueError("WeightSource: keep the packed codes, the dequantised weights, or both")
         self.ckpt, self.device, self.packed, self.dequantised = checkpoint, device, packed, dequantised
+        self.fp8_wo_a = fp8_wo_a  # wo_a read by the block-scaled GEMM, not as a matrix (grouped_output)
         # the activations' quantisation block is the dense weights' block (model.md 2.10)
         self.act_block = self.weight_block = checkpoint.config.weight_block_size[0]
         self.device_bytes = 0
@@ -283,6 +300,12 @@ class WeightSource:
             packed = self.packed_codes(name)
         keep = self.dequantised if dequantised is None else dequantised
         return Linear(self.t(weight_name) if keep else None, self.act_block, packed, self.weight_block)
+
+    def grouped_output_weight(self, name: str) -> Linear:
+        """The grouped ``wo_a``: a matrix per group, its dequantised value kept whatever the source
+        keeps (the reference's BF16 product); with ``fp8_wo_a`` a weight like the others (its codes
+        are what the block-scaled GEMM reads)."""
+        return self.linear(name, dequantised=None if self.fp8_wo_a else True)
 
     def has(self, name: str) -> bool:
         return name in self.ckpt.specs

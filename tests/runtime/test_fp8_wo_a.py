@@ -1,0 +1,57 @@
+"""The grouped ``wo_a`` as engines run it (``Model(fp8_wo_a=True)``, ``--fp8-wo-a``): its input
+quantised to FP8 like every other FP8 projection's, its FP8 codes read by ``gemm_blockscaled`` over
+the groups (model.md 2.5.7, 2.10's note), where the released reference runs it in BF16 on the
+dequantised weight (the default)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from duotile.runtime import quant
+from duotile.runtime.engine import LLM
+from duotile.runtime.layers.common import Ctx, grouped_linear_q
+from duotile.runtime.ops import FastOps
+from duotile.runtime.reference import Model
+from duotile.runtime.weights import Checkpoint
+
+from .test_generated import each_op_agrees
+
+
+def test_the_reference_op_is_each_groups_quantised_input_times_its_weight(ckpt_dir):
+    """model.md 2.5.7 with 2.10's quantisation point: group g's [T, K] input, e4m3 with a UE8M0
+    code per block, times rows g * N .. (g + 1) * N of the weight."""
+    model = Model(Checkpoint.open(ckpt_dir("v4-tiny")), fp8_wo_a=True)
+    wo_a = model.blocks[0].attn.wo_a
+    groups, n = model.config.o_groups, model.config.o_lora_rank
+    og = torch.randn(3, groups, wo_a.weight.shape[1], generator=torch.Generator().manual_seed(0)).bfloat16()
+    got = grouped_linear_q(Ctx(FastOps()), og, wo_a)
+    for g in range(groups):
+        x = quant.act_quant(og[:, g].float(), wo_a.act_block)
+        want = x @ wo_a.weight[g * n:(g + 1) * n].T
+        assert torch.allclose(got[:, g * n:(g + 1) * n], want, rtol=1e-5, atol=1e-6)
+    assert not torch.equal(got[:, :n], og[:, 0].float() @ wo_a.weight[:n].T)  # the input was quantised
+
+
+def test_generated_kernels_serve_it_and_agree_with_the_reference_op(ckpt_dir):
+    """Every op of a generation with ``fp8_wo_a`` on the interpreter against its reference op, the
+    grouped ``wo_a`` among them (linear_q's bound a group)."""
+    llm = LLM(ckpt_dir("v41-tiny"), kernels="generated", fp8_wo_a=True)
+    each_op_agrees(llm, "v41-tiny")
+    assert llm.last_stats.ops["grouped_linear_q"][1] == 0 and "linear" in llm.last_stats.ops
+
+
+def test_with_the_kernels_wo_a_is_kept_as_its_codes_alone(ckpt_dir):
+    """Packed weights (the generated kernels' default): ``wo_a`` keeps no dequantised value with
+    ``fp8_wo_a`` (its FP32 matrix was 4 bytes a weight beside its 1-byte codes)."""
+    ckpt = Checkpoint.open(ckpt_dir("v41-tiny"))
+    plain = Model(ckpt, kernels="generated")
+    fp8 = Model(ckpt, kernels="generated", fp8_wo_a=True)
+    assert fp8.blocks[0].attn.wo_a._weight is None and plain.blocks[0].attn.wo_a._weight is not None
+    weights = sum(b.attn.wo_a.packed[1].numel() for b in fp8.blocks)
+    assert plain.weight_bytes - fp8.weight_bytes == 4 * weights
+
+
+def test_it_needs_quantisation(ckpt_dir):
+    with pytest.raises(ValueError, match="fp8_wo_a: wo_a's input is quantised to FP8, and with quant=False"):
+        Model(Checkpoint.open(ckpt_dir("v4-tiny")), quant=False, fp8_wo_a=True)
