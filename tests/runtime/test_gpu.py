@@ -38,11 +38,12 @@ def test_prefill_then_decode_bitwise_on_cuda(ckpt_dir, name):
     assert torch.equal(torch.stack(got), full[16:])
 
 
-@pytest.mark.parametrize("name", ["v41-tiny", "v4-tiny"])
-def test_generated_kernels_agree_with_their_reference_ops_on_cuda(ckpt_dir, name):
+@pytest.mark.parametrize("name, fp8_wo_a", [("v41-tiny", False), ("v4-tiny", False), ("v41-tiny", True)])
+def test_generated_kernels_agree_with_their_reference_ops_on_cuda(ckpt_dir, name, fp8_wo_a):
     """test_generated.py's per-op check on the sm90 builds: every call a kernel serves, rerun by
-    the reference op on the same arguments, agrees within the op's bound."""
-    llm = LLM(ckpt_dir(name), device="cuda", kernels="generated")
+    the reference op on the same arguments, agrees within the op's bound (and, with ``fp8_wo_a``,
+    the grouped wo_a on its FP8 codes)."""
+    llm = LLM(ckpt_dir(name), device="cuda", kernels="generated", fp8_wo_a=fp8_wo_a)
     each_op_agrees(llm, name)
     assert {k.target for k in llm.model.ctx.ops._kernels.values()} == {"sm90"}
 
@@ -54,8 +55,8 @@ def test_generated_kernels_keep_batch_invariance_on_cuda(ckpt_dir, name):
     llm = LLM(ckpt_dir(name), batch_invariant=True, device="cuda", kernels="generated")
     alone = te._alone(llm)
     served = llm.last_stats.ops
-    decode = ("sparse_attention_stored", "kv_insert", "index_scores_pool") if name == "v41-tiny" \
-        else ("sparse_attention",)  # rows as bytes; V4.1's Reindex layers score the pool alone
+    # both models' rows as bytes; V4.1's Reindex layers score the pool alone
+    decode = ("sparse_attention_stored", "kv_insert") + (("index_scores_pool",) if name == "v41-tiny" else ())
     for op in ("rms_norm", "topk", "route", "sparse_attention_rows", *decode, "index_scores", "hc_pre", "hc_post",
                "moe_experts", "compress", "rope"):
         assert served[op][0] > 0 and served[op][1] == 0, (op, served[op])
