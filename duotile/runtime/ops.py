@@ -38,8 +38,8 @@ class FastOps:
         return None
 
     def linear(self, x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
-        """FP32 `x @ w.T` for x [..., K], w [N, K]."""
-        return F.linear(x.float(), w)
+        """FP32 `x @ w.T` for x [..., K], w [N, K] (a BF16 weight, as ``wo_a`` may be kept, in FP32)."""
+        return F.linear(x.float(), w.float())
 
     def sum(self, x: torch.Tensor, dim: int) -> torch.Tensor:
         return x.sum(dim)
@@ -82,7 +82,7 @@ class InvariantOps(FastOps):
     invariant = True
 
     def linear(self, x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
-        x = x.float()
+        x, w = x.float(), w.float()
         rows = x.reshape(-1, x.shape[-1])
         if rows.shape[0] == 0:
             return F.linear(x, w)

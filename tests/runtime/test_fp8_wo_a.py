@@ -41,15 +41,20 @@ def test_generated_kernels_serve_it_and_agree_with_the_reference_op(ckpt_dir):
     assert llm.last_stats.ops["grouped_linear_q"][1] == 0 and "linear" in llm.last_stats.ops
 
 
-def test_with_the_kernels_wo_a_is_kept_as_its_codes_alone(ckpt_dir):
-    """Packed weights (the generated kernels' default): ``wo_a`` keeps no dequantised value with
-    ``fp8_wo_a`` (its FP32 matrix was 4 bytes a weight beside its 1-byte codes)."""
+def test_with_the_kernels_wo_a_is_kept_as_its_codes_or_in_bf16(ckpt_dir):
+    """Packed weights (the generated kernels' default): with ``fp8_wo_a`` ``wo_a`` keeps its codes
+    and scales alone; without, its dequantised value alone, in BF16 (exact: an e4m3 code times a
+    power of two), where it kept that value in FP32 beside the codes."""
     ckpt = Checkpoint.open(ckpt_dir("v41-tiny"))
-    plain = Model(ckpt, kernels="generated")
-    fp8 = Model(ckpt, kernels="generated", fp8_wo_a=True)
-    assert fp8.blocks[0].attn.wo_a._weight is None and plain.blocks[0].attn.wo_a._weight is not None
-    weights = sum(b.attn.wo_a.packed[1].numel() for b in fp8.blocks)
-    assert plain.weight_bytes - fp8.weight_bytes == 4 * weights
+    plain, fp8 = Model(ckpt, kernels="generated"), Model(ckpt, kernels="generated", fp8_wo_a=True)
+    reference = Model(ckpt)
+    for p, f, r in zip(plain.blocks, fp8.blocks, reference.blocks):
+        assert f.attn.wo_a._weight is None and p.attn.wo_a.packed is None
+        assert p.attn.wo_a.weight.dtype == torch.bfloat16 and r.attn.wo_a.weight.dtype == torch.float32
+        assert torch.equal(p.attn.wo_a.weight.float(), r.attn.wo_a.weight)
+    codes = sum(b.attn.wo_a.packed[1].numel() for b in fp8.blocks)
+    scales = sum(b.attn.wo_a.packed[2].numel() for b in fp8.blocks)
+    assert plain.weight_bytes - fp8.weight_bytes == 2 * codes - (codes + scales)
 
 
 def test_it_needs_quantisation(ckpt_dir):

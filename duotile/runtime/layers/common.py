@@ -302,10 +302,20 @@ class WeightSource:
         return Linear(self.t(weight_name) if keep else None, self.act_block, packed, self.weight_block)
 
     def grouped_output_weight(self, name: str) -> Linear:
-        """The grouped ``wo_a``: a matrix per group, its dequantised value kept whatever the source
-        keeps (the reference's BF16 product); with ``fp8_wo_a`` a weight like the others (its codes
-        are what the block-scaled GEMM reads)."""
-        return self.linear(name, dequantised=None if self.fp8_wo_a else True)
+        """The grouped ``wo_a``: with ``fp8_wo_a`` a weight like the others (its codes are what the
+        block-scaled GEMM reads); else a matrix per group (the reference's BF16 product), its
+        dequantised value kept whatever the source keeps. Where the source keeps codes alone (the
+        generated kernels) that value is kept in BF16, which holds every e4m3 code times a power of
+        two exactly (checked), 2 bytes a weight where FP32 and its codes took 5; the reference
+        ops keep FP32."""
+        if self.fp8_wo_a or not self.quantised(name):
+            return self.linear(name, dequantised=None if self.fp8_wo_a else True)
+        value = self.ckpt.get(self.weight_name(name))
+        if not self.dequantised:
+            as_bf16 = value.to(torch.bfloat16)
+            if torch.equal(as_bf16.float(), value.float()):
+                value = as_bf16
+        return Linear(self._placed(value), self.act_block, None, self.weight_block)
 
     def has(self, name: str) -> bool:
         return name in self.ckpt.specs
