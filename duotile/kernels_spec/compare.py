@@ -36,8 +36,21 @@ def exact_mismatch(name: str, got: torch.Tensor, want: torch.Tensor) -> str | No
 
 
 def mismatch(spec, case, inputs: dict, ref: dict) -> str | None:
-    """None when every output of ``spec`` in ``inputs`` matches ``ref`` (module docstring), else
-    what is off, naming the output, the count and the worst element."""
+    """None when every output of ``spec`` in ``inputs`` matches ``ref`` (module docstring), and each
+    derived output the call has (``spec.derived``) is bit for bit the function of the kernel's own
+    outputs it names; else what is off, naming the output, the count and the worst element."""
+    off = _outputs_mismatch(spec, case, inputs, ref)
+    if off is not None:
+        return off
+    for out, of in spec.derived.items():
+        if inputs.get(out) is not None:
+            off = exact_mismatch(f"{spec.name}/{out}", inputs[out], of(case, inputs).to(inputs[out].device))
+            if off:
+                return f"{off} (a function of the kernel's own outputs)"
+    return None
+
+
+def _outputs_mismatch(spec, case, inputs: dict, ref: dict) -> str | None:
     for out in spec.outputs:
         got, want = inputs[out], ref[out].to(inputs[out].device)
         if spec.exact:

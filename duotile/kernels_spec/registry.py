@@ -96,6 +96,9 @@ class Spec:
     # reference takes them under the same names
     # an elementwise error bound beyond (atol, rtol), e.g. fp8 accumulation: (case, output, inputs) -> tensor
     extra_error: Callable[[Case, str, dict], torch.Tensor] | None = None
+    # outputs that are a function of the kernel's own other outputs (a quantised copy of ``o``):
+    # name -> (case, the call's tensors) -> what it must hold, checked bit for bit where the call has it
+    derived: dict[str, Callable[[Case, dict], torch.Tensor]] = field(default_factory=dict)
     flops: Callable[[Case], float] | None = None
     bytes_moved: Callable[[Case], float] | None = None
     # the shapes the models need, "<model>/<what>/<phase>" -> case (sizes, dtype, "model" tag):
@@ -160,7 +163,7 @@ class Spec:
         over (``reference_parts``): it then runs one index of them at a time, unless ``whole``."""
         if self.reference_parts and not whole:
             return self._reference_in_parts(inputs, case)
-        args = {k: v for k, v in inputs.items() if k not in self.outputs}
+        args = {k: v for k, v in inputs.items() if k not in self.outputs and k not in self.derived}
         return self.reference(**args, **self.constants_of(case))
 
     def _reference_in_parts(self, inputs, case) -> dict[str, torch.Tensor]:

@@ -64,6 +64,7 @@ import torch
 from .. import dsl
 from . import model_shapes as shapes
 from .decode_epilogue import epilogue_inputs, epilogue_of, inverse_rope, rope_phase, rotated_bound
+from .decode_fp8_out import DERIVED, fp8_out_constants, fp8_out_inputs, fp8_out_of, quant_phase
 from .gemm_f32 import bf16_parts
 from .registry import Dim, OneOf, Spec, register
 
@@ -159,28 +160,34 @@ def finish(q, sink, o, lse, b, accs, row_max, row_sum, columns=None, epilogue=No
 
 
 # SPLIT defaults to 16, the two-phase form, for the tuning cache key (see gemm_splitk.py)
-@dsl.kernel(batch_dim="B", dynamic=("B", "L", "N", "P"))
+@dsl.kernel(batch_dim="B", dynamic=("B", "L", "N", "P", "QR"))
 def sparse_mqa_decode(q: dsl.Tensor["B", "H", "D", dsl.bf16], kv: dsl.Tensor["B", "N", "D", dsl.bf16],
                       idx: dsl.Tensor["B", "L", dsl.i32], sink: dsl.Tensor["H", dsl.f32],
                       o: dsl.Tensor["B", "H", "D", dsl.bf16],
                       lse: dsl.OptionalTensor["B", "H", dsl.f32] = None,
                       positions: dsl.OptionalTensor["B", dsl.i32] = None,
                       cos: dsl.OptionalTensor["P", "HALF", dsl.f32] = None,
-                      sin: dsl.OptionalTensor["P", "HALF", dsl.f32] = None, *,
+                      sin: dsl.OptionalTensor["P", "HALF", dsl.f32] = None,
+                      o_q: dsl.OptionalTensor["QR", "D", dsl.f8e4m3] = None,
+                      o_qs: dsl.OptionalTensor["QR", "QD", dsl.u8] = None, *,
+                      GROUPS: dsl.Const = 8, QBLOCK: dsl.Const = 128,
                       BN: dsl.Tunable = dsl.choice(64, 32, 128),
                       STAGES: dsl.Tunable = dsl.int_range(1, 3, default=1),
                       SPLIT: dsl.Tunable = dsl.choice(16, 1, 2, 4, 8, 32),
                       BD: dsl.Tunable = dsl.choice(128, 64, 256)):
     epilogue = epilogue_of("sparse_mqa_decode", q, positions, cos, sin)
-    decode(q, kv, idx, sink, o, lse, BN, STAGES, SPLIT, BD, epilogue=epilogue)
+    decode(q, kv, idx, sink, o, lse, BN, STAGES, SPLIT, BD, epilogue=epilogue,
+           fp8_out=fp8_out_of("sparse_mqa_decode", q, o_q, o_qs, GROUPS, QBLOCK))
 
 
 def decode(q, kv, idx, sink, o, lse, BN, STAGES, SPLIT, BD, rows_of=None, rows_total=None, columns=None,
-           epilogue=None):
+           epilogue=None, fp8_out=None):
     """The kernel's body (the module docstring); ``rows_of(b)``, where given, is the ``kv_rows``
     gather of ``_attend`` for query b, over ``rows_total`` cache rows (a cache of other row
     formats, ``sparse_mqa_decode_fp8``), split by ``columns`` where given (``_attend``). With an
-    ``epilogue`` (``decode_epilogue.Epilogue``) the stored output's rope channels are rotated by -P."""
+    ``epilogue`` (``decode_epilogue.Epilogue``) the stored output's rope channels are rotated by -P;
+    with ``fp8_out`` (``decode_fp8_out.Fp8Out``) the output is also written as wo_a's FP8 input,
+    the combine's column blocks then its blocks."""
     H, D = q.H, q.D
     blocks = dsl.cdiv(idx.L, BN)
     rows_for = rows_of or (lambda b: None)
@@ -192,7 +199,10 @@ def decode(q, kv, idx, sink, o, lse, BN, STAGES, SPLIT, BD, rows_of=None, rows_t
                    columns, epilogue)
         if epilogue is not None:
             rope_phase(q, o, epilogue)
+        if fp8_out is not None:
+            quant_phase(q, o, fp8_out)
         return
+    BD = BD if fp8_out is None else fp8_out.block
     part_o = dsl.workspace("part_o", (SPLIT, q.B, H, D), dsl.f32)
     part_lse = dsl.workspace("part_lse", (SPLIT, q.B, H), dsl.f32)
     for b, s in dsl.grid(q.B, SPLIT):
@@ -226,6 +236,8 @@ def decode(q, kv, idx, sink, o, lse, BN, STAGES, SPLIT, BD, rows_of=None, rows_t
         if epilogue is not None:
             y = epilogue.rotated(b, cols, y, (mate * (1.0 / total)[:, None]).to(dsl.bf16))
         dsl.store(o[b, 0, j * BD], y)
+        if fp8_out is not None:
+            fp8_out.store(b, j, y)
         if lse is not None:  # every column block writes the same bits
             dsl.store(lse[b, 0], (base + dsl.log2(total)) * LN2)
 
@@ -251,9 +263,11 @@ def _probabilities(q, kv, idx, sink):
     return e / den[..., None], rows, mx + torch.log(den), logits
 
 
-def sparse_mqa_decode_reference(q, kv, idx, sink, positions=None, cos=None, sin=None) -> dict:
+def sparse_mqa_decode_reference(q, kv, idx, sink, positions=None, cos=None, sin=None, GROUPS=None,
+                                QBLOCK=None) -> dict:
     """model.md 2.5.6: one softmax over the live slots plus the value-less sink logit; with
-    ``positions``, the output's rope channels rotated by -P (``inverse_rope``)."""
+    ``positions``, the output's rope channels rotated by -P (``inverse_rope``). ``GROUPS`` /
+    ``QBLOCK`` shape the FP8 output, a function of the kernel's own ``o`` (``Spec.derived``)."""
     p, rows, lse, _ = _probabilities(q, kv, idx, sink)
     o = torch.einsum("bhl,bld->bhd", p, rows).to(torch.bfloat16)
     if positions is not None:
@@ -318,7 +332,7 @@ def random_inputs(case, device, seed, q_shape, kv_shape):
         return {"q": torch.empty(q_shape, dtype=torch.bfloat16), "kv": torch.empty(kv_shape, dtype=torch.bfloat16),
                 "idx": torch.empty(q_shape[0], length, dtype=torch.int32), "sink": torch.empty(h),
                 "o": torch.empty(q_shape, dtype=torch.bfloat16), "lse": torch.empty(q_shape[:2]),
-                **epilogue_inputs(case, device, seed)}
+                **epilogue_inputs(case, device, seed), **fp8_out_inputs(case, device)}
     g = torch.Generator(device=device).manual_seed(seed)
     spread = case.get("spread", 1.0)  # scales q: a spread of 30 makes scores ~30 apart
     q = (torch.randn(q_shape, generator=g, device=device) * spread).to(torch.bfloat16)
@@ -328,7 +342,7 @@ def random_inputs(case, device, seed, q_shape, kv_shape):
     return {"q": q, "kv": kv, "idx": idx.to(device), "sink": sink,
             "o": torch.full(q_shape, float("nan"), dtype=torch.bfloat16, device=device),
             "lse": torch.full(q_shape[:2], float("nan"), dtype=torch.float32, device=device),
-            **epilogue_inputs(case, device, seed)}
+            **epilogue_inputs(case, device, seed), **fp8_out_inputs(case, device)}
 
 
 def _inputs(case, device, seed):
@@ -376,6 +390,18 @@ EPILOGUE_CASES = {
     "rope_r32": {"B": 2, "H": 64, "D": 96, "N": 70, "L": 64, "rope": "random", "ROPE": 32,
                  "config": {**SMALL, "SPLIT": 2, "BD": 64}},
 }
+# wo_a's FP8 input (``decode_fp8_out``): in the combine (its column blocks then the FP8 blocks, one
+# straddling nope and rope channels) and in the one-phase form's own phase; 8 groups of 8 heads, 2 of 2
+FP8_OUT_CASES = {
+    "fp8_out_split3": {"B": 3, "H": 64, "D": 128, "N": 200, "L": 150, "holes": 0.3, "GROUPS": 8, "QBLOCK": 32,
+                       "config": {**SMALL, "SPLIT": 3}},
+    "fp8_out_rope_straddle": {"B": 2, "H": 64, "D": 256, "N": 90, "L": 100, "rope": "random", "GROUPS": 8,
+                              "QBLOCK": 128, "config": {**SMALL, "SPLIT": 2}},
+    "fp8_out_one_phase_rope": {"B": 3, "H": 4, "D": 128, "N": 60, "L": 70, "rope": "wrap", "P": 600, "GROUPS": 2,
+                               "QBLOCK": 32, "config": {**SMALL, "SPLIT": 1}},
+    "fp8_out_all_dead": {"B": 2, "H": 64, "D": 64, "N": 50, "L": 70, "valid": "none", "GROUPS": 8, "QBLOCK": 32,
+                         "config": {**SMALL, "SPLIT": 2}},
+}
 SPEC = register(Spec(
     kernel=sparse_mqa_decode,
     reference=sparse_mqa_decode_reference,
@@ -405,11 +431,14 @@ SPEC = register(Spec(
         # rope channels and of both; the one-phase form's own phase; positions 0, past the table
         # (zeros), around the ring's and the table blocks' boundaries
         **EPILOGUE_CASES,
+        **FP8_OUT_CASES,
     },
     build_cases={"v4_csa": {"B": 16, "H": 64, "D": 512, "L": 640, "N": 16512},
                  "v4_hca_1m": {"B": 4, "H": 64, "D": 512, "L": 8320, "N": 8320}},
     tolerance=_tolerance,
     extra_error=_error_bound,
+    derived=DERIVED,
+    constants_of=fp8_out_constants,
     flops=lambda c: 4.0 * c["B"] * c["H"] * c["L"] * c["D"],
     bytes_moved=lambda c: 2.0 * c["B"] * (c["L"] * c["D"] + 2 * c["H"] * c["D"]) + 4.0 * c["B"] * c["L"],
     model_shapes=shapes.for_models(_model_shapes),

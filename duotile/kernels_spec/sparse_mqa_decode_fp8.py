@@ -39,6 +39,7 @@ from .. import dsl
 from ..dsl.ops import NVFP4_BLOCK
 from . import model_shapes as shapes
 from .decode_epilogue import epilogue_of
+from .decode_fp8_out import DERIVED, fp8_out_constants, fp8_out_of
 from .moe_gemm_mxfp4 import fp4_values
 from .registry import Dim, OneOf, Spec, register
 from .sparse_mqa_decode import (
@@ -68,7 +69,7 @@ def check_block(BN) -> None:
 
 
 # SPLIT defaults to 16, the two-phase form, as sparse_mqa_decode's
-@dsl.kernel(batch_dim="B", dynamic=("B", "L", "N", "P"))
+@dsl.kernel(batch_dim="B", dynamic=("B", "L", "N", "P", "QR"))
 def sparse_mqa_decode_fp8(q: dsl.Tensor["B", "H", "D", dsl.bf16], kv: dsl.Tensor["B", "W", "R", dsl.f8e4m3],
                           kv_scale: dsl.Tensor["B", "W", "R", dsl.u8], idx: dsl.Tensor["B", "L", dsl.i32],
                           sink: dsl.Tensor["H", dsl.f32], o: dsl.Tensor["B", "H", "D", dsl.bf16],
@@ -77,7 +78,10 @@ def sparse_mqa_decode_fp8(q: dsl.Tensor["B", "H", "D", dsl.bf16], kv: dsl.Tensor
                           cmp_scale: dsl.OptionalTensor["B", "N", "RC", dsl.f8e4m3] = None,
                           positions: dsl.OptionalTensor["B", dsl.i32] = None,
                           cos: dsl.OptionalTensor["P", "HALF", dsl.f32] = None,
-                          sin: dsl.OptionalTensor["P", "HALF", dsl.f32] = None, *,
+                          sin: dsl.OptionalTensor["P", "HALF", dsl.f32] = None,
+                          o_q: dsl.OptionalTensor["QR", "D", dsl.f8e4m3] = None,
+                          o_qs: dsl.OptionalTensor["QR", "QD", dsl.u8] = None, *,
+                          GROUPS: dsl.Const = 8, QBLOCK: dsl.Const = 128,
                           BN: dsl.Tunable = dsl.choice(64, 32, 128),
                           STAGES: dsl.Tunable = dsl.int_range(1, 3, default=1),
                           SPLIT: dsl.Tunable = dsl.choice(16, 1, 2, 4, 8, 32),
@@ -110,7 +114,8 @@ def sparse_mqa_decode_fp8(q: dsl.Tensor["B", "H", "D", dsl.bf16], kv: dsl.Tensor
         return [(0, ring, window, kv.W), (ring, None, compressed, cmp.N)]
 
     epilogue = epilogue_of("sparse_mqa_decode_fp8", q, positions, cos, sin)
-    decode(q, kv, idx, sink, o, lse, BN, STAGES, SPLIT, BD, rows_of, kv.W, epilogue=epilogue)
+    decode(q, kv, idx, sink, o, lse, BN, STAGES, SPLIT, BD, rows_of, kv.W, epilogue=epilogue,
+           fp8_out=fp8_out_of("sparse_mqa_decode_fp8", q, o_q, o_qs, GROUPS, QBLOCK))
 
 
 def dequantised(kv: torch.Tensor, kv_scale: torch.Tensor) -> torch.Tensor:
@@ -160,7 +165,7 @@ def all_rows(d: int, kv, kv_scale, cmp=None, cmp_scale=None) -> torch.Tensor:
 
 
 def sparse_mqa_decode_fp8_reference(q, kv, kv_scale, idx, sink, cmp=None, cmp_scale=None, positions=None, cos=None,
-                                    sin=None) -> dict:
+                                    sin=None, GROUPS=None, QBLOCK=None) -> dict:
     """model.md 2.5.6 over the dequantised rows (3.4's row formats), window rows first; with
     ``positions``, the output's rope channels rotated by -P (``sparse_mqa_decode``'s epilogue)."""
     idx = joint_index(idx, kv.shape[1], None if cmp is None else cmp.shape[1])
@@ -271,6 +276,11 @@ def stored_row_cases(d: int) -> dict:
                                config={**SMALL, "SPLIT": 1}),
         "rope_past_table": case(B=3, W=64, L=64, rope="past", P=70, config={**SMALL, "SPLIT": 2}),
         "rope_at_zero_one_phase": case(B=2, W=32, L=32, rope="zero", config={**SMALL, "SPLIT": 1}),
+        # wo_a's FP8 input (``decode_fp8_out``): in the combine, and in the one-phase form's own phase
+        "fp8_out_rope": case(B=3, W=40, N=200, L=250, holes=0.3, rope="random", P=500, GROUPS=8, QBLOCK=32,
+                             config={**SMALL, "SPLIT": 4}),
+        "fp8_out_one_phase": case(B=2, H=4, W=16, N=74, L=200, rope="wrap", P=600, GROUPS=2, QBLOCK=d // 2,
+                                  config={**SMALL, "SPLIT": 1}),
     }
 
 
@@ -293,9 +303,14 @@ SPEC = register(Spec(
                  "v41_csa": {"B": 16, "H": 64, "D": 512, "W": 128, "L": 640, "N": 32768},
                  # as the runtime calls it: with the inverse rope epilogue, a 64K context's table
                  "v41_csa_rope": {"B": 16, "H": 64, "D": 512, "W": 128, "L": 640, "N": 32768, "rope": "random",
-                                  "P": 1 << 16}},
+                                  "P": 1 << 16},
+                 # and with wo_a's FP8 input (fp8_wo_a): 8 groups, a code per 32 channels
+                 "v41_csa_rope_fp8_out": {"B": 16, "H": 64, "D": 512, "W": 128, "L": 640, "N": 32768,
+                                          "rope": "random", "P": 1 << 16, "GROUPS": 8, "QBLOCK": 32}},
     tolerance=_tolerance,
     extra_error=_bound,
+    derived=DERIVED,
+    constants_of=fp8_out_constants,
     flops=lambda c: 4.0 * c["B"] * c["H"] * c["L"] * c["D"],
     bytes_moved=_bytes,
     model_shapes=shapes.for_models(_model_shapes),

@@ -37,6 +37,7 @@ import torch
 from .. import dsl
 from . import model_shapes as shapes
 from .decode_epilogue import epilogue_of
+from .decode_fp8_out import DERIVED, fp8_out_constants, fp8_out_of
 from .kv_insert import row_bytes
 from .registry import Dim, OneOf, Spec, register
 from .sparse_mqa_decode import (
@@ -70,7 +71,7 @@ def _row_groups(values, scales, rope, b, slots, nope, ROPE, BN):
 
 
 # SPLIT defaults to 16, the two-phase form, as sparse_mqa_decode's
-@dsl.kernel(batch_dim="B", dynamic=("B", "L", "N", "P"))
+@dsl.kernel(batch_dim="B", dynamic=("B", "L", "N", "P", "QR"))
 def sparse_mqa_decode_fp8_nope(q: dsl.Tensor["B", "H", "D", dsl.bf16], kv: dsl.Tensor["B", "W", "R", dsl.f8e4m3],
                                kv_scale: dsl.Tensor["B", "W", "R", dsl.u8],
                                kv_rope: dsl.Tensor["B", "W", "RH", dsl.bf16], idx: dsl.Tensor["B", "L", dsl.i32],
@@ -81,7 +82,10 @@ def sparse_mqa_decode_fp8_nope(q: dsl.Tensor["B", "H", "D", dsl.bf16], kv: dsl.T
                                cmp_rope: dsl.OptionalTensor["B", "N", "RH", dsl.bf16] = None,
                                positions: dsl.OptionalTensor["B", dsl.i32] = None,
                                cos: dsl.OptionalTensor["P", "HALF", dsl.f32] = None,
-                               sin: dsl.OptionalTensor["P", "HALF", dsl.f32] = None, *,
+                               sin: dsl.OptionalTensor["P", "HALF", dsl.f32] = None,
+                               o_q: dsl.OptionalTensor["QR", "D", dsl.f8e4m3] = None,
+                               o_qs: dsl.OptionalTensor["QR", "QD", dsl.u8] = None, *,
+                               GROUPS: dsl.Const = 8, QBLOCK: dsl.Const = 128,
                                ROPE: dsl.Const = 64,
                                BN: dsl.Tunable = dsl.choice(64, 32, 128),
                                STAGES: dsl.Tunable = dsl.int_range(1, 3, default=1),
@@ -122,7 +126,7 @@ def sparse_mqa_decode_fp8_nope(q: dsl.Tensor["B", "H", "D", dsl.bf16], kv: dsl.T
 
     epilogue = epilogue_of("sparse_mqa_decode_fp8_nope", q, positions, cos, sin, ROPE)
     decode(q, kv, idx, sink, o, lse, BN, STAGES, SPLIT, BD, rows_of, kv.W, columns=((0, nope), (nope, ROPE)),
-           epilogue=epilogue)
+           epilogue=epilogue, fp8_out=fp8_out_of("sparse_mqa_decode_fp8_nope", q, o_q, o_qs, GROUPS, QBLOCK))
 
 
 def stored_rows(nope_values: torch.Tensor, rope: torch.Tensor, codes: torch.Tensor) -> torch.Tensor:
@@ -151,7 +155,8 @@ def all_rows(d: int, kv, cmp=None, rope: int = 64) -> torch.Tensor:
 
 
 def sparse_mqa_decode_fp8_nope_reference(q, kv, kv_scale, kv_rope, idx, sink, cmp=None, cmp_scale=None,
-                                         cmp_rope=None, positions=None, cos=None, sin=None, ROPE: int = 64) -> dict:
+                                         cmp_rope=None, positions=None, cos=None, sin=None, ROPE: int = 64,
+                                         GROUPS=None, QBLOCK=None) -> dict:
     """model.md 2.5.6 over the dequantised rows (3.1's row format), window rows first; with
     ``positions``, the output's rope channels rotated by -P (``sparse_mqa_decode``'s epilogue)."""
     idx = joint_index(idx, kv.shape[1], None if cmp is None else cmp.shape[1])
@@ -241,9 +246,14 @@ SPEC = register(Spec(
                  "v4_csa": {"B": 16, "H": 64, "D": 512, "W": 128, "L": 640, "N": 16384},
                  # as the runtime calls it: with the inverse rope epilogue, a 64K context's table
                  "v4_csa_rope": {"B": 16, "H": 64, "D": 512, "W": 128, "L": 640, "N": 16384, "rope": "random",
-                                 "P": 1 << 16}},
+                                 "P": 1 << 16},
+                 # and with wo_a's FP8 input (fp8_wo_a): 8 groups, a code per 128 channels
+                 "v4_csa_rope_fp8_out": {"B": 16, "H": 64, "D": 512, "W": 128, "L": 640, "N": 16384,
+                                         "rope": "random", "P": 1 << 16, "GROUPS": 8, "QBLOCK": 128}},
     tolerance=_tolerance,
     extra_error=_bound,
+    derived=DERIVED,
+    constants_of=fp8_out_constants,
     flops=lambda c: 4.0 * c["B"] * c["H"] * c["L"] * c["D"],
     bytes_moved=_bytes,
     model_shapes=shapes.for_models(_model_shapes),

@@ -21,6 +21,8 @@ def split_phases(module: Module) -> list[Module]:
 
 def phase_views(module: Module) -> list[Module]:
     """Each grid of ``module`` as a module of its own under ``module``'s name, sharing its ops and
-    parameters (not copies: for a pass that writes a new module, such as ``bind_shapes``)."""
+    parameters (not copies: for a pass that writes a new module, such as ``bind_shapes``), and the
+    kernel's size conditions (``dsl.require``: each phase is called with the kernel's sizes)."""
     return [Module(module.name, module.params, Block([grid]), module.config, module.constants, module.shapes,
-                   module.dynamic, module.batch_dim, module.source_file) for grid in module.body.ops]
+                   module.dynamic, module.batch_dim, module.source_file, requires=list(module.requires))
+            for grid in module.body.ops]

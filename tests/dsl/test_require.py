@@ -25,6 +25,15 @@ def head_dynamic(x: dsl.Tensor["R", "C", dsl.f32], out: dsl.Tensor["R", "K", dsl
         dsl.store(out[r, 0], dsl.load(x[r, 2], (1, 4)))
 
 
+@dsl.kernel(dynamic=("R", "C"))
+def head_two_phases(x: dsl.Tensor["R", "C", dsl.f32], out: dsl.Tensor["R", "K", dsl.f32], *, K: dsl.Const = 4):
+    dsl.require(x.C >= out.K + 2, "x's rows must hold K values and 2 more")
+    for r in dsl.grid(x.R):
+        dsl.store(out[r, 0], dsl.load(x[r, 2], (1, 4)))
+    for r in dsl.grid(x.R):
+        dsl.store(out[r, 0], dsl.load(out[r, 0], (1, 4)) * 2.0)
+
+
 def _call(cols: int, kernel=head):
     x = torch.arange(3 * cols, dtype=torch.float32).reshape(3, cols)
     out = torch.zeros(3, 4)
@@ -55,6 +64,18 @@ def test_a_condition_on_a_dynamic_size_is_checked_at_each_call_the_build_serves(
     with pytest.raises(DslError, match=r"x's rows must hold K values and 2 more \(sizes .*'C': 5") as err:
         kernel(x=torch.zeros(3, 5), out=torch.zeros(3, 4))
     assert "test_require.py:" in str(err.value)
+
+
+def test_a_kernel_of_several_phases_keeps_its_conditions_in_each():
+    """Regression: the phases a kernel splits into carried none of its conditions, so one on a
+    dynamic size went unchecked in a two-phase kernel."""
+    kernel = codegen.compile(head_two_phases, "interpret")
+    x = torch.arange(18, dtype=torch.float32).reshape(3, 6)
+    out = torch.zeros(3, 4)
+    kernel(x=x, out=out)
+    assert torch.equal(out, 2 * x[:, 2:6])
+    with pytest.raises(DslError, match="x's rows must hold K values and 2 more"):
+        kernel(x=torch.zeros(3, 5), out=torch.zeros(3, 4))
 
 
 def test_a_condition_decided_while_tracing_fails_at_once_and_a_non_condition_is_refused():
