@@ -13,6 +13,7 @@ from duotile.runtime.engine import LLM
 from duotile.runtime.layers.common import Ctx, grouped_linear_q
 from duotile.runtime.ops import FastOps
 from duotile.runtime.reference import Model
+from duotile.runtime.sampler import SamplingParams
 from duotile.runtime.weights import Checkpoint
 
 from .test_generated import each_op_agrees
@@ -38,7 +39,26 @@ def test_generated_kernels_serve_it_and_agree_with_the_reference_op(ckpt_dir):
     grouped ``wo_a`` among them (linear_q's bound a group)."""
     llm = LLM(ckpt_dir("v41-tiny"), kernels="generated", fp8_wo_a=True)
     each_op_agrees(llm, "v41-tiny")
-    assert llm.last_stats.ops["grouped_linear_q"][1] == 0 and "linear" in llm.last_stats.ops
+    ops = llm.last_stats.ops
+    assert ops["grouped_linear_q"][1] == 0 and "linear" in ops
+    # every decode step's attention wrote wo_a's FP8 input itself, which wo_a then took as it was
+    assert llm.model.ctx.ops.fused_fp8_inputs == ops["sparse_attention_stored"][0] > 0
+
+
+@pytest.mark.parametrize("name", ["v41-tiny", "v4-tiny"])
+def test_the_decode_kernels_fp8_input_gives_the_quantised_inputs_results(ckpt_dir, name):
+    """wo_a's input written by the decode kernels (``decode_fp8_out``) or quantised after them
+    (``quantize``): the same bits, so the same tokens and logits, bit for bit."""
+    prompts, params = [list(range(3, 15)), [2, 7]], SamplingParams(max_tokens=4, ignore_eos=True, return_logits=True)
+    fused_llm = LLM(ckpt_dir(name), kernels="generated", fp8_wo_a=True)
+    fused = fused_llm.generate(prompts, [params] * 2)
+    assert fused_llm.model.ctx.ops.fused_fp8_inputs > 0
+    apart = LLM(ckpt_dir(name), kernels="generated", fp8_wo_a=True)
+    apart.model.ctx.wo_a_input = None  # the decode kernels write no FP8 input: wo_a quantises its own
+    separate = apart.generate(prompts, [params] * 2)
+    assert apart.model.ctx.ops.fused_fp8_inputs == 0
+    for a, b in zip(fused, separate):
+        assert a.token_ids == b.token_ids and all(torch.equal(x, y) for x, y in zip(a.logits, b.logits))
 
 
 def test_with_the_kernels_wo_a_is_kept_as_its_codes_or_in_bf16(ckpt_dir):

@@ -69,15 +69,18 @@ class AttentionKernels:
                                  rotary=None, positions=None):
         """The stored-row decode kernel of the rings' format over the rings' and compressed rows'
         stacks as they are (each passed as its values', its scales' and, V4, its rope channels'
-        tensor: the same memory): BF16 queries, the index list as given, FP32 out. With a
-        ``rotary`` its epilogue rotates the output by -P: the rotary's table rows 0 .. the largest
-        position (``_rope_table``) and the positions on the device."""
+        tensor: the same memory): BF16 queries, the index list as given, the kernel's BF16 output
+        (what the caller rounds it to: kept, not copied). With a ``rotary`` its epilogue rotates the
+        output by -P: the rotary's table rows 0 .. the largest position (``_rope_table``) and the
+        positions on the device. With ``ctx.wo_a_input`` the kernel writes wo_a's FP8 input too
+        (``decode_fp8_out``), kept for ``_grouped_linear_q`` (``_fp8_input``)."""
         b, d = q.shape[0], q.shape[-1]
         if ctx.dtype != torch.bfloat16 or b == 0 or scale != d ** -0.5 or (rotary is not None and rotary.dim % 2):
             return NotImplemented
         o = torch.empty(q.shape, dtype=torch.bfloat16, device=q.device)
         args = {"q": q.to(torch.bfloat16).contiguous(), "idx": idx.contiguous(), "sink": sink.float().contiguous(),
                 "o": o, "kv": ring.view(torch.float8_e4m3fn), "kv_scale": ring}
+        consts = self._fp8_output(ctx, o, args)
         if rotary is not None:
             at, cos, sin = self._positions_and_table(rotary, positions, q.device)
             args.update(positions=at, cos=cos, sin=sin)
@@ -85,12 +88,47 @@ class AttentionKernels:
             args["kv_rope"] = ring.view(torch.bfloat16)
             if cmp is not None:
                 args.update(cmp=cmp.view(torch.float8_e4m3fn), cmp_scale=cmp, cmp_rope=cmp.view(torch.bfloat16))
-            self._kernel("sparse_mqa_decode_fp8_nope", q.device, {})(**args)
-            return o.float()
+            self._kernel("sparse_mqa_decode_fp8_nope", q.device, consts)(**args)
+            return self._written(o)
         if cmp is not None:  # V4.1's NVFP4 compressed rows: e2m1 pairs, E4M3 scales
             args.update(cmp=cmp, cmp_scale=cmp.view(torch.float8_e4m3fn))
-        self._kernel("sparse_mqa_decode_fp8", q.device, {})(**args)
-        return o.float()
+        self._kernel("sparse_mqa_decode_fp8", q.device, consts)(**args)
+        return self._written(o)
+
+    def _written(self, o: torch.Tensor) -> torch.Tensor:
+        """``o`` as the kernel left it: the FP8 input kept with it is valid for this version of it
+        (a later write to ``o`` makes it stale; the interpreter's own writes count as writes)."""
+        if self._fp8_input is not None and self._fp8_input[0] is o:
+            self._fp8_input = (o, o._version, *self._fp8_input[2:])
+        return o
+
+    def _fp8_output(self, ctx, o: torch.Tensor, args: dict) -> dict:
+        """With ``ctx.wo_a_input`` (groups, block) that whole heads and blocks fit: the FP8 output's
+        tensors put in ``args`` and kept with ``o`` (``_fp8_input``), its constants returned."""
+        self._fp8_input = None
+        b, h, d = o.shape
+        if ctx.wo_a_input is None or not ctx.quant or h % ctx.wo_a_input[0] or d % ctx.wo_a_input[1]:
+            return {}
+        groups, block = ctx.wo_a_input
+        o_q = torch.empty(b * h, d, dtype=torch.float8_e4m3fn, device=o.device)
+        o_qs = torch.empty(b * h, d // block, dtype=torch.uint8, device=o.device)
+        args.update(o_q=o_q, o_qs=o_qs)
+        self._fp8_input = (o, o._version, o_q, o_qs, groups, block)
+        return {"GROUPS": groups, "QBLOCK": block}
+
+    def fused_fp8_input(self, og: torch.Tensor, block: int):
+        """wo_a's FP8 input and codes, group-major [G, T, K] and [G, T, K / block], where ``og``
+        ([T, G, K]) is the output a decode kernel wrote them with, unchanged since; else None."""
+        kept, self._fp8_input = self._fp8_input, None
+        if kept is None:
+            return None
+        o, version, o_q, o_qs, groups, at = kept
+        t, g, k = og.shape
+        if (og.data_ptr() != o.data_ptr() or og.numel() != o.numel() or o._version != version or g != groups
+                or at != block or og.dtype != o.dtype):
+            return None
+        self.fused_fp8_inputs += 1
+        return o_q.view(groups, t, k), o_qs.view(groups, t, k // block)
 
     def _kv_insert(self, ctx, rotary, x, weight, eps: float, positions: torch.Tensor, ring: torch.Tensor,
                    fmt: str = "fp8/32"):

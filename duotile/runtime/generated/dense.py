@@ -52,8 +52,9 @@ class DenseKernels:
 
     def _grouped_linear_q(self, ctx, og: torch.Tensor, wo_a) -> torch.Tensor:
         """The grouped ``wo_a`` on its FP8 codes: the activation quantised by ``quantize`` (a group
-        is whole blocks of it), then one ``gemm_blockscaled`` over the groups (its G axis), each
-        group's A, codes and scales a contiguous slice; FP32 [T, G * N] out, as the reference's.
+        is whole blocks of it), or as the decode kernel that wrote it wrote it quantised too
+        (``fused_fp8_input``: the same bits), then one ``gemm_blockscaled`` over the groups (its G
+        axis), each group's A, codes and scales a contiguous slice; FP32 [T, G * N] out.
         A group whose rows or columns are not whole blocks goes to the reference."""
         t, groups, k = og.shape
         block, packed = wo_a.act_block, wo_a.packed
@@ -64,9 +65,13 @@ class DenseKernels:
         n = codes.shape[0] // groups
         if n % block or codes.shape[1] != k:
             return NotImplemented
-        q, qs = self._quantize(og.reshape(t, groups * k), block)
-        a = q.view(t, groups, k).transpose(0, 1).contiguous()  # group-major, as the kernel reads A
-        sa = qs.view(t, groups, k // block).transpose(0, 1).contiguous()
+        fused = self.fused_fp8_input(og, block)  # written by the decode kernel with ``og``
+        if fused is not None:
+            a, sa = fused
+        else:
+            q, qs = self._quantize(og.reshape(t, groups * k), block)
+            a = q.view(t, groups, k).transpose(0, 1).contiguous()  # group-major, as the kernel reads A
+            sa = qs.view(t, groups, k // block).transpose(0, 1).contiguous()
         c = torch.empty(groups, t, n, dtype=torch.float32, device=og.device)
         self._kernel("gemm_blockscaled", og.device, {"BLOCK": block})(
             a=a, a_scale=sa, b=codes.view(groups, n, k), b_scale=scales.view(groups, n // block, -1), c=c)
