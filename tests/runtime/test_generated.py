@@ -314,7 +314,7 @@ def test_each_kernel_agrees_with_its_reference_op_on_the_models_own_inputs(ckpt_
 
 def each_op_agrees(llm: LLM, name: str) -> None:
     """The check above on an engine made on any device (test_gpu.py runs it on the sm90 builds)."""
-    ops, seen = llm.model.ctx.ops, {}
+    ops, seen, told = llm.model.ctx.ops, {}, []
 
     def checked(op, kernel):
         def run(*args, **kw):
@@ -337,7 +337,8 @@ def each_op_agrees(llm: LLM, name: str) -> None:
                     agree = _agree(op, got, want, args[1:] if op in METHODS else args)
                 seen.setdefault(op, []).append(agree)
                 if not agree:  # at once: a GPU run cut by a time limit still says which op and call
-                    print(f"disagrees: {op} call {len(seen[op])}: {_difference(got, want)}", flush=True)
+                    told.append(f"disagrees: {op} call {len(seen[op])}: {_difference(got, want)}")
+                    print(told[-1], flush=True)
             return got
         return run
 
@@ -351,7 +352,7 @@ def each_op_agrees(llm: LLM, name: str) -> None:
     want_ops |= {"hc_head"} if name == "v4-tiny" else {"engram_hash", "engram", "candidate_pool", "index_scores_pool"}
     want_ops |= {"grouped_linear_q"} if llm.model.ctx.fp8_wo_a else set()
     assert set(seen) == want_ops, set(seen)
-    assert [op for op, v in sorted(seen.items()) if not all(v)] == []
+    assert [op for op, v in sorted(seen.items()) if not all(v)] == [], "\n".join(told[:20])
     report = llm.last_stats.ops
     assert all(report[op][0] == len(seen[op]) for op in want_ops), report
 
