@@ -113,8 +113,7 @@ def check_dynamic_requires(module: Module, shapes: dict[str, int]) -> None:
     for cond, message, loc in module.requires:
         if not getattr(cond, "free_symbols", None):
             continue
-        subs = {s: sympy.Integer(shapes[str(s)[2:]]) for s in cond.free_symbols
-                if str(s).startswith("n_") and str(s)[2:] in shapes}
+        subs = {dynamic_symbol(name): sympy.Integer(size) for name, size in shapes.items()}
         if cond.xreplace(subs) in (sympy.false, False):
             raise DslError(f"{module.name}: {message} (sizes {shapes})", loc)
 

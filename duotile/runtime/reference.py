@@ -179,8 +179,8 @@ class Model:
         if self.stored_rows and not cfg.is_v41 and cfg.qk_rope_head_dim != NOPE_ROPE:
             raise ValueError(f"stored_rows: V4's rows keep {NOPE_ROPE} rope channels in BF16; this configuration has "
                              f"qk_rope_head_dim = {cfg.qk_rope_head_dim}")
-        self.ctx = Ctx(make_ops(batch_invariant, kernels), dtype, quant, fp8_wo_a=fp8_wo_a,
-                       wo_a_input=(cfg.o_groups, ws.act_block) if fp8_wo_a else None)
+        self.ctx = Ctx(make_ops(batch_invariant, kernels), dtype, quant,
+                       fp8_wo_a=(cfg.o_groups, ws.act_block) if fp8_wo_a else None)
         self.embed, self.norm, self.head = ws.t("embed.weight"), ws.t("norm.weight"), ws.t("head.weight")
         self.blocks = [Block(cfg, ws, layer) for layer in range(cfg.num_hidden_layers)]
         self.weight_bytes = ws.device_bytes  # on the device, as kept: packed codes, or dequantised values

@@ -72,7 +72,7 @@ class AttentionKernels:
         tensor: the same memory): BF16 queries, the index list as given, the kernel's BF16 output
         (what the caller rounds it to: kept, not copied). With a ``rotary`` its epilogue rotates the
         output by -P: the rotary's table rows 0 .. the largest position (``_rope_table``) and the
-        positions on the device. With ``ctx.wo_a_input`` the kernel writes wo_a's FP8 input too
+        positions on the device. With ``ctx.fp8_wo_a`` the kernel writes wo_a's FP8 input too
         (``decode_fp8_out``), kept for ``_grouped_linear_q`` (``_fp8_input``)."""
         b, d = q.shape[0], q.shape[-1]
         if ctx.dtype != torch.bfloat16 or b == 0 or scale != d ** -0.5 or (rotary is not None and rotary.dim % 2):
@@ -103,13 +103,13 @@ class AttentionKernels:
         return o
 
     def _fp8_output(self, ctx, o: torch.Tensor, args: dict) -> dict:
-        """With ``ctx.wo_a_input`` (groups, block) that whole heads and blocks fit: the FP8 output's
+        """With ``ctx.fp8_wo_a`` (groups, block) that whole heads and blocks fit: the FP8 output's
         tensors put in ``args`` and kept with ``o`` (``_fp8_input``), its constants returned."""
         self._fp8_input = None
         b, h, d = o.shape
-        if ctx.wo_a_input is None or not ctx.quant or h % ctx.wo_a_input[0] or d % ctx.wo_a_input[1]:
+        if ctx.fp8_wo_a is None or not ctx.quant or h % ctx.fp8_wo_a[0] or d % ctx.fp8_wo_a[1]:
             return {}
-        groups, block = ctx.wo_a_input
+        groups, block = ctx.fp8_wo_a
         o_q = torch.empty(b * h, d, dtype=torch.float8_e4m3fn, device=o.device)
         o_qs = torch.empty(b * h, d // block, dtype=torch.uint8, device=o.device)
         args.update(o_q=o_q, o_qs=o_qs)

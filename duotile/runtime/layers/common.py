@@ -27,9 +27,9 @@ class Ctx:
     dtype: torch.dtype = torch.bfloat16
     quant: bool = True
     tally: Tally = field(default_factory=Tally)  # calls per model op, generated or reference (model_ops.py)
-    fp8_wo_a: bool = False  # the grouped wo_a as engines run it (FP8 activations), not in BF16 (model.md 2.10)
-    # wo_a's (groups, FP8 block) with fp8_wo_a: a decode kernel may write its FP8 input with its output
-    wo_a_input: tuple[int, int] | None = None
+    # the grouped wo_a's (groups, FP8 block) where it runs as engines run it, on FP8 activations (a
+    # decode kernel may write them with its output); None: in BF16, as the reference (model.md 2.10)
+    fp8_wo_a: tuple[int, int] | None = None
 
     def act(self, t: torch.Tensor) -> torch.Tensor:
         """Round to the activation dtype, where the reference stores a BF16 tensor."""
