@@ -133,11 +133,9 @@ class PhasedCall:
     def __call__(self, tensors: dict) -> None:
         args = tensors
         if self._ws:  # sized at the call's dynamic sizes; reused while they fit
-            # read off the tensors at axes found once (printing sympy symbols a call cost ~25 us)
-            sizes = ({sym: int(tensors[name].shape[axis]) for name, axis, sym in self._axes}
-                     if self._axes is not None else self.phases[0].dynamic_sizes(tensors))
-            device = (tensors[self._axes[0][0]].device if self._axes else
-                      next(t.device for t in tensors.values() if t is not None and hasattr(t, "device")))
+            # read off the tensors at axes found once (printing sympy symbols a call cost ~25 us
+            # a symbol, ~100 us a call of a kernel whose sizes an optional tensor carries)
+            sizes, device = _read_sizes(self._axes, tensors, self.phases[0].name)
             key = (tuple(sizes.items()), device)
             views = self._views.get(key)
             if views is None:  # slicing and viewing cost a few us a call: once per sizes and device
@@ -158,18 +156,35 @@ class PhasedCall:
         return {n: self.workspaces[n][:_numel(s)].view(s) for n, s in shapes.items()}
 
 
-def _dynamic_axes(module: Module) -> tuple[tuple[str, int, str], ...] | None:
-    """(tensor, axis, symbol) giving each dynamic size of ``module``: the first tensor that is
-    never optional and has the symbol in its shape (``Module.dynamic_sizes`` reads the same)."""
-    want = {str(dynamic_symbol(n)) for n in module.dynamic}
-    axes: dict[str, tuple[str, int, str]] = {}
-    for p in module.params:
-        if p.workspace or p.optional:
-            continue
+def _dynamic_axes(module: Module) -> tuple[tuple[str, tuple[tuple[str, int], ...]], ...]:
+    """For each dynamic size of ``module`` (its symbol, ``n_R``), the (tensor, axis) places that
+    give it, in parameter order with the tensors that are never optional first: a call reads the
+    first place whose tensor it was given (``Module.dynamic_sizes`` reads the same values)."""
+    want = [str(dynamic_symbol(n)) for n in module.dynamic]
+    places: dict[str, list[tuple[str, int]]] = {sym: [] for sym in want}
+    for p in sorted((p for p in module.params if not p.workspace), key=lambda p: p.optional):
         for axis, d in enumerate(p.shape):
-            if d.is_Symbol and str(d) in want and str(d) not in axes:
-                axes[str(d)] = (p.name, axis, str(d))
-    return tuple(axes.values()) if set(axes) == want else None  # else only optional tensors carry one
+            if d.is_Symbol and str(d) in places:
+                places[str(d)].append((p.name, axis))
+    return tuple((sym, tuple(at)) for sym, at in places.items())
+
+
+def _read_sizes(axes, tensors: dict, name: str) -> tuple[dict[str, int], Any]:
+    """A call's dynamic sizes ({symbol: value}) and its device, read at ``_dynamic_axes``' places."""
+    sizes, device = {}, None
+    for sym, places in axes:
+        for tensor, axis in places:
+            t = tensors.get(tensor)
+            if t is not None:
+                sizes[sym] = int(t.shape[axis])
+                device = device if device is not None else t.device
+                break
+        else:
+            raise ValueError(f"{name}: no tensor gives the dynamic size {sym} (its tensors: "
+                             f"{', '.join(t for t, _ in places) or 'none'})")
+    if device is None:
+        device = next(t.device for t in tensors.values() if t is not None and hasattr(t, "device"))
+    return sizes, device
 
 
 def load_phases(target: Target, phases: list[Module], artifacts: list[Artifact]) -> PhasedCall:

@@ -157,3 +157,46 @@ def test_a_dynamic_workspace_grows_and_its_views_follow_it():
     assert ws.numel() == 20
     assert all(v["sums"].untyped_storage().data_ptr() == ws.untyped_storage().data_ptr()
                for v in call._views.values())
+
+
+@dsl.kernel(dynamic=("N", "M"))
+def sums_with_optional_rows(x: dsl.Tensor["N", "D", dsl.f32], y: dsl.Tensor["N", dsl.f32],
+                            extra: dsl.OptionalTensor["M", "D", dsl.f32] = None, *, BN: dsl.Tunable = dsl.choice(4)):
+    """Two phases over x's rows, plus ``extra``'s first row where given: its size M is carried by
+    an optional tensor alone."""
+    sums = dsl.workspace("sums", (x.N,), dsl.f32)
+    for i in dsl.grid(dsl.cdiv(x.N, BN)):
+        row = dsl.load(x[i * BN, 0], (BN, x.D)).sum(axis=1)
+        if extra is not None:
+            row = row + dsl.load(extra[0, 0], (1, x.D)).sum(axis=1)
+        dsl.store(sums[i * BN], row)
+    for j in dsl.grid(dsl.cdiv(x.N, BN)):
+        dsl.store(y[j * BN], dsl.load(sums[j * BN], (BN,)) * 2.0)
+
+
+def test_a_size_only_an_optional_tensor_carries_is_read_without_sympy(monkeypatch):
+    """Regression: a dynamic size that only an optional tensor gives (sparse_mqa_decode_fp8's
+    compressed rows N, the decode epilogue's table length P) sent every call through
+    ``Module.dynamic_sizes``, which prints sympy symbols: ~100 us of host time a call, which left
+    the GPU idle and timed the stored-row decode at 201 us. The call reads each size at places
+    found once, the first given tensor that carries it."""
+    kernel = codegen.compile(sums_with_optional_rows, "interpret")
+    g = torch.Generator().manual_seed(3)
+    x, extra = torch.randint(-8, 9, (8, 3), generator=g).float(), torch.randint(-8, 9, (5, 3), generator=g).float()
+    y = torch.zeros(8)
+    kernel(x=x, y=y, extra=extra)
+    assert torch.equal(y, 2 * (x.sum(1) + extra[0].sum()))
+    kernel(x=x, y=y)  # without extra: a build of its own, where M is no size
+    assert torch.equal(y, 2 * x.sum(1))
+    call = next(c for c in kernel._calls.values() if "extra" in {p.name for p in c.phases[0].params})
+    want = call.phases[0].dynamic_sizes({"x": x, "y": y, "extra": extra})
+    assert dict(call._axes) == {"n_N": (("x", 0), ("y", 0)), "n_M": (("extra", 0),)}
+    # the launches replaced (the interpreter reads the sizes itself): the call's own path alone
+    seen = []
+    call.fns = [lambda args: seen.append(args["sums"].shape) for _ in call.fns]
+    monkeypatch.setattr(type(call.phases[0]), "dynamic_sizes", lambda *a: pytest.fail("the slow path ran"))
+    for n, m in ((8, 7), (12, 5)):
+        kernel(x=torch.zeros(n, 3), y=torch.zeros(n), extra=torch.zeros(m, 3))
+    assert want == {"n_N": 8, "n_M": 5} and seen == [(8,), (8,), (12,), (12,)]
+    # the workspace grew at N = 12: the views of the smaller one were dropped
+    assert [dict(k[0]) for k in call._views] == [{"n_N": 12, "n_M": 5}]
