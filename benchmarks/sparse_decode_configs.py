@@ -1,4 +1,5 @@
-"""Sparse decode's split against the batch on the H200: ``sparse_mqa_decode`` at its CSA / CSA2
+"""Sparse decode's split against the batch on the H200: a sparse decode kernel (``--kernel``:
+``sparse_mqa_decode``, or the stored-row ``sparse_mqa_decode_fp8`` / ``_fp8_nope``) at its CSA / CSA2
 model shapes (640 rows a query, decode batches 1, 16, 64) and V4's HCA rows (8,320) at batches 1 and
 16, for a few pinned configs (``SPLIT`` ranges of ``BN``-row blocks) and the config a user gets.
 Each config is one build (B, L and N are dynamic); each cell is checked against the reference
@@ -8,7 +9,10 @@ The kernel is batch invariant, so one config serves every batch: more ranges fil
 batch 1, fewer write less partial output at batch 64. This table is what the shipped starting
 config (``duotile/tuned/starting.json``) is chosen from.
 
-    python3 benchmarks/sparse_decode_configs.py [--splits 1,4,8,16,32] [--jobs 8]
+    python3 benchmarks/sparse_decode_configs.py [--kernel sparse_mqa_decode] [--splits 1,4,8,16,32] [--jobs 8]
+
+Results go to ``results/sparse_decode_configs.md`` (the BF16-row kernel) or
+``results/sparse_decode_configs_<kernel>.md``.
 """
 
 from __future__ import annotations
@@ -32,8 +36,10 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--splits", default="1,4,8,16,32", help="SPLIT values to pin (default: %(default)s)")
     p.add_argument("--jobs", type=int, default=8, help="build threads (default: %(default)s)")
+    p.add_argument("--kernel", default="sparse_mqa_decode",
+                   choices=("sparse_mqa_decode", "sparse_mqa_decode_fp8", "sparse_mqa_decode_fp8_nope"))
     args = p.parse_args(argv)
-    spec = load_all()["sparse_mqa_decode"]
+    spec = load_all()[args.kernel]
     shapes = [s for s in spec.model_shapes if "csa" in s or s.endswith(("hca8320/decode1", "hca8320/decode16"))]
     configs: list[dict | None] = [dict(BN=64, STAGES=2, SPLIT=int(s), BD=128) for s in args.splits.split(",")]
     configs.append(None)  # the config a user gets
@@ -60,7 +66,8 @@ def main(argv: list[str] | None = None) -> int:
             row[s] = f"{us:.1f}{'' if bad is None else ' !WRONG'}"
         rows.append(row)
         print(row, flush=True)
-    write_results("sparse_decode_configs", rows, ["config", *shapes])
+    name = "sparse_decode_configs" + ("" if args.kernel == "sparse_mqa_decode" else "_" + args.kernel)
+    write_results(name, rows, ["config", *shapes])
     return 0
 
 
