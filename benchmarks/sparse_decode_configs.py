@@ -10,6 +10,7 @@ batch 1, fewer write less partial output at batch 64. This table is what the shi
 config (``duotile/tuned/starting.json``) is chosen from.
 
     python3 benchmarks/sparse_decode_configs.py [--kernel sparse_mqa_decode] [--splits 1,4,8,16,32] [--jobs 8]
+        [--gather-pipeline]
 
 Results go to ``results/sparse_decode_configs.md`` (the BF16-row kernel) or
 ``results/sparse_decode_configs_<kernel>.md``.
@@ -38,10 +39,14 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--jobs", type=int, default=8, help="build threads (default: %(default)s)")
     p.add_argument("--kernel", default="sparse_mqa_decode",
                    choices=("sparse_mqa_decode", "sparse_mqa_decode_fp8", "sparse_mqa_decode_fp8_nope"))
+    p.add_argument("--gather-pipeline", action="store_true",
+                   help="also each split with gather_pipeline on, at BN 64 and 32")
     args = p.parse_args(argv)
     spec = load_all()[args.kernel]
     shapes = [s for s in spec.model_shapes if "csa" in s or s.endswith(("hca8320/decode1", "hca8320/decode16"))]
     configs: list[dict | None] = [dict(BN=64, STAGES=2, SPLIT=int(s), BD=128) for s in args.splits.split(",")]
+    if args.gather_pipeline:  # each split again with the gather loop pipelined (the sm90 knob)
+        configs += [{**c, "gather_pipeline": True, "BN": bn} for c in list(configs) for bn in (64, 32)]
     configs.append(None)  # the config a user gets
     kernels = [codegen.compile(spec.kernel, "sm90", config=c) for c in configs]
     dev = torch.device("cuda")
@@ -49,15 +54,24 @@ def main(argv: list[str] | None = None) -> int:
     refs = {s: spec.run_reference(inputs[s], spec.model_shapes[s]) for s in shapes}
 
     def build(k):
-        for s in shapes:
-            k.artifacts(**inputs[s])
+        try:
+            for s in shapes:
+                k.artifacts(**inputs[s])
+        except Exception as err:  # noqa: BLE001 - a config the toolchain refuses is a row that says so
+            return f"{type(err).__name__}: {str(err).splitlines()[0][:120]}"
+        return None
 
     with ThreadPoolExecutor(args.jobs) as pool:
-        list(pool.map(build, kernels))
+        failed = list(pool.map(build, kernels))
     rows = []
-    for config, k in zip(configs, kernels):
+    name = "sparse_decode_configs" + ("" if args.kernel == "sparse_mqa_decode" else "_" + args.kernel)
+    for config, k, error in zip(configs, kernels, failed):
         row = {"config": "user: " + str(k.artifacts(**inputs[shapes[0]])[0].meta.get("config")) if config is None
                else str(config)}
+        if error is not None:
+            rows.append({**row, shapes[0]: f"not built: {error}"})
+            print(rows[-1], flush=True)
+            continue
         for s in shapes:
             k(**inputs[s])
             torch.cuda.synchronize()
@@ -66,7 +80,7 @@ def main(argv: list[str] | None = None) -> int:
             row[s] = f"{us:.1f}{'' if bad is None else ' !WRONG'}"
         rows.append(row)
         print(row, flush=True)
-    name = "sparse_decode_configs" + ("" if args.kernel == "sparse_mqa_decode" else "_" + args.kernel)
+        write_results(name, rows, ["config", *shapes], quiet=True)  # a run cut short keeps its rows
     write_results(name, rows, ["config", *shapes])
     return 0
 

@@ -24,7 +24,7 @@ _TARGETS: dict[str, Target] = {}
 # `threads` for CUDA and `cores` for Ascend); each target takes its own and ignores the rest.
 KNOB_NAMES = frozenset({"threads", "raster", "fp8_promote_k", "overlap", "warp_specialize", "cores",
                         "vector_split", "persistent", "ftz", "full_row", "cluster",
-                        "tma_store"})
+                        "tma_store", "gather_pipeline"})
 
 
 @dataclass

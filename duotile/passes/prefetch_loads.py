@@ -54,9 +54,11 @@ MAX_REGISTERS = 16  # a thread's registers for a loop's moved tiles, both copies
 FEWEST_THREADS = 128  # a tile's share of a thread is counted at the fewest threads a block runs
 
 
-def prefetch_loads(module: Module) -> Module:
+def prefetch_loads(module: Module, skip=None) -> Module:
+    """``skip(loop)``, where given, names pipelined loops left as they are (a target that pipelines
+    their loads itself)."""
     loops = [(block, op) for block in _blocks(module.body) for op in block.ops
-             if op.name == "for" and op.attrs.get("stages")]
+             if op.name == "for" and op.attrs.get("stages") and not (skip and skip(op))]
     for block, loop in loops:
         _prefetch(block, loop)
     return module

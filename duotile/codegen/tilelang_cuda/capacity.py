@@ -23,6 +23,7 @@ import math
 
 from ...dsl.errors import CapacityError, UnsupportedError
 from ...dsl.ir import Module, Op
+from . import gather_pipeline
 from .arch import Arch
 from .plan import make_plan
 
@@ -87,9 +88,23 @@ def _loop_locals(module: Module) -> dict[int, int]:
     return local
 
 
-def usage(module: Module, arch: Arch, threads: int | None = None) -> dict[str, int]:
-    plan = make_plan(module, arch, threads)
+def _ahead_copies(module: Module, plan) -> dict[int, int]:
+    """Value id -> copies, for the shared tiles of gather-pipelined loops' stage 0 (a gather's
+    rows, the index tile it reads): TileLang keeps one a stage (``gather_pipeline.py``)."""
+    out: dict[int, int] = {}
+    for loop in module.walk():
+        if loop.name == "for" and gather_pipeline.has_gather(loop):
+            body = loop.regions[0].ops
+            for i in gather_pipeline.stage_zero(body, plan.scope) or ():
+                if body[i].result is not None and plan.scope.get(body[i].result.id) == "shared":
+                    out[body[i].result.id] = int(loop.attrs["stages"])
+    return out
+
+
+def usage(module: Module, arch: Arch, threads: int | None = None, gather_pipeline_on: bool = False) -> dict[str, int]:
+    plan = make_plan(module, arch, threads, gather_pipeline_on)
     stages = _stages_of(module)
+    ahead = _ahead_copies(module, plan) if gather_pipeline_on else {}
     local = _loop_locals(module)
     smem = tmem_cols = 0
     by_loop: dict[int, int] = {}  # shared bytes of the tiles that live within one outermost loop
@@ -103,7 +118,7 @@ def usage(module: Module, arch: Arch, threads: int | None = None) -> dict[str, i
         nbytes = _nbytes(op)
         scope = plan.scope[v.id]
         if scope == "shared":
-            nbytes *= stages[v.id] if op.name == "load" else 1
+            nbytes *= stages[v.id] if op.name == "load" else ahead.get(v.id, 1)
             if v.id in local:
                 by_loop[local[v.id]] = by_loop.get(local[v.id], 0) + nbytes
             else:
@@ -122,7 +137,7 @@ def usage(module: Module, arch: Arch, threads: int | None = None) -> dict[str, i
 
 def check_capacity(module: Module, arch: Arch, knobs: dict) -> dict[str, int]:
     threads = int(knobs.get("threads", 128))
-    use = usage(module, arch, threads)
+    use = usage(module, arch, threads, bool(knobs.get("gather_pipeline")))
     detail = f"kernel {module.name} config {module.config}"
     if use["shared"] > arch.smem_bytes:
         raise CapacityError(arch.name, "shared memory", use["shared"], arch.smem_bytes, detail)

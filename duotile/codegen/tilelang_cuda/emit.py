@@ -14,7 +14,7 @@ from ...dsl.ir import Module, Op, Value
 from ...dsl.ops import MXFP4_BLOCK, NVFP4_BLOCK
 from ...passes.fold_bounds import grid_env, interval
 from ..handlers import OpHandlers
-from . import overlap, tma_store
+from . import gather_pipeline, overlap, tma_store
 from .arch import Arch
 from .block_scaled import code_column
 from .block_scaled import emit_gemm as emit_block_scaled_gemm
@@ -33,7 +33,7 @@ handles = HANDLERS.on
 class Emitter:
     def __init__(self, module: Module, arch: Arch, knobs: dict):
         self.m, self.arch, self.knobs = module, arch, knobs
-        self.plan: Plan = make_plan(module, arch, int(knobs.get("threads", 128)))
+        self.plan: Plan = make_plan(module, arch, int(knobs.get("threads", 128)), bool(knobs.get("gather_pipeline")))
         self.deferred: dict[int, Op] = {}  # map ops written by the store that reads them (plan.store_direct)
         self.src = Source()
         self.names: dict[int, str] = {}
@@ -174,6 +174,8 @@ def _for(e: Emitter, op: Op):
         spans = [_emit_counting(e, o) for o in op.regions[0].ops]
     e.loop_stack.pop()
     plan = overlap.schedule(op.regions[0].ops) if a.get("stages") and e.knobs.get("overlap") else None
+    if plan is None and e.knobs.get("gather_pipeline") and gather_pipeline.has_gather(op):
+        plan = gather_pipeline.schedule(op.regions[0].ops, e.plan.scope)
     if plan is not None and not e.arch.has_tmem:
         statements = dict(enumerate(spans))
         e.src.body[head] = e.src.body[head].replace(

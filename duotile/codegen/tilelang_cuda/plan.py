@@ -90,8 +90,11 @@ class Plan:
     raw: set[int] = field(default_factory=set)  # mxfp4 / mxfp8 results kept FP8 for a block-scaled gemm
 
 
-def make_plan(module: Module, arch: Arch, threads: int | None = None) -> Plan:
-    """``threads``: the consumer threads (the ``threads`` knob); the column split is decided with it."""
+def make_plan(module: Module, arch: Arch, threads: int | None = None, pipelined_gathers: bool = False) -> Plan:
+    """``threads``: the consumer threads (the ``threads`` knob); the column split is decided with it.
+    ``pipelined_gathers`` (the ``gather_pipeline`` knob): the loaded tiles a gather's index tile is
+    computed from live in shared memory too, where a stage of the pipeline keeps a copy of each
+    (``gather_pipeline.py``: a register tile read a stage later would have been overwritten)."""
     plan = Plan()
     ops = list(module.walk())
     sources: dict[int, set[int]] = {}  # value id -> the buffers it was computed from
@@ -122,6 +125,8 @@ def make_plan(module: Module, arch: Arch, threads: int | None = None) -> Plan:
             if v.id in gemm_b or (v.id in gemm_a and (arch.has_tmem or plan.col_split)):
                 plan.staged.add(v.id)
     _share_loaded_inputs(ops, plan)
+    if pipelined_gathers:
+        _share_index_sources(ops, plan, sources)
     plan.block_scaled = find_block_scaled(ops, arch, plan.scope)
     plan.raw = raw_values(plan.block_scaled)
     _find_gemm_clears(module, plan)
@@ -133,6 +138,17 @@ def make_plan(module: Module, arch: Arch, threads: int | None = None) -> Plan:
                     plan.reduce_pad[id(op)] = padded
     plan.relayout = _relayout(ops, plan)
     return plan
+
+
+def _share_index_sources(ops: list[Op], plan: Plan, sources: dict[int, set[int]]) -> None:
+    """The loaded register tiles a gather into shared memory computes its index tile from, moved
+    to shared memory (``make_plan``'s ``pipelined_gathers``)."""
+    loads = {op.result.id for op in ops if op.name == "load" and op.result is not None}
+    for op in ops:
+        if op.name == "gather" and plan.scope.get(op.result.id) == "shared":
+            for v in sources.get(op.args[0].id, set()) & loads:
+                if plan.scope.get(v) == "fragment":
+                    plan.scope[v] = "shared"
 
 
 def _share_loaded_inputs(ops: list[Op], plan: Plan) -> None:

@@ -16,7 +16,7 @@ from ...passes.mark_short_loops import mark_short_loops, max_trips
 from ...passes.prefetch_loads import prefetch_loads
 from ...passes.split_phases import split_phases
 from ..target import Artifact, Target, lowering_error, register_target
-from . import tma_store, toolchain
+from . import gather_pipeline, tma_store, toolchain
 from .arch import SM90, SM100, Arch
 from .capacity import check_capacity, check_tcgen05_atoms, check_warp_rows
 from .emit import emit_module, ws_mode
@@ -72,6 +72,10 @@ class TileLangCuda(Target):
             # tma_store: with manual, the output tile goes out through shared memory and a TMA
             # store, in chunks of whole rows that fit beside the rings (tma_store.py)
             self.knobs["tma_store"] = choice(False, True)
+            # gather_pipeline: a pipelined loop that gathers rows into shared memory issues the next
+            # block's copies before it waits for this one's (gather_pipeline.py; TileLang's own
+            # schedule awaits each block's rows where it issues them)
+            self.knobs["gather_pipeline"] = choice(False, True)
 
     def knobs_for(self, module: Module) -> dict:
         """fp8_promote_k only matters with an fp8 gemm, overlap only with two gemms in a pipelined loop,
@@ -88,12 +92,13 @@ class TileLangCuda(Target):
         fp8 = any(op.name == "gemm" and op.args[0].type.dtype.bits == 8 for op in ops)
         pipelined = [op for op in ops if op.name == "for" and op.attrs.get("stages")]
         two_gemm_loop = any(sum(o.name == "gemm" for o in op.regions[0].ops) >= 2 for op in pipelined)
+        gathering = any(gather_pipeline.has_gather(op) for op in pipelined)
         # the fusing passes rewrite blocks in place: plan on a copy
         row_split = make_plan(self._fused(copy.deepcopy(module)), self.arch).full_row
         gemm = any(op.name == "gemm" and op.args[2].id not in row_split for op in ops)
         drop = ({"fp8_promote_k"} if not fp8 else set()) | ({"overlap"} if not two_gemm_loop else set()) \
             | ({"warp_specialize", "persistent", "cluster", "tma_store"} if not pipelined else set()) \
-            | ({"full_row"} if not gemm else set()) \
+            | ({"full_row"} if not gemm else set()) | ({"gather_pipeline"} if not gathering else set()) \
             | ({"cluster"} if not shareable(module.grid) else set()) \
             | {"ftz"}
         return set(self.knobs) - drop
@@ -166,7 +171,8 @@ class TileLangCuda(Target):
         return int(config.get("cluster", 1) or 1) > 1
 
     def lower(self, module: Module, knobs: dict[str, Any]) -> Module:
-        module = self._fused(prefetch_loads(module))
+        skip = gather_pipeline.has_gather if knobs.get("gather_pipeline") else None
+        module = self._fused(prefetch_loads(module, skip=skip))
         check_capacity(module, self.arch, knobs)
         check_warp_rows(module, self.arch, knobs)
         check_tcgen05_atoms(module, self.arch)
