@@ -32,13 +32,8 @@ CONFIGS = {"one phase": {"BM": 64, "BN": 64, "BK": 32, "SPLIT": 1},
            "two phases (split K)": {"BM": 64, "BN": 64, "BK": 32, "SPLIT": 2}}
 
 
-def host_us(config: dict, calls: int, trials: int) -> float:
-    spec = get("gemm")
-    inputs = spec.make_inputs({"M": 1, "N": 64, "K": 64}, torch.device("cpu"), 0)
-    kernel = codegen.compile(spec.kernel, "interpret", config=config)
-    kernel(**inputs)
-    for call in kernel._calls.values():
-        call.fns = [lambda args: None for _ in call.fns]
+def _best_us(kernel, inputs: dict, calls: int, trials: int) -> float:
+    """The best of ``trials`` runs of ``calls`` calls, microseconds a call."""
     best = float("inf")
     for _ in range(trials):
         t = time.perf_counter()
@@ -46,6 +41,16 @@ def host_us(config: dict, calls: int, trials: int) -> float:
             kernel(**inputs)
         best = min(best, (time.perf_counter() - t) / calls)
     return best * 1e6
+
+
+def host_us(config: dict, calls: int, trials: int) -> float:
+    spec = get("gemm")
+    inputs = spec.make_inputs({"M": 1, "N": 64, "K": 64}, torch.device("cpu"), 0)
+    kernel = codegen.compile(spec.kernel, "interpret", config=config)
+    kernel(**inputs)
+    for call in kernel._calls.values():
+        call.fns = [lambda args: None for _ in call.fns]
+    return _best_us(kernel, inputs, calls, trials)
 
 
 def spec_us(spec, case, calls: int, trials: int) -> float:
@@ -58,13 +63,7 @@ def spec_us(spec, case, calls: int, trials: int) -> float:
     call.fns = [lambda args: None for _ in call.fns]
     kernel._cache[key] = (phases, artifacts, call)
     kernel(**inputs)  # binds the call's key
-    best = float("inf")
-    for _ in range(trials):
-        t = time.perf_counter()
-        for _ in range(calls):
-            kernel(**inputs)
-        best = min(best, (time.perf_counter() - t) / calls)
-    return best * 1e6
+    return _best_us(kernel, inputs, calls, trials)
 
 
 def sweep(names: list[str], patterns: list[str], calls: int, trials: int) -> list[tuple[float, str, str]]:
