@@ -9,8 +9,8 @@ The kernel is batch invariant, so one config serves every batch: more ranges fil
 batch 1, fewer write less partial output at batch 64. This table is what the shipped starting
 config (``duotile/tuned/starting.json``) is chosen from.
 
-    python3 benchmarks/sparse_decode_configs.py [--kernel sparse_mqa_decode] [--splits 1,4,8,16,32] [--jobs 8]
-        [--gather-pipeline]
+    python3 benchmarks/sparse_decode_configs.py [--kernel sparse_mqa_decode] [--splits 1,4,8,16,32] [--bn 64,32]
+        [--jobs 8] [--gather-pipeline]
 
 Results go to ``results/sparse_decode_configs.md`` (the BF16-row kernel) or
 ``results/sparse_decode_configs_<kernel>.md``.
@@ -40,13 +40,16 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--kernel", default="sparse_mqa_decode",
                    choices=("sparse_mqa_decode", "sparse_mqa_decode_fp8", "sparse_mqa_decode_fp8_nope"))
     p.add_argument("--gather-pipeline", action="store_true",
-                   help="also each split with gather_pipeline on, at BN 64 and 32")
+                   help="also each config with gather_pipeline on")
+    p.add_argument("--bn", default="64", help="block sizes (slots a block), each with every split "
+                   "(default: %(default)s)")
     args = p.parse_args(argv)
     spec = load_all()[args.kernel]
     shapes = [s for s in spec.model_shapes if "csa" in s or s.endswith(("hca8320/decode1", "hca8320/decode16"))]
-    configs: list[dict | None] = [dict(BN=64, STAGES=2, SPLIT=int(s), BD=128) for s in args.splits.split(",")]
+    configs: list[dict | None] = [dict(BN=int(bn), STAGES=2, SPLIT=int(s), BD=128)
+                                  for bn in args.bn.split(",") for s in args.splits.split(",")]
     if args.gather_pipeline:  # each split again with the gather loop pipelined (the sm90 knob)
-        configs += [{**c, "gather_pipeline": True, "BN": bn} for c in list(configs) for bn in (64, 32)]
+        configs += [{**c, "gather_pipeline": True} for c in list(configs)]
     configs.append(None)  # the config a user gets
     kernels = [codegen.compile(spec.kernel, "sm90", config=c) for c in configs]
     dev = torch.device("cuda")
