@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..dsl.errors import DslError
-from ..dsl.ir import Module, dynamic_symbol
+from ..dsl.ir import Module
 from ..dsl.kernel import KernelDef, Signature
 from ..dsl.tunables import ConfigValueError, same_value
 from ..passes.bind_shapes import bind_shapes, check_dynamic_requires
@@ -120,7 +120,9 @@ class PhasedCall:
         self._shapes: dict[tuple, dict[str, tuple[int, ...]]] = {}  # workspace shapes by dynamic sizes
         self._views: dict[tuple, dict[str, Any]] = {}  # views of the current workspaces by sizes and device
         self._ws = phases[0].workspaces  # a property that walks the params: read once
-        self._axes = _dynamic_axes(phases[0]) if self._ws and phases[0].dynamic else ()
+        self._places = phases[0].dynamic_places() if self._ws else ()  # where the call's sizes are read
+        # the device the workspaces go on: a tensor every call gives, where the kernel has one
+        self._on = next((p.name for p in phases[0].params if not p.optional and not p.workspace), None)
 
     def _workspace_shapes(self, sizes: dict[str, int]) -> dict[str, tuple[int, ...]]:
         """Each workspace's shape at these dynamic sizes (sympy once per distinct sizes, not per call)."""
@@ -133,9 +135,9 @@ class PhasedCall:
     def __call__(self, tensors: dict) -> None:
         args = tensors
         if self._ws:  # sized at the call's dynamic sizes; reused while they fit
-            # read off the tensors at axes found once (printing sympy symbols a call cost ~25 us
-            # a symbol, ~100 us a call of a kernel whose sizes an optional tensor carries)
-            sizes, device = _read_sizes(self._axes, tensors, self.phases[0].name)
+            sizes = self.phases[0].dynamic_sizes(tensors, self._places)
+            device = (tensors[self._on] if self._on in tensors else
+                      next(t for t in tensors.values() if t is not None and hasattr(t, "device"))).device
             key = (tuple(sizes.items()), device)
             views = self._views.get(key)
             if views is None:  # slicing and viewing cost a few us a call: once per sizes and device
@@ -154,37 +156,6 @@ class PhasedCall:
                                for p in self._ws}
             self._views.clear()  # views of the old workspaces
         return {n: self.workspaces[n][:_numel(s)].view(s) for n, s in shapes.items()}
-
-
-def _dynamic_axes(module: Module) -> tuple[tuple[str, tuple[tuple[str, int], ...]], ...]:
-    """For each dynamic size of ``module`` (its symbol, ``n_R``), the (tensor, axis) places that
-    give it, in parameter order with the tensors that are never optional first: a call reads the
-    first place whose tensor it was given (``Module.dynamic_sizes`` reads the same values)."""
-    want = [str(dynamic_symbol(n)) for n in module.dynamic]
-    places: dict[str, list[tuple[str, int]]] = {sym: [] for sym in want}
-    for p in sorted((p for p in module.params if not p.workspace), key=lambda p: p.optional):
-        for axis, d in enumerate(p.shape):
-            if d.is_Symbol and str(d) in places:
-                places[str(d)].append((p.name, axis))
-    return tuple((sym, tuple(at)) for sym, at in places.items())
-
-
-def _read_sizes(axes, tensors: dict, name: str) -> tuple[dict[str, int], Any]:
-    """A call's dynamic sizes ({symbol: value}) and its device, read at ``_dynamic_axes``' places."""
-    sizes, device = {}, None
-    for sym, places in axes:
-        for tensor, axis in places:
-            t = tensors.get(tensor)
-            if t is not None:
-                sizes[sym] = int(t.shape[axis])
-                device = device if device is not None else t.device
-                break
-        else:
-            raise ValueError(f"{name}: no tensor gives the dynamic size {sym} (its tensors: "
-                             f"{', '.join(t for t, _ in places) or 'none'})")
-    if device is None:
-        device = next(t.device for t in tensors.values() if t is not None and hasattr(t, "device"))
-    return sizes, device
 
 
 def load_phases(target: Target, phases: list[Module], artifacts: list[Artifact]) -> PhasedCall:

@@ -92,7 +92,7 @@ def test_lowered_with_the_knob_the_loop_keeps_a_block_of_copies_in_flight(tmp_pa
 def test_each_stage_zero_tile_counts_once_a_stage_in_shared_memory():
     module, _ = _phase0("sparse_mqa_decode", "v41/csa_r2_topk640/decode1", PIPELINED)
     module = SM90._fused(prefetch_loads(module, skip=gather_pipeline.has_gather))
-    off, on = usage(module, SM90.arch, 256)["shared"], usage(module, SM90.arch, 256, gather_pipeline_on=True)["shared"]
+    off, on = usage(module, SM90.arch, 256)["shared"], usage(module, SM90.arch, 256, pipelined_gathers=True)["shared"]
     # a second copy of the 64 x 512 BF16 rows (the row indices, a load into shared memory, count a
     # copy a stage either way)
     assert on - off == 64 * 512 * 2

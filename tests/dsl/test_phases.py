@@ -177,9 +177,9 @@ def sums_with_optional_rows(x: dsl.Tensor["N", "D", dsl.f32], y: dsl.Tensor["N",
 def test_a_size_only_an_optional_tensor_carries_is_read_without_sympy(monkeypatch):
     """Regression: a dynamic size that only an optional tensor gives (sparse_mqa_decode_fp8's
     compressed rows N, the decode epilogue's table length P) sent every call through
-    ``Module.dynamic_sizes``, which prints sympy symbols: ~100 us of host time a call, which left
-    the GPU idle and timed the stored-row decode at 201 us. The call reads each size at places
-    found once, the first given tensor that carries it."""
+    ``Module.dynamic_sizes``' sympy printing: ~100 us of host time a call, which left the GPU
+    idle and timed the stored-row decode at 201 us. The call reads each size at places found once
+    (``Module.dynamic_places``), the first given tensor that carries it."""
     kernel = codegen.compile(sums_with_optional_rows, "interpret")
     g = torch.Generator().manual_seed(3)
     x, extra = torch.randint(-8, 9, (8, 3), generator=g).float(), torch.randint(-8, 9, (5, 3), generator=g).float()
@@ -190,11 +190,11 @@ def test_a_size_only_an_optional_tensor_carries_is_read_without_sympy(monkeypatc
     assert torch.equal(y, 2 * x.sum(1))
     call = next(c for c in kernel._calls.values() if "extra" in {p.name for p in c.phases[0].params})
     want = call.phases[0].dynamic_sizes({"x": x, "y": y, "extra": extra})
-    assert dict(call._axes) == {"n_N": (("x", 0), ("y", 0)), "n_M": (("extra", 0),)}
+    assert dict(call._places) == {"n_N": (("x", 0), ("y", 0)), "n_M": (("extra", 0),)}
     # the launches replaced (the interpreter reads the sizes itself): the call's own path alone
     seen = []
     call.fns = [lambda args: seen.append(args["sums"].shape) for _ in call.fns]
-    monkeypatch.setattr(type(call.phases[0]), "dynamic_sizes", lambda *a: pytest.fail("the slow path ran"))
+    monkeypatch.setattr(type(call.phases[0]), "dynamic_places", lambda *a: pytest.fail("places found again"))
     for n, m in ((8, 7), (12, 5)):
         kernel(x=torch.zeros(n, 3), y=torch.zeros(n), extra=torch.zeros(m, 3))
     assert want == {"n_N": 8, "n_M": 5} and seen == [(8,), (8,), (12,), (12,)]

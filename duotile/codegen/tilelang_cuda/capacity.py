@@ -101,10 +101,10 @@ def _ahead_copies(module: Module, plan) -> dict[int, int]:
     return out
 
 
-def usage(module: Module, arch: Arch, threads: int | None = None, gather_pipeline_on: bool = False) -> dict[str, int]:
-    plan = make_plan(module, arch, threads, gather_pipeline_on)
+def usage(module: Module, arch: Arch, threads: int | None = None, pipelined_gathers: bool = False) -> dict[str, int]:
+    plan = make_plan(module, arch, threads, pipelined_gathers)
     stages = _stages_of(module)
-    ahead = _ahead_copies(module, plan) if gather_pipeline_on else {}
+    ahead = _ahead_copies(module, plan) if pipelined_gathers else {}
     local = _loop_locals(module)
     smem = tmem_cols = 0
     by_loop: dict[int, int] = {}  # shared bytes of the tiles that live within one outermost loop
