@@ -1,4 +1,4 @@
-"""Sparse decode's split against the batch on the H200: a sparse decode kernel (``--kernel``:
+"""Sparse decode's split against the batch on an sm90 GPU (H200 or H100): a sparse decode kernel (``--kernel``:
 ``sparse_mqa_decode``, or the stored-row ``sparse_mqa_decode_fp8`` / ``_fp8_nope``) at its CSA / CSA2
 model shapes (640 rows a query, decode batches 1, 16, 64) and V4's HCA rows (8,320) at batches 1 and
 16, for a few pinned configs (``SPLIT`` ranges of ``BN``-row blocks) and the config a user gets.
@@ -69,12 +69,12 @@ def main(argv: list[str] | None = None) -> int:
     rows = []
     name = "sparse_decode_configs" + ("" if args.kernel == "sparse_mqa_decode" else "_" + args.kernel)
     for config, k, error in zip(configs, kernels, failed):
-        row = {"config": "user: " + str(k.artifacts(**inputs[shapes[0]])[0].meta.get("config")) if config is None
-               else str(config)}
         if error is not None:
-            rows.append({**row, shapes[0]: f"not built: {error}"})
+            rows.append({"config": str(config) if config else "user", shapes[0]: f"not built: {error}"})
             print(rows[-1], flush=True)
             continue
+        row = {"config": "user: " + str(k.artifacts(**inputs[shapes[0]])[0].meta.get("config")) if config is None
+               else str(config)}
         for s in shapes:
             k(**inputs[s])
             torch.cuda.synchronize()
