@@ -4,10 +4,13 @@ spends most of its time compiling, one build at a time):
 
     python3 scripts/gpu_signatures.py sweep gemm_f32 quantize --out sigs.json   # the shape sweep's cases
     python3 scripts/gpu_signatures.py runtime v41-tiny v4-tiny --out sigs.json  # the runtime's GPU tests
+    python3 scripts/gpu_signatures.py invariance --out sigs.json          # the decode batch-invariance test
 
 ``sweep`` lists what ``tests/gpu/test_shape_sweep.py`` builds for the named specs (every model
-shape and random draw at ``DUOTILE_SWEEP_SEED``); ``runtime`` runs the per-op agreement test's
-generation of each tiny model on the interpreter (minutes on a CPU) and lists its kernels' calls.
+shape and random draw at ``DUOTILE_SWEEP_SEED``); ``invariance`` what
+``tests/gpu/test_decode_batch_invariance.py`` builds (each family at every batch it runs);
+``runtime`` runs the per-op agreement test's generation of each tiny model on the interpreter
+(minutes on a CPU) and lists its kernels' calls.
 """
 
 from __future__ import annotations
@@ -38,6 +41,23 @@ def sweep(names: list[str]) -> list[prebuild.Signature]:
     return list(dict.fromkeys(out))
 
 
+def invariance(names: list[str]) -> list[prebuild.Signature]:
+    from tests.gpu.test_decode_batch_invariance import BATCHES, CASES, SPECS
+
+    out = []
+    for name, _family, case in CASES:
+        if names and name not in names:
+            continue
+        spec = SPECS[name]
+        for n in (1, *BATCHES):  # a bucketed batch dimension builds once a bucket
+            batch = {**case, spec.kernel.batch_dim: n}
+            out.append(prebuild.Signature.of(name, spec.meta_inputs(batch), spec.constants_of(batch)))
+    keys = {}  # calls that differ only in a dynamic size share a build
+    for sig in out:
+        keys.setdefault(prebuild.key_of(sig), sig)
+    return list(keys.values())
+
+
 def runtime(models: list[str]) -> list[prebuild.Signature]:
     import torch
 
@@ -60,11 +80,14 @@ def runtime(models: list[str]) -> list[prebuild.Signature]:
 
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("what", choices=("sweep", "runtime"))
-    p.add_argument("names", nargs="*", help="specs (sweep; default: all) or tiny presets (runtime)")
+    p.add_argument("what", choices=("sweep", "invariance", "runtime"))
+    p.add_argument("names", nargs="*", help="specs (sweep, invariance; default: all) or tiny presets (runtime)")
     p.add_argument("--out", required=True, help="the JSON file to write")
     args = p.parse_args()
-    sigs = sweep(args.names) if args.what == "sweep" else runtime(args.names or ["v41-tiny", "v4-tiny"])
+    if args.what == "runtime":
+        sigs = runtime(args.names or ["v41-tiny", "v4-tiny"])
+    else:
+        sigs = (sweep if args.what == "sweep" else invariance)(args.names)
     prebuild.save(sigs, args.out)
     print(f"{len(sigs)} signatures written to {args.out}")
     return 0

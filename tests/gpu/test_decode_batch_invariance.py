@@ -1,0 +1,73 @@
+"""Bitwise batch invariance on the GPU, at the model's decode shapes, with the build a user gets (no
+config given): every spec whose kernel declares a batch dimension, at each decode shape family of
+both models (``v41/csa_r2_topk640``: its decode1 ... decode64 shapes are one family), runs two rows
+alone, checks them against the reference, then runs each inside batches of 2, 16 and 64 of random
+other rows at a random place and compares bit for bit (``kernels_spec/invariance.py``).
+
+One build serves every batch size of a dynamic batch dimension, so this is also the check that the
+config a user gets does not change with the batch. Build ahead with
+``scripts/gpu_signatures.py invariance`` (the builds are one per family and batch bucket)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from duotile import codegen
+from duotile.dsl.errors import CapacityError, UnsupportedError
+from duotile.kernels_spec import load_all
+from duotile.kernels_spec.invariance import NOT_ROW_WISE, check_rows
+
+pytestmark = pytest.mark.gpu
+
+SPECS = load_all()
+BATCHES = (2, 16, 64)
+KERNELS: dict = {}
+
+
+def invariance_cases() -> list[tuple[str, str, dict]]:
+    """(spec, family, case): each decode shape family's largest-batch case, its pinned config left out."""
+    out = []
+    for name, spec in sorted(SPECS.items()):
+        if spec.kernel.batch_dim is None or name in NOT_ROW_WISE:
+            continue
+        families: dict[str, dict] = {}
+        for label, case in spec.model_shapes.items():
+            family, last = label.rsplit("/", 1)
+            if last.startswith("decode"):
+                families.setdefault(family, case)
+        for family, case in families.items():
+            out.append((name, family, {k: v for k, v in case.items() if k not in ("config", "config_for")}))
+    return out
+
+
+CASES = invariance_cases()
+
+
+def user_kernel(spec, case):
+    key = (spec.name, tuple(sorted(spec.constants_of(case).items())))
+    if key not in KERNELS:
+        KERNELS[key] = codegen.compile(spec.kernel, "sm90", constants=spec.constants_of(case))
+    return KERNELS[key]
+
+
+@pytest.fixture(autouse=True)
+def _release_gpu_memory():
+    yield
+    torch.cuda.empty_cache()
+
+
+@pytest.mark.parametrize("name,family,case", CASES, ids=[f"{n}:{f}" for n, f, _ in CASES])
+def test_a_rows_outputs_do_not_depend_on_the_batch_around_it(name, family, case):
+    spec = SPECS[name]
+    kernel = user_kernel(spec, case)
+
+    def run(**inputs):
+        kernel(**inputs)
+        torch.cuda.synchronize()
+
+    try:
+        lines = check_rows(spec, case, run, torch.device("cuda"), seed=11, batches=BATCHES)
+    except (CapacityError, UnsupportedError) as err:
+        pytest.xfail(f"{name} {family}: no build at the user's config: {type(err).__name__}: {err}")
+    print(f"{name:28s} {family:32s} " + "; ".join(lines))
