@@ -1,4 +1,5 @@
-"""The decode attention kernels' epilogue (``sparse_mqa_decode`` and its stored-row forms): the
+"""The sparse attention kernels' epilogue (``sparse_mqa_decode``, its stored-row forms and
+``sparse_mqa_prefill``, whose T chunk tokens are the B queries below): the
 output's rope channels rotated by -P, what the grouped output projection ``wo_a`` takes (model.md
 2.4, 2.5.6). The kernel side (``Epilogue``, ``epilogue_of``, ``rope_phase``) and its reference,
 bound and inputs (``inverse_rope``, ``rotated_bound``, ``epilogue_inputs``)."""
@@ -29,7 +30,7 @@ class Epilogue:
 
     def one_phase(self) -> None:
         """Declare the one-phase form's workspace (at the kernel's top level)."""
-        self.rope_o = dsl.workspace("rope_o", (self.q.B, self.q.H, self.rope), dsl.bf16)
+        self.rope_o = dsl.workspace("rope_o", (self.q.shape[0], self.q.H, self.rope), dsl.bf16)
 
     def keep(self, b, first, width, y) -> None:
         """Store the rope channels among a column group's output ``y`` (bf16, columns ``first`` ..
@@ -82,7 +83,7 @@ def rope_phase(q, o, epilogue):
     """The one-phase form's rotation: each query's rope channels from the workspace, and their
     partners by a column gather of it, rotated into ``o``'s last ROPE columns."""
     rope_o, width = epilogue.rope_o, epilogue.rope
-    for b in dsl.grid(q.B):
+    for b in dsl.grid(q.shape[0]):  # the queries: B of a decode step, T of a prefill chunk
         k = dsl.arange(width)
         y = dsl.load(rope_o[b, 0, 0], (q.H, width))
         mate = dsl.load(rope_o[b, 0, k ^ 1], (q.H, width))

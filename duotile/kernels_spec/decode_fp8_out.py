@@ -1,4 +1,5 @@
-"""The decode attention kernels' FP8 output (``sparse_mqa_decode`` and its stored-row forms): the
+"""The sparse attention kernels' FP8 output (``sparse_mqa_decode``, its stored-row forms and
+``sparse_mqa_prefill``, whose T chunk tokens are the B queries below): the
 stored output, rope channels rotated, quantised as the grouped output projection ``wo_a`` takes its
 input when engines run it in FP8 (model.md 2.5.7, 2.10): e4m3 with a UE8M0 code per ``QBLOCK``
 channels of a row (128 in V4, 32 in V4.1), the ``quantize`` kernel's arithmetic (``fp8_block_code``
@@ -11,10 +12,11 @@ of query b is row ``(h // HG) B HG + b HG + h % HG`` of ``o_q`` (B H x D, e4m3) 
 codes are contiguous. A head's row is whole blocks (D a multiple of QBLOCK), so each block is one
 head's QBLOCK channels, as the flattened [B, H D] rows' blocks are.
 
-The two-phase kernels quantise in their combine, one ``QBLOCK``-wide column block of every head
-a program (their ``BD`` is then ``QBLOCK``); the one-phase form reads its stored output back in a
-phase of its own (``quant_phase``). The check: the outputs are a function of the kernel's own ``o``
-(``Spec.derived``: ``fp8_rows`` / ``fp8_codes``), bit for bit.
+The two-phase decode kernels quantise in their combine, one ``QBLOCK``-wide column block of every
+head a program (their ``BD`` is then ``QBLOCK``); the one-phase forms (a decode at SPLIT 1, the
+prefill) read their stored output back in a phase of its own (``quant_phase``). The check: the
+outputs are a function of the kernel's own ``o`` (``Spec.derived``: ``fp8_rows`` / ``fp8_codes``),
+bit for bit.
 """
 
 from __future__ import annotations
@@ -37,7 +39,7 @@ class Fp8Out:
     def rows(self, b):
         """The rows of query b's heads, an index tile over the H heads."""
         h, hg = dsl.arange(self.q.H), self.per_group
-        return (h // hg) * (self.q.B * hg) + b * hg + h % hg
+        return (h // hg) * (self.q.shape[0] * hg) + b * hg + h % hg
 
     def store(self, b, j, y):
         """Quantise ``y`` (H x QBLOCK, bf16: column block j of query b's output) and write it and its
@@ -62,8 +64,9 @@ def fp8_out_of(name, q, o_q, o_qs, GROUPS, QBLOCK):
         dsl.require(cond, "H must be a multiple of GROUPS (a group is whole heads, model.md 2.5.7)")
     for cond in (q.D >= QBLOCK, QBLOCK * (q.D // QBLOCK) >= q.D):
         dsl.require(cond, "D must be a multiple of QBLOCK (a head's row is whole FP8 blocks)")
-    for cond in (o_q.QR >= q.B * q.H, o_q.QR <= q.B * q.H):
-        dsl.require(cond, "o_q must have B x H rows (a head's row a query, group-major)")
+    queries = q.shape[0]  # B of a decode step, T of a prefill chunk
+    for cond in (o_q.QR >= queries * q.H, o_q.QR <= queries * q.H):
+        dsl.require(cond, "o_q must have a row per query and head (group-major)")
     for cond in (o_qs.QD >= q.D // QBLOCK, o_qs.QD <= q.D // QBLOCK):
         dsl.require(cond, "o_qs must have D / QBLOCK columns (a code a block)")
     return Fp8Out(q, o_q, o_qs, GROUPS, QBLOCK)
@@ -71,7 +74,7 @@ def fp8_out_of(name, q, o_q, o_qs, GROUPS, QBLOCK):
 
 def quant_phase(q, o, out: Fp8Out) -> None:
     """The one-phase form's quantisation: each query's stored output read back, a block a program."""
-    for b, j in dsl.grid(q.B, q.D // out.block):
+    for b, j in dsl.grid(q.shape[0], q.D // out.block):
         out.store(b, j, dsl.load(o[b, 0, j * out.block], (q.H, out.block)))
 
 

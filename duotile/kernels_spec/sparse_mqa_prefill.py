@@ -11,8 +11,15 @@ selected (CSA, V4.1's CSA2) or all visible (HCA) compressed rows, merged into on
 with the same rules for dead slots (-1 or outside the rows: no part in the softmax), repeats
 (counted as often as listed) and a list without live slots (``o`` 0, ``lse`` the sink).
 
+With ``positions`` / ``cos`` / ``sin`` the output's rope channels are rotated by -P at each token's
+position and with ``o_q`` / ``o_qs`` the output is also written as ``wo_a``'s FP8 input, group-major:
+the decode kernels' epilogue (``decode_epilogue.py``, ``decode_fp8_out.py``) with the chunk's T tokens
+as its queries, so a prefill chunk's attention output goes to the grouped output projection as a
+decode step's does, with no ``rope`` or ``quantize`` call between.
+
 A block per token runs the decode kernel's online softmax (``_attend``) over its list in
-``BN``-slot blocks and finishes with the sink (``finish``): one phase, the chunk's tokens giving
+``BN``-slot blocks and finishes with the sink (``finish``): one phase (two more with the
+epilogue: the rotation, then the quantisation), the chunk's tokens giving
 the parallelism a decode step takes from its split. Each token's result depends on its own list
 alone, in a fixed order, so a token's bits do not depend on how its prompt is chunked (batch
 dimension ``T``). Tokens of a chunk share most of their rows (a window slides by one, their
@@ -22,7 +29,7 @@ sharing one gather is the step after.
 Model shapes: a 4,096-token chunk, the rows per token of each compressed layer kind (window +
 top-512 = 640 for CSA / CSA2; V4's HCA at 1M context every visible compressed row, 128 + 8,192),
 and ``N`` the chunk's rows with the compressed rows of a 64K context (CSA) or the list (HCA).
-``T``, ``L`` and ``N`` are dynamic: one build serves every chunk and list.
+``T``, ``L``, ``N``, ``P`` and ``QR`` are dynamic: one build serves every chunk, list and table.
 """
 
 from __future__ import annotations
@@ -31,23 +38,41 @@ import torch
 
 from .. import dsl
 from . import model_shapes as shapes
+from .decode_epilogue import epilogue_of, inverse_rope, rope_phase, rotated_bound
+from .decode_fp8_out import DERIVED, fp8_out_constants, fp8_out_of, quant_phase
 from .registry import Dim, OneOf, Spec, register
 from .sparse_mqa_decode import _attend, _tolerance, finish, layer_kinds, random_inputs, sparse_mqa_decode_reference
 from .sparse_mqa_decode import _error_bound as _decode_bound
 
 
-@dsl.kernel(batch_dim="T", dynamic=("T", "L", "N"))
+@dsl.kernel(batch_dim="T", dynamic=("T", "L", "N", "P", "QR"))
 def sparse_mqa_prefill(q: dsl.Tensor["T", "H", "D", dsl.bf16], kv: dsl.Tensor["N", "D", dsl.bf16],
                        idx: dsl.Tensor["T", "L", dsl.i32], sink: dsl.Tensor["H", dsl.f32],
                        o: dsl.Tensor["T", "H", "D", dsl.bf16],
-                       lse: dsl.OptionalTensor["T", "H", dsl.f32] = None, *,
+                       lse: dsl.OptionalTensor["T", "H", dsl.f32] = None,
+                       positions: dsl.OptionalTensor["T", dsl.i32] = None,
+                       cos: dsl.OptionalTensor["P", "HALF", dsl.f32] = None,
+                       sin: dsl.OptionalTensor["P", "HALF", dsl.f32] = None,
+                       o_q: dsl.OptionalTensor["QR", "D", dsl.f8e4m3] = None,
+                       o_qs: dsl.OptionalTensor["QR", "QD", dsl.u8] = None, *,
+                       GROUPS: dsl.Const = 8, QBLOCK: dsl.Const = 128,
                        BN: dsl.Tunable = dsl.choice(64, 32, 128),
                        STAGES: dsl.Tunable = dsl.int_range(1, 3, default=1)):
+    epilogue = epilogue_of("sparse_mqa_prefill", q, positions, cos, sin)
+    fp8_out = fp8_out_of("sparse_mqa_prefill", q, o_q, o_qs, GROUPS, QBLOCK)
+
     def rows_of(rows):  # the sequence's rows the slots name (a dead slot reads a zero row)
         return dsl.load(kv[rows, 0], (BN, q.D), role="operand")
 
+    if epilogue is not None:
+        epilogue.one_phase()
     for t in dsl.grid(q.T):
-        finish(q, sink, o, lse, t, *_attend(q, kv, idx, t, 0, dsl.cdiv(idx.L, BN), BN, STAGES, kv_rows=rows_of))
+        finish(q, sink, o, lse, t, *_attend(q, kv, idx, t, 0, dsl.cdiv(idx.L, BN), BN, STAGES, kv_rows=rows_of),
+               epilogue=epilogue)
+    if epilogue is not None:
+        rope_phase(q, o, epilogue)
+    if fp8_out is not None:
+        quant_phase(q, o, fp8_out)
 
 
 GATHER_BYTES = 1 << 30  # the float64 rows a reference chunk gathers at most (a 4,096-token chunk of
@@ -66,21 +91,36 @@ def _token_chunks(q, idx):
     return token_ranges(q.shape[0], idx.shape[1] * q.shape[-1] * 8, GATHER_BYTES)
 
 
-def _per_chunk(q, kv, idx):
-    """Each token chunk's slices of the inputs, its tokens all reading the one set of rows (a view)."""
-    return [(q[lo:hi], kv[None].expand(hi - lo, -1, -1), idx[lo:hi]) for lo, hi in _token_chunks(q, idx)]
+def _per_chunk(q, kv, idx, positions=None):
+    """Each token chunk's slices of the inputs, its tokens all reading the one set of rows (a view),
+    and its positions (None without)."""
+    return [(q[lo:hi], kv[None].expand(hi - lo, -1, -1), idx[lo:hi], None if positions is None else positions[lo:hi])
+            for lo, hi in _token_chunks(q, idx)]
 
 
-def sparse_mqa_prefill_reference(q, kv, idx, sink) -> dict:
+def sparse_mqa_prefill_reference(q, kv, idx, sink, positions=None, cos=None, sin=None, GROUPS=None,
+                                 QBLOCK=None) -> dict:
     """The decode reference with every token reading the sequence's one set of rows, a chunk of
-    tokens at a time (each token's softmax is its own)."""
-    parts = [sparse_mqa_decode_reference(qc, rows, ic, sink) for qc, rows, ic in _per_chunk(q, kv, idx)]
-    return {name: torch.cat([p[name] for p in parts]) for name in ("o", "lse")}
+    tokens at a time (each token's softmax is its own); with ``positions``, the output's rope
+    channels rotated by -P (``inverse_rope``). The FP8 output is a function of the kernel's own
+    ``o`` (``Spec.derived``)."""
+    parts = [sparse_mqa_decode_reference(qc, rows, ic, sink) for qc, rows, ic, _ in _per_chunk(q, kv, idx)]
+    out = {name: torch.cat([p[name] for p in parts]) for name in ("o", "lse")}
+    if positions is not None:
+        out["o"] = inverse_rope(out["o"], positions, cos, sin)
+    return out
 
 
 def _error_bound(case, output, inputs):
-    return torch.cat([_decode_bound(case, output, {**inputs, "q": qc, "kv": rows, "idx": ic})
-                      for qc, rows, ic in _per_chunk(inputs["q"], inputs["kv"], inputs["idx"])])
+    rotate = output == "o" and inputs.get("positions") is not None
+    plain = {k: v for k, v in inputs.items() if k not in ("positions", "cos", "sin")}
+    parts = []
+    for qc, rows, ic, pc in _per_chunk(inputs["q"], inputs["kv"], inputs["idx"], inputs.get("positions")):
+        bound = _decode_bound(case, output, {**plain, "q": qc, "kv": rows, "idx": ic})
+        if rotate:  # the plain bound is 2^-8 of each channel's size A (``rotated_bound`` takes A)
+            bound = rotated_bound(bound.double() * 2.0 ** 8, {**inputs, "positions": pc}).float()
+        parts.append(bound)
+    return torch.cat(parts)
 
 
 def _inputs(case, device, seed):
@@ -114,10 +154,27 @@ SPEC = register(Spec(
                     "out_of_range": True, "config": SMALL},
         "spread": {"T": 3, "H": 64, "D": 64, "N": 200, "L": 160, "spread": 30.0, "sink": 20.0, "holes": 0.5,
                    "config": {"BN": 64, "STAGES": 2}},
+        # the epilogue (``decode_epilogue``): positions anywhere, around the ring and table blocks, past the table
+        "rope_holes": {"T": 5, "H": 64, "D": 128, "N": 300, "L": 200, "holes": 0.3, "rope": "random",
+                       "config": SMALL},
+        "rope_few_heads_wrap": {"T": 3, "H": 4, "D": 64, "N": 40, "L": 50, "rope": "wrap", "P": 600,
+                                "base": 160000.0, "config": SMALL},
+        "rope_past_table": {"T": 4, "H": 64, "D": 128, "N": 60, "L": 64, "rope": "past", "P": 70, "config": SMALL},
+        "rope_all_dead": {"T": 2, "H": 64, "D": 64, "N": 50, "L": 70, "valid": "none", "rope": "random",
+                          "config": SMALL},
+        # wo_a's FP8 input (``decode_fp8_out``), with and without the rotation, a block straddling both parts
+        "fp8_out_rope": {"T": 3, "H": 4, "D": 128, "N": 60, "L": 70, "rope": "wrap", "P": 600, "GROUPS": 2,
+                         "QBLOCK": 32, "config": SMALL},
+        "fp8_out_rope_straddle": {"T": 2, "H": 64, "D": 256, "N": 90, "L": 100, "rope": "random", "GROUPS": 8,
+                                  "QBLOCK": 128, "config": SMALL},
+        "fp8_out_all_dead": {"T": 2, "H": 64, "D": 64, "N": 50, "L": 70, "valid": "none", "GROUPS": 8, "QBLOCK": 32,
+                             "config": SMALL},
     },
     build_cases={"v41_csa2": {"T": 4096, "H": 64, "D": 512, "L": 640, "N": 36992}},
     tolerance=_tolerance,
     extra_error=_error_bound,
+    derived=DERIVED,
+    constants_of=fp8_out_constants,
     flops=lambda c: 4.0 * c["T"] * c["H"] * c["L"] * c["D"],
     bytes_moved=lambda c: 2.0 * (c["T"] * c["L"] * c["D"] + 2 * c["T"] * c["H"] * c["D"]) + 4.0 * c["T"] * c["L"],
     model_shapes=shapes.for_models(_model_shapes),

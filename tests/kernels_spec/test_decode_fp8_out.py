@@ -1,4 +1,4 @@
-"""The decode kernels' FP8 output (``decode_fp8_out``): wo_a's input, the kernel's own output
+"""The sparse attention kernels' FP8 output (``decode_fp8_out``): wo_a's input, the kernel's own output
 quantised as ``quantize`` quantises it, written group-major as ``gemm_blockscaled`` reads its A."""
 
 from __future__ import annotations
@@ -15,7 +15,8 @@ CPU = torch.device("cpu")
 CASES = [("sparse_mqa_decode", "fp8_out_split3"), ("sparse_mqa_decode", "fp8_out_rope_straddle"),
          ("sparse_mqa_decode", "fp8_out_one_phase_rope"), ("sparse_mqa_decode_fp8", "fp8_out_rope"),
          ("sparse_mqa_decode_fp8", "fp8_out_one_phase"), ("sparse_mqa_decode_fp8_nope", "fp8_out_rope"),
-         ("sparse_mqa_decode_fp8_nope", "fp8_out_one_phase")]
+         ("sparse_mqa_decode_fp8_nope", "fp8_out_one_phase"), ("sparse_mqa_prefill", "fp8_out_rope"),
+         ("sparse_mqa_prefill", "fp8_out_rope_straddle")]
 
 
 def _run(spec, case, seed=3, **changed):
@@ -66,7 +67,7 @@ def test_misshapen_fp8_outputs_are_refused():
     inputs = spec.make_inputs(case, CPU, 3)
     with pytest.raises(dsl.DslError, match="give o_q and o_qs together"):
         _run(spec, case, o_qs=None)
-    with pytest.raises(dsl.DslError, match="o_q must have B x H rows"):
+    with pytest.raises(dsl.DslError, match="o_q must have a row per query and head"):
         _run(spec, case, o_q=inputs["o_q"][:-64].contiguous(), o_qs=inputs["o_qs"][:-64].contiguous())
     with pytest.raises(dsl.DslError, match="H must be a multiple of GROUPS"):
         kernel = codegen.compile(spec.kernel, "interpret", config=spec.config_of(case),

@@ -33,3 +33,34 @@ def test_chunks_fit_the_budget_at_the_largest_model_shape():
     assert chunks[0][0] == 0 and chunks[-1][1] == shape["T"]
     assert all(a[1] == b[0] for a, b in zip(chunks, chunks[1:]))
     assert max(hi - lo for lo, hi in chunks) * shape["L"] * shape["D"] * 8 <= sp.GATHER_BYTES
+
+
+def test_chunked_bound_with_the_epilogue_is_each_chunks_rotated_bound(monkeypatch):
+    """The bound of a rotated output, a chunk of tokens at a time: each chunk's own positions."""
+    case = {**CASE, "D": 128, "rope": "random", "P": 200}  # 64 nope, 64 rope channels
+    x = SPEC.make_inputs(case, torch.device("cpu"), 7)
+    whole = sp._error_bound(case, "o", x)
+    monkeypatch.setattr(sp, "GATHER_BYTES", 3 * CASE["L"] * case["D"] * 8)
+    assert len(sp._token_chunks(x["q"], x["idx"])) == 4
+    assert torch.equal(sp._error_bound(case, "o", x), whole)
+    plain = {k: v for k, v in x.items() if k not in ("positions", "cos", "sin")}
+    moved = whole != sp._error_bound(CASE, "o", plain)
+    assert moved[..., -64:].any() and not moved[..., :-64].any()  # the rope channels' bound alone
+
+
+def test_the_epilogue_and_fp8_output_generate_for_sm90_at_the_runtimes_call():
+    """V4.1's prefill call as the runtime makes it (rotation by -P, wo_a's FP8 input per 32 channels,
+    8 groups) at a 4,096-token chunk: three phases on sm90 (attention, rotation, quantisation); sm100
+    holds no 64 x 512 accumulator in TMEM, as for the plain call."""
+    from benchmarks.model_shape_builds import generate_row
+
+    case = {**SPEC.model_shapes["v41/csa_r2_topk640/prefill4096"], "rope": "random", "P": 8192, "GROUPS": 8,
+            "QBLOCK": 32}
+    row = generate_row(SPEC, "v41/csa_r2_topk640/prefill4096+epilogue", case, "sm90")
+    assert row.status == "generated" and len(row.sources) == 3, row.message
+    rope_src, quant_src = row.sources[1], row.sources[2]
+    assert "cos" in rope_src and "sin" in rope_src and "o_q" in quant_src and "o_qs" in quant_src
+    plain = generate_row(SPEC, "v41/csa_r2_topk640/prefill4096", SPEC.model_shapes["v41/csa_r2_topk640/prefill4096"],
+                         "sm90")
+    assert len(plain.sources) == 1
+    assert generate_row(SPEC, "sm100", case, "sm100").reason.startswith("CapacityError: TMEM overflow")

@@ -153,9 +153,9 @@ def test_a_prefill_chunk_reads_its_rows_once_not_once_a_query(ckpt_dir):
     ops, seen = llm.model.ctx.ops, []
     served = ops._serves["sparse_attention_rows"]
 
-    def watch(ctx, q, rows, idx, sink, scale):
+    def watch(ctx, q, rows, idx, sink, scale, *rotation):
         seen.append((q.shape[0], rows.shape[0], idx.shape))
-        return served(ctx, q, rows, idx, sink, scale)
+        return served(ctx, q, rows, idx, sink, scale, *rotation)
 
     ops._serves["sparse_attention_rows"] = watch
     llm.generate([list(range(3, 33))], [SamplingParams(max_tokens=1, ignore_eos=True)])

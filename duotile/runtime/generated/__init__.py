@@ -80,7 +80,7 @@ class GeneratedOps(DenseKernels, AttentionKernels, StreamKernels, MoEKernels):
         self._bf16: collections.OrderedDict[tuple, tuple] = collections.OrderedDict()
         self._ahead = None  # while building ahead (ahead.py): calls without a build are deferred
         self._fp8_input = None  # the latest decode output with wo_a's FP8 input beside it (attention.py)
-        self.fused_fp8_inputs = 0  # wo_a inputs taken from a decode kernel rather than quantised again
+        self.fused_fp8_inputs = 0  # wo_a inputs taken from an attention kernel rather than quantised again
 
     def __getattr__(self, name: str):
         return getattr(self.base, name)

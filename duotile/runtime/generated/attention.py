@@ -52,18 +52,25 @@ class AttentionKernels:
                                                          sink=sink.float().contiguous(), o=o)
         return o.float()
 
-    def _sparse_attention_rows(self, ctx, q, rows, idx, sink, scale: float) -> torch.Tensor:
+    def _sparse_attention_rows(self, ctx, q, rows, idx, sink, scale: float, rotary=None, positions=None):
         """The prefill kernel: each query over its own index list into the rows the chunk's queries
-        share (BF16, as the forward's activations are), FP32 out."""
+        share (BF16, as the forward's activations are), the kernel's BF16 output (what the caller
+        rounds it to: kept, not copied). With a ``rotary`` its epilogue rotates the output by -P
+        (``_positions_and_table``); with ``ctx.fp8_wo_a`` it writes wo_a's FP8 input too, kept for
+        ``_grouped_linear_q`` (``_fp8_input``), as the decode kernels do."""
         t, d = q.shape[0], rows.shape[-1]
-        if ctx.dtype != torch.bfloat16 or t == 0 or rows.shape[0] == 0 or scale != d ** -0.5:
+        if ctx.dtype != torch.bfloat16 or t == 0 or rows.shape[0] == 0 or scale != d ** -0.5 or (
+                rotary is not None and rotary.dim % 2):
             return NotImplemented
         o = torch.empty(q.shape, dtype=torch.bfloat16, device=q.device)
-        self._kernel("sparse_mqa_prefill", q.device, {})(q=q.to(torch.bfloat16).contiguous(),
-                                                          kv=rows.to(torch.bfloat16).contiguous(),
-                                                          idx=ship(idx.to(torch.int32), q.device).contiguous(),
-                                                          sink=sink.float().contiguous(), o=o)
-        return o.float()
+        args = {"q": q.to(torch.bfloat16).contiguous(), "kv": rows.to(torch.bfloat16).contiguous(),
+                "idx": ship(idx.to(torch.int32), q.device).contiguous(), "sink": sink.float().contiguous(), "o": o}
+        consts = self._fp8_output(ctx, o, args)
+        if rotary is not None:
+            at, cos, sin = self._positions_and_table(rotary, positions, q.device)
+            args.update(positions=at, cos=cos, sin=sin)
+        self._kernel("sparse_mqa_prefill", q.device, consts)(**args)
+        return self._written(o)
 
     def _sparse_attention_stored(self, ctx, q, ring, idx, cmp, sink, scale: float, fmt: str = "fp8/32",
                                  rotary=None, positions=None):

@@ -72,17 +72,21 @@ def attend(ctx: Ctx, seqs: list, layer: int, q: torch.Tensor, kv: torch.Tensor, 
            scale: float, encoded: torch.Tensor | None, rotary: Rotary, positions: torch.Tensor) -> torch.Tensor:
     """A layer's sparse attention for a step's sequences (``(StepSeq, slice)`` pairs) as ``wo_a``
     takes it: the output's rope channels rotated by -P (``rotary`` at the queries' ``positions``,
-    model.md 2.5.6), in the activation dtype. Each query's window rows, then its
-    compressed rows (``Selected`` or ``Visible``; None: a window-only layer); each sequence's ring
-    written after its rows were read; one ``sparse_attention`` over all queries (rows padded,
-    masked), then the ``rope`` op. A decode step gathers every sequence's rows at once; over rings
-    as stored (``stored.py``; ``encoded`` is then ``kv``'s bytes, ``kv_encode``) it reads them where
-    they are and rotates in the same op (``sparse_attention_stored``)."""
+    model.md 2.5.6), in the activation dtype. Each query's window rows, then its compressed rows
+    (``Selected`` or ``Visible``; None: a window-only layer); each sequence's ring written after its
+    rows were read. A prefill chunk's queries read their rows gathered once a sequence and rotate in
+    the same op (``sparse_attention_rows``); a decode step over rings as stored (``stored.py``;
+    ``encoded`` is then ``kv``'s bytes, ``kv_encode``) reads them where they are and rotates in the
+    same op too (``sparse_attention_stored``); a decode step over rings of values gathers every
+    sequence's rows at once (``sparse_attention``), then the ``rope`` op."""
     ring0 = seqs[0][0].cache.layers[layer].ring
     if one_token_each(seqs) and isinstance(ring0, StoredRing):
         return ctx.act(_stored_decode(ctx, seqs, layer, q, encoded, compressed, sink, scale, rotary, positions))
-    out = _attend_rows(ctx, seqs, layer, q, kv, compressed, sink, scale, encoded)
-    return _inverse_rope(ctx, rotary, positions, out)
+    if one_token_each(seqs) and ring0.dtype == kv.dtype:  # a decode step's rows gathered at once
+        keys, valid = _decode_keys(seqs, layer, kv, compressed)
+        return _inverse_rope(ctx, rotary, positions, sparse_attention(ctx, q, keys, valid, sink, scale))
+    rows, idx = _chunk_rows(seqs, layer, kv, compressed, encoded)
+    return ctx.act(sparse_attention_rows(ctx, q, rows, idx, sink, scale, rotary, positions))
 
 
 def _inverse_rope(ctx: Ctx, rotary: Rotary, positions: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
@@ -91,14 +95,10 @@ def _inverse_rope(ctx: Ctx, rotary: Rotary, positions: torch.Tensor, out: torch.
     return ctx.act(rope(ctx, rotary, ctx.act(out), positions, inverse=True))
 
 
-def _attend_rows(ctx: Ctx, seqs: list, layer: int, q: torch.Tensor, kv: torch.Tensor, compressed, sink, scale,
-                 encoded) -> torch.Tensor:
-    """``attend``'s attention over rows held as values (a decode step's gathered at once, a chunk's
-    by index lists), before the rotation."""
-    ring0 = seqs[0][0].cache.layers[layer].ring
-    if one_token_each(seqs) and ring0.dtype == kv.dtype:
-        keys, valid = _decode_keys(seqs, layer, kv, compressed)
-        return sparse_attention(ctx, q, keys, valid, sink, scale)
+def _chunk_rows(seqs: list, layer: int, kv: torch.Tensor, compressed, encoded) -> tuple[torch.Tensor, torch.Tensor]:
+    """The rows a step's queries read, each sequence's once (its window rows, then its compressed
+    rows), and each query's index list into them (-1 none); each sequence's ring written after its
+    rows were read."""
     rows, idx, base = [], [], 0
     for i, (seq, sl) in enumerate(seqs):
         ring = seq.cache.layers[layer].ring
@@ -113,16 +113,19 @@ def _attend_rows(ctx: Ctx, seqs: list, layer: int, q: torch.Tensor, kv: torch.Te
         base += r.shape[0]
         # its window rows above are a copy
         write_ring(ring, seq.start, kv[sl], None if encoded is None else encoded[sl])
-    return sparse_attention_rows(ctx, q, torch.cat(rows), pad_cat(idx, -1), sink, scale)
+    return torch.cat(rows), pad_cat(idx, -1)
 
 
 @model_op("sparse_attention_rows")
 def sparse_attention_rows(ctx: Ctx, q: torch.Tensor, rows: torch.Tensor, idx: torch.Tensor, sink: torch.Tensor,
-                          scale: float) -> torch.Tensor:
+                          scale: float, rotary: Rotary | None = None,
+                          positions: torch.Tensor | None = None) -> torch.Tensor:
     """``sparse_attention`` of a chunk's queries [T, H, d] over rows they share: ``rows`` [N, d]
     (each sequence's window rows once, then its compressed rows), ``idx`` [T, L] each query's own
-    (-1 none). FP32 out."""
-    return attention_with_sink(ctx.ops, q, rows[idx.clamp(min=0)], idx >= 0, sink, scale)
+    (-1 none). With ``rotary``, the output in the activation dtype rotated by -P at the queries'
+    ``positions`` (host [T]) as the ``rope`` op does (what ``wo_a`` takes). FP32 out."""
+    out = attention_with_sink(ctx.ops, q, rows[idx.clamp(min=0)], idx >= 0, sink, scale)
+    return out if rotary is None else rotary.apply(ctx.act(out), positions, inverse=True)
 
 
 def _stored_decode(ctx: Ctx, seqs: list, layer: int, q: torch.Tensor, encoded: torch.Tensor, compressed, sink,
