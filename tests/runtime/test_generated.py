@@ -312,6 +312,12 @@ def test_each_kernel_agrees_with_its_reference_op_on_the_models_own_inputs(ckpt_
     every_build_lowers_for_the_gpu_targets(llm)  # the same generation's calls, on sm90 / sm100
 
 
+def agreement_generation(llm: LLM):
+    """The generation the per-op check watches: two requests, greedy and sampled, three tokens each."""
+    return llm.generate([[3, 1, 4, 1, 5, 9, 2, 6], [2, 7]], [SamplingParams(max_tokens=3, ignore_eos=True),
+                        SamplingParams(temperature=0.8, seed=5, max_tokens=3, ignore_eos=True)])
+
+
 def each_op_agrees(llm: LLM, name: str) -> None:
     """The check above on an engine made on any device (test_gpu.py runs it on the sm90 builds)."""
     ops, seen, told = llm.model.ctx.ops, {}, []
@@ -343,8 +349,7 @@ def each_op_agrees(llm: LLM, name: str) -> None:
         return run
 
     ops._serves = {op: checked(op, k) for op, k in ops._serves.items()}
-    llm.generate([[3, 1, 4, 1, 5, 9, 2, 6], [2, 7]], [SamplingParams(max_tokens=3, ignore_eos=True),
-                  SamplingParams(temperature=0.8, seed=5, max_tokens=3, ignore_eos=True)])
+    agreement_generation(llm)
     want_ops = {"rms_norm", "embed", "topk", "route", "sparse_attention_rows", "index_scores", "hc_pre",
                 "hc_collapse", "hc_post", "linear_q", "sample", "linear", "lm_head", "compress", "compress_decode",
                 "rope", "kv_round"}

@@ -1,6 +1,14 @@
-"""The batch-invariance and prefill/decode checks on CUDA (run on the H200 with `-m gpu`)."""
+"""The batch-invariance and prefill/decode checks on CUDA (run on the H200 with `-m gpu`).
+
+A test on the generated kernels first builds what its workload meets in parallel processes
+(``build_ahead``: the workload run with the calls not yet built on the reference, their signatures
+built, again until nothing new): met one at a time, a tiny model's hundred-odd sm90 builds take
+longer than a test's time limit. ``DUOTILE_BUILD_JOBS`` sets the processes (default: the CPUs, at
+most 15)."""
 
 from __future__ import annotations
+
+import os
 
 import pytest
 import torch
@@ -12,10 +20,19 @@ from duotile.runtime.weights import Checkpoint
 
 from . import test_engine as te
 from .conftest import tokens
-from .test_generated import each_op_agrees
+from .test_generated import agreement_generation, each_op_agrees
 
 pytestmark = [pytest.mark.gpu,
               pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
+BUILD_JOBS = int(os.environ.get("DUOTILE_BUILD_JOBS", min(15, os.cpu_count() or 1)))
+
+
+def built_ahead(llm: LLM, workload) -> LLM:
+    """``llm`` with every kernel ``workload(llm)`` meets built (module docstring)."""
+    from duotile.runtime.generated.ahead import build_ahead
+
+    build_ahead(llm.model.ctx.ops, lambda: workload(llm), BUILD_JOBS, log=print)
+    return llm
 
 
 @pytest.mark.parametrize("name", ["v41-tiny", "v4-tiny"])
@@ -43,7 +60,8 @@ def test_generated_kernels_agree_with_their_reference_ops_on_cuda(ckpt_dir, name
     """test_generated.py's per-op check on the sm90 builds: every call a kernel serves, rerun by
     the reference op on the same arguments, agrees within the op's bound (and, with ``fp8_wo_a``,
     the grouped wo_a on its FP8 codes)."""
-    llm = LLM(ckpt_dir(name), device="cuda", kernels="generated", fp8_wo_a=fp8_wo_a)
+    llm = built_ahead(LLM(ckpt_dir(name), device="cuda", kernels="generated", fp8_wo_a=fp8_wo_a),
+                      agreement_generation)
     each_op_agrees(llm, name)
     assert {k.target for k in llm.model.ctx.ops._kernels.values()} == {"sm90"}
 
@@ -52,7 +70,7 @@ def test_generated_kernels_agree_with_their_reference_ops_on_cuda(ckpt_dir, name
 def test_generated_kernels_keep_batch_invariance_on_cuda(ckpt_dir, name):
     """On the sm90 builds a request is bitwise the same alone and among 2, 5 and 16 others, with
     its prompt in chunks of 1, 3, 6 and 16."""
-    llm = LLM(ckpt_dir(name), batch_invariant=True, device="cuda", kernels="generated")
+    llm = built_ahead(LLM(ckpt_dir(name), batch_invariant=True, device="cuda", kernels="generated"), te._alone)
     alone = te._alone(llm)
     served = llm.last_stats.ops
     # both models' rows as bytes; V4.1's Reindex layers score the pool alone
@@ -68,7 +86,7 @@ def test_generated_kernels_keep_batch_invariance_on_cuda(ckpt_dir, name):
 def test_generated_kernels_keep_batch_invariance_at_batch_64_on_cuda(ckpt_dir, name):
     """The watched request alone, then among 63 random others (prompts of 1 to 48 tokens, sampled
     or greedy, finishing at different steps) at place 40, all 64 decoding together: bitwise the same."""
-    llm = LLM(ckpt_dir(name), batch_invariant=True, device="cuda", kernels="generated")
+    llm = built_ahead(LLM(ckpt_dir(name), batch_invariant=True, device="cuda", kernels="generated"), te._alone)
     alone = te._alone(llm)
     mixed = te._run(llm, te._watched_prompt(llm.config.vocab_size), te.WATCHED, 64, 40, None, 4096, 64,
                     seed=64, longest=48)
