@@ -185,28 +185,69 @@ _CHOICES_MAX = 4096
 
 def target_choice(kernel: KernelDef, target: str, sig: Signature,
                   constants: dict | None = None) -> dict[str, Any] | None:
-    """The cost model's best config that the target accepts, or None for the defaults. A pure
-    function of the kernel, the target, the call's sizes and dtypes and the constants, so each
-    answer is kept for the process: a model's shapes repeat across the targets, the batch sizes of
-    a dynamic batch and the phases of a generation (``_choose``)."""
-    key = (id(kernel), target, sig.key(), tuple(sorted(sig.shapes.items())),
+    """The cost model's best config that the target accepts, or None for the defaults, ranked over
+    ``choice_signatures``: a function of the call's build (kernel, target, dtypes, present
+    tensors, static sizes, constants), never of which call of that build came first. A pure
+    function, so each answer is kept for the process: a model's shapes repeat across the targets,
+    the sizes of a dynamic dimension and the phases of a generation (``_choose``)."""
+    sigs = choice_signatures(kernel, sig, constants)
+    key = (id(kernel), target, sig.key(), tuple(tuple(sorted(s.shapes.items())) for s in sigs),
            tuple(sorted((k, repr(v)) for k, v in (constants or {}).items())))
     hit = _CHOICES.get(key)
     if hit is None or hit[0] is not kernel:  # the kernel is kept beside its answer: an id is not reused
         if len(_CHOICES) >= _CHOICES_MAX:
             _CHOICES.clear()
-        hit = _CHOICES[key] = (kernel, _choose(kernel, target, sig, constants))
+        hit = _CHOICES[key] = (kernel, _choose(kernel, target, sigs, constants))
     return dict(hit[1]) if hit[1] is not None else None
 
 
-def _choose(kernel: KernelDef, target: str, sig: Signature, constants: dict | None) -> dict[str, Any] | None:
+def choice_signatures(kernel: KernelDef, sig: Signature, constants: dict | None = None) -> list[Signature]:
+    """The calls a build's config is ranked over. One build serves every value of its dynamic sizes,
+    and its config is chosen once, at its first call: ranked at that call's sizes alone, the config
+    would depend on which call came first (V4's prefill meeting a CSA layer's 640-slot lists or an
+    HCA layer's 8,320 first). So where the kernel's spec declares model shapes that share the
+    call's build, they are the calls (each at ``CHOICE_BATCH``, repeats once); otherwise the call
+    itself at ``CHOICE_BATCH``."""
+    own = at_choice_batch(kernel, sig)
+    if not any(d != kernel.batch_dim and d in sig.shapes for d in sig.dynamic):
+        return [own]  # the batch alone is dynamic: ``at_choice_batch`` fixed it already
+    resolved = tuple(sorted((k, repr(v)) for k, v in kernel.resolve_constants(constants).items()))
+    same = [s for s, c in _model_signatures(kernel) if c == resolved and s.key() == sig.key()]
+    unique = {tuple(sorted(s.shapes.items())): s for s in (at_choice_batch(kernel, s) for s in same)}
+    return list(unique.values()) or [own]
+
+
+_MODEL_SIGS: dict[int, tuple[KernelDef, list]] = {}
+
+
+def _model_signatures(kernel: KernelDef) -> list[tuple[Signature, tuple]]:
+    """(signature, resolved constants) of each model shape of the registered spec whose kernel is
+    ``kernel``; none for a kernel no spec registers. Kept for the process."""
+    hit = _MODEL_SIGS.get(id(kernel))
+    if hit is None or hit[0] is not kernel:
+        from ..kernels_spec.registry import load_all
+
+        spec = load_all().get(kernel.name)
+        out = []
+        if spec is not None and spec.kernel is kernel:
+            for case in spec.model_shapes.values():
+                consts = spec.constants_of(case)
+                resolved = tuple(sorted((k, repr(v)) for k, v in kernel.resolve_constants(consts).items()))
+                out.append((kernel.bind(spec.meta_inputs(case)), resolved))
+        hit = _MODEL_SIGS[id(kernel)] = (kernel, out)
+    return hit[1]
+
+
+def _choose(kernel: KernelDef, target: str, sig: Signature | list[Signature],
+            constants: dict | None) -> dict[str, Any] | None:
     """``target_choice``'s search: the first of ``ranked_configs``, or None where that is the default."""
-    ranked = ranked_configs(kernel, target, sig, constants)
+    sigs = [sig] if isinstance(sig, Signature) else list(sig)
+    ranked = ranked_configs(kernel, target, sigs, constants)
     if not ranked:
         return None
     from ..passes.autotune.space import config_key
 
-    return None if config_key(ranked[0]) == config_key(_space(kernel, target, sig, constants)[1].default()) \
+    return None if config_key(ranked[0]) == config_key(_space(kernel, target, sigs[0], constants)[1].default()) \
         else ranked[0]
 
 
@@ -239,12 +280,14 @@ def _make_space(kernel: KernelDef, target: str, sig: Signature, constants: dict 
     return one, ConfigSpace.from_kernel(kernel, tgt, module=one), (tgt.start_points(one) if one is not None else [])
 
 
-def ranked_configs(kernel: KernelDef, target: str, sig: Signature, constants: dict | None = None,
+def ranked_configs(kernel: KernelDef, target: str, sig: Signature | list[Signature], constants: dict | None = None,
                    knobs: dict[str, Any] | None = None, count: int = 1) -> list[dict[str, Any]]:
     """Up to ``count`` configs the target accepts, best first by the cost model, found by a
     coordinate search; empty for a target the model does not know (the interpreter). With
     ``knobs``, every config has those target knobs (a schedule chosen by measurement) and the
-    search moves the kernel's tunables alone.
+    search moves the kernel's tunables alone. Over several calls of one build (a list of
+    signatures, ``choice_signatures``) a config must pass at each, and its score is the geometric
+    mean of its modelled times: each call's time counts by its ratio, not its size.
 
     Start: the best of the defaults, the target's start points and their neighbours. Then, in
     turn for each tunable of the kernel, every value of its space with the others held, keeping
@@ -263,7 +306,8 @@ def ranked_configs(kernel: KernelDef, target: str, sig: Signature, constants: di
         machine = None
     if machine is None:  # a target the cost model does not know (the interpreter): its defaults
         return []
-    _, space, starts = _space(kernel, target, sig, constants)
+    sigs = [sig] if isinstance(sig, Signature) else list(sig)
+    _, space, starts = _space(kernel, target, sigs[0], constants)
     default = space.default()
     pool = [default]
     if knobs is None:
@@ -281,16 +325,20 @@ def ranked_configs(kernel: KernelDef, target: str, sig: Signature, constants: di
     elif not tgt.modelled:  # a target we measure on: the model moves tile sizes only, never the
         # schedule knobs, whose combinations only measurements (the shipped table) may choose
         pool = [c for c in pool if all(c[k] == default[k] for k in c if k not in kernel.tunables)]
-    cons = Constraints(kernel, sig, target, constants)
+    cons = [Constraints(kernel, s, target, constants) for s in sigs]
     scores: dict[tuple, float] = {}
 
-    def score(c: dict[str, Any]) -> float:  # the quick checks only: the lowering check is slow
+    def modelled(c: dict[str, Any], at: Constraints) -> float:  # the quick checks only: lowering is slow
+        verdict = at.check(c, full=False)
+        knobs = {n: v for n, v in c.items() if n not in kernel.tunables}
+        return estimate_phases(verdict.phases, machine, knobs, verdict.usages).time_s if verdict.ok else math.inf
+
+    def score(c: dict[str, Any]) -> float:
         k = config_key(c)
         if k not in scores:
-            verdict = cons.check(c, full=False)
-            knobs = {n: v for n, v in c.items() if n not in kernel.tunables}
-            scores[k] = (estimate_phases(verdict.phases, machine, knobs, verdict.usages).time_s if verdict.ok
-                         else math.inf)
+            times = [modelled(c, at) for at in cons]
+            logs = [math.log(max(t, 1e-15)) for t in times]
+            scores[k] = math.inf if math.inf in times else math.exp(sum(logs) / len(logs))
             seen[k] = c
         return scores[k]
 
@@ -322,7 +370,7 @@ def ranked_configs(kernel: KernelDef, target: str, sig: Signature, constants: di
                     key=lambda k: (k != config_key(best), scores[k], away(seen[k])))
     out = []
     for k in ranked:
-        if cons.check(seen[k]).ok:
+        if all(at.check(seen[k]).ok for at in cons):
             out.append(seen[k])
             if len(out) == count:
                 break

@@ -244,3 +244,39 @@ def test_the_model_choice_at_pinned_shapes_is_unchanged():
         case = spec.model_shapes[shape]
         sig = cc.at_choice_batch(spec.kernel, spec.kernel.bind(spec.meta_inputs(case)))
         assert cc._choose(spec.kernel, target, sig, spec.constants_of(case)) == want, (name, shape, target)
+
+
+def test_a_builds_model_choice_does_not_depend_on_which_call_came_first():
+    """One build serves every list length of the sparse prefill (and every row count of the dense
+    decode): its config is ranked over the model shapes that share the build, so V4's prefill gets
+    the same config whether a CSA layer (640 slots) or an HCA layer (8,320) calls first. Ranked at
+    each call's own sizes they differ (what the first call used to fix for both)."""
+    for name, shapes in (("sparse_mqa_prefill", ("v4/csa_r4_topk640/prefill4096", "v4/hca8320/prefill4096")),
+                         ("mqa_decode", ("v4/window128/decode1", "v4/topk640/decode16", "v4/hca1m8320/decode64"))):
+        spec = get(name)
+        cases = [spec.model_shapes[s] for s in shapes]
+        sigs = [spec.kernel.bind(spec.meta_inputs(c)) for c in cases]
+        chosen = [cc.target_choice(spec.kernel, "sm90", s, spec.constants_of(c)) for s, c in zip(sigs, cases)]
+        assert all(c == chosen[0] for c in chosen), (name, chosen)
+        alone = [cc._choose(spec.kernel, "sm90", cc.at_choice_batch(spec.kernel, s), spec.constants_of(c))
+                 for s, c in zip(sigs, cases)]
+        assert len({repr(a) for a in alone}) > 1, name  # the rule has something to decide
+
+
+def test_the_calls_a_choice_is_ranked_over_are_the_model_shapes_of_its_build():
+    spec = get("sparse_mqa_prefill")
+    case = spec.model_shapes["v41/csa_r2_topk640/prefill4096"]
+    sig = spec.kernel.bind(spec.meta_inputs(case))
+    sigs = cc.choice_signatures(spec.kernel, sig, spec.constants_of(case))
+    # V4's CSA, V4.1's CSA2 (the same list length over more rows) and V4's HCA
+    assert sorted((s.shapes["L"], s.shapes["N"]) for s in sigs) == [(640, 20608), (640, 36992), (8320, 12416)]
+    assert all(s.shapes["T"] == cc.CHOICE_BATCH and s.key() == sig.key() for s in sigs)
+    # the epilogue's build (optional inputs present) has no model shape: the call alone, at the choice batch
+    epi = {**case, "rope": "random", "P": 4096, "GROUPS": 8, "QBLOCK": 32}
+    own = spec.kernel.bind(spec.meta_inputs(epi))
+    assert [s.shapes for s in cc.choice_signatures(spec.kernel, own, spec.constants_of(epi))] == \
+        [{**own.shapes, "T": cc.CHOICE_BATCH}]
+    # a kernel whose only dynamic size is its batch: the call at the choice batch
+    rms = get("rmsnorm")
+    rsig = rms.kernel.bind(rms.meta_inputs(rms.model_shapes["v4/hidden/decode16"]))
+    assert [s.shapes for s in cc.choice_signatures(rms.kernel, rsig)] == [{**rsig.shapes, "T": cc.CHOICE_BATCH}]
