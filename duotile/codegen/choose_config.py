@@ -131,8 +131,8 @@ def nearest_shipped(kernel: KernelDef, target: str, sig: Signature, constants: d
 def starting_config(kernel: KernelDef, target: str, sig: Signature, constants: dict | None = None,
                     path=None, skipped: list[str] | None = None) -> dict[str, Any] | None:
     """The first entry of the shipped starting table (``duotile/tuned/starting.json``) for this
-    kernel and target whose ``when`` matches the call: sizes by name, ``dtypes`` by tensor, and
-    constants by name."""
+    kernel and target whose ``when`` matches the call: sizes by name, ``dtypes`` by tensor,
+    ``present`` by optional tensor (given or not: another build), and constants by name."""
     from ..dsl.errors import DslError
     from .compile import check_config
     from .target import get_target
@@ -142,8 +142,10 @@ def starting_config(kernel: KernelDef, target: str, sig: Signature, constants: d
         if entry.get("kernel") != kernel.name or entry.get("target") != target:
             continue
         when = dict(entry.get("when", {}))
-        dtypes = when.pop("dtypes", {})
+        dtypes, present = when.pop("dtypes", {}), when.pop("present", {})
         if any(sig.shapes.get(k, consts.get(k, _MISSING)) != v for k, v in when.items()):
+            continue
+        if any(bool(sig.present.get(t, False)) != bool(v) for t, v in present.items()):
             continue
         if any(getattr(sig.dtypes.get(t), "name", None) != d for t, d in dtypes.items()):
             continue

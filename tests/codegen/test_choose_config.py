@@ -280,3 +280,26 @@ def test_the_calls_a_choice_is_ranked_over_are_the_model_shapes_of_its_build():
     rms = get("rmsnorm")
     rsig = rms.kernel.bind(rms.meta_inputs(rms.model_shapes["v4/hidden/decode16"]))
     assert [s.shapes for s in cc.choice_signatures(rms.kernel, rsig)] == [{**rsig.shapes, "T": cc.CHOICE_BATCH}]
+
+
+def test_a_starting_entry_can_ask_for_an_optional_tensor_given_or_not(tmp_path):
+    """``present`` in an entry's ``when``: the stored-row decodes' SPLIT 8 serves the builds with
+    compressed rows; a window-only layer's build (no ``cmp``) is left to the cost model's SPLIT 1."""
+    for name, swa, compressed in (("sparse_mqa_decode_fp8_nope", "v4/swa128/decode64", "v4/hca8320/decode1"),
+                                  ("sparse_mqa_decode_fp8", "v41/swa128/decode64", "v41/csa_r2_topk640/decode64")):
+        spec = get(name)
+        got = {}
+        for shape in (swa, compressed):
+            case = spec.model_shapes[shape]
+            config, source, _ = cc.explain_choice(spec.kernel, "sm90", spec.kernel.bind(spec.meta_inputs(case)),
+                                                  spec.constants_of(case))
+            got[shape] = (source, config["SPLIT"])
+        assert got == {swa: ("model", 1), compressed: ("starting", 8)}, name
+    path = tmp_path / "starting.json"
+    path.write_text(json.dumps({"entries": [
+        {"kernel": "sparse_mqa_decode_fp8", "target": "sm90", "when": {"present": {"cmp": False}},
+         "config": {"SPLIT": 2}}]}))
+    spec = get("sparse_mqa_decode_fp8")
+    for shape, want in (("v41/swa128/decode1", {"SPLIT": 2}), ("v41/csa_r2_topk640/decode1", None)):
+        sig = spec.kernel.bind(spec.meta_inputs(spec.model_shapes[shape]))
+        assert cc.starting_config(spec.kernel, "sm90", sig, path=path) == want, shape
