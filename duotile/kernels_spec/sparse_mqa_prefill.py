@@ -17,6 +17,12 @@ the decode kernels' epilogue (``decode_epilogue.py``, ``decode_fp8_out.py``) wit
 as its queries, so a prefill chunk's attention output goes to the grouped output projection as a
 decode step's does, with no ``rope`` or ``quantize`` call between.
 
+With ``cmp`` / ``cmp_scale`` (the same bytes typed twice, as ``sparse_mqa_decode_fp8`` takes them) the
+compressed rows are read as the cache stores V4.1's (NVFP4-like: e2m1 pairs, an E4M3 scale per 16
+channels, 288 bytes at D 512) and dequantised in the kernel: a token's list then names ``kv`` rows
+(the window's, BF16) in its first ``ring_slots(WINDOW)`` slots and ``cmp`` rows after them, so the
+runtime hands a chunk its sequence's compressed rows as stored, not decoded to BF16 first.
+
 A block per token runs the decode kernel's online softmax (``_attend``) over its list in
 ``BN``-slot blocks and finishes with the sink (``finish``): one phase (two more with the
 epilogue: the rotation, then the quantisation), the chunk's tokens giving
@@ -29,7 +35,7 @@ sharing one gather is the step after.
 Model shapes: a 4,096-token chunk, the rows per token of each compressed layer kind (window +
 top-512 = 640 for CSA / CSA2; V4's HCA at 1M context every visible compressed row, 128 + 8,192),
 and ``N`` the chunk's rows with the compressed rows of a 64K context (CSA) or the list (HCA).
-``T``, ``L``, ``N``, ``P`` and ``QR`` are dynamic: one build serves every chunk, list and table.
+``T``, ``L``, ``N``, ``NC``, ``P`` and ``QR`` are dynamic: one build serves every chunk, list and table.
 """
 
 from __future__ import annotations
@@ -37,15 +43,17 @@ from __future__ import annotations
 import torch
 
 from .. import dsl
+from ..dsl.ops import NVFP4_BLOCK
 from . import model_shapes as shapes
 from .decode_epilogue import epilogue_of, inverse_rope, rope_phase, rotated_bound
 from .decode_fp8_out import DERIVED, fp8_out_constants, fp8_out_of, quant_phase
 from .registry import Dim, OneOf, Spec, register
 from .sparse_mqa_decode import _attend, _tolerance, finish, layer_kinds, random_inputs, sparse_mqa_decode_reference
 from .sparse_mqa_decode import _error_bound as _decode_bound
+from .sparse_mqa_decode_fp8 import check_block, compressed_rows, nvfp4_dequantised, ring_slots
 
 
-@dsl.kernel(batch_dim="T", dynamic=("T", "L", "N", "P", "QR"))
+@dsl.kernel(batch_dim="T", dynamic=("T", "L", "N", "NC", "P", "QR"))
 def sparse_mqa_prefill(q: dsl.Tensor["T", "H", "D", dsl.bf16], kv: dsl.Tensor["N", "D", dsl.bf16],
                        idx: dsl.Tensor["T", "L", dsl.i32], sink: dsl.Tensor["H", dsl.f32],
                        o: dsl.Tensor["T", "H", "D", dsl.bf16],
@@ -54,15 +62,15 @@ def sparse_mqa_prefill(q: dsl.Tensor["T", "H", "D", dsl.bf16], kv: dsl.Tensor["N
                        cos: dsl.OptionalTensor["P", "HALF", dsl.f32] = None,
                        sin: dsl.OptionalTensor["P", "HALF", dsl.f32] = None,
                        o_q: dsl.OptionalTensor["QR", "D", dsl.f8e4m3] = None,
-                       o_qs: dsl.OptionalTensor["QR", "QD", dsl.u8] = None, *,
-                       GROUPS: dsl.Const = 8, QBLOCK: dsl.Const = 128,
+                       o_qs: dsl.OptionalTensor["QR", "QD", dsl.u8] = None,
+                       cmp: dsl.OptionalTensor["NC", "RC", dsl.u8] = None,
+                       cmp_scale: dsl.OptionalTensor["NC", "RC", dsl.f8e4m3] = None, *,
+                       GROUPS: dsl.Const = 8, QBLOCK: dsl.Const = 128, WINDOW: dsl.Const = 128,
                        BN: dsl.Tunable = dsl.choice(64, 32, 128),
                        STAGES: dsl.Tunable = dsl.int_range(1, 3, default=1)):
     epilogue = epilogue_of("sparse_mqa_prefill", q, positions, cos, sin)
     fp8_out = fp8_out_of("sparse_mqa_prefill", q, o_q, o_qs, GROUPS, QBLOCK)
-
-    def rows_of(rows):  # the sequence's rows the slots name (a dead slot reads a zero row)
-        return dsl.load(kv[rows, 0], (BN, q.D), role="operand")
+    rows_of = _row_sources(q, kv, cmp, cmp_scale, WINDOW, BN)
 
     if epilogue is not None:
         epilogue.one_phase()
@@ -73,6 +81,36 @@ def sparse_mqa_prefill(q: dsl.Tensor["T", "H", "D", dsl.bf16], kv: dsl.Tensor["N
         rope_phase(q, o, epilogue)
     if fp8_out is not None:
         quant_phase(q, o, fp8_out)
+
+
+def _row_sources(q, kv, cmp, cmp_scale, WINDOW, BN):
+    """``_attend``'s gather: the sequence's BF16 rows the slots name (a dead slot reads a zero row);
+    with ``cmp``, the list's first ``ring_slots(WINDOW)`` slots read them and the rest the stored
+    compressed rows, dequantised (``sparse_mqa_decode_fp8``'s NVFP4 gather)."""
+    d = q.D
+
+    def window(slots):
+        return dsl.load(kv[slots, 0], (BN, d), role="operand")
+
+    if (cmp is None) != (cmp_scale is None):
+        raise dsl.DslError("sparse_mqa_prefill: give cmp and cmp_scale together (the compressed rows and their "
+                           "scales), or neither")
+    if cmp is None:
+        return window
+    check_block(BN)
+    if not (isinstance(WINDOW, int) and WINDOW >= 1):
+        raise dsl.DslError(f"sparse_mqa_prefill: WINDOW {WINDOW!r} must be a positive int (the window slots a list "
+                           f"starts with)")
+    dsl.require(cmp.RC >= d // 2 + d // NVFP4_BLOCK,
+                "cmp's rows (RC bytes) are short of D / 2 bytes of e2m1 pairs and their D / 16 scales")
+
+    def compressed(slots):
+        far = dsl.where(slots < cmp.NC, slots, -1)  # past the stored rows: a zero row, dead
+        return dsl.nvfp4_values(dsl.load(cmp[far, 0], (BN, d // 2), role="operand"),
+                                dsl.load(cmp_scale[far, d // 2], (BN, d // NVFP4_BLOCK), role="operand"))
+
+    ring = ring_slots(WINDOW) // BN  # the list's blocks of window rows
+    return [(0, ring, window, kv.N), (ring, None, compressed, cmp.NC)]
 
 
 GATHER_BYTES = 1 << 30  # the float64 rows a reference chunk gathers at most (a 4,096-token chunk of
@@ -98,12 +136,27 @@ def _per_chunk(q, kv, idx, positions=None):
             for lo, hi in _token_chunks(q, idx)]
 
 
+def joined(q, kv, idx, cmp=None, cmp_scale=None, WINDOW=128):
+    """(rows, index list) over one set of rows: ``kv`` then, with ``cmp``, the compressed rows
+    dequantised (float64), the list's compressed slots moved past ``kv``'s N rows; -1 for a slot
+    naming no row of its part."""
+    if cmp is None:
+        return kv, idx
+    d, n, nc = q.shape[-1], kv.shape[0], cmp.shape[0]
+    half = d // 2
+    rows = torch.cat([kv.double(), nvfp4_dequantised(cmp[:, :half], cmp_scale[:, half:half + d // NVFP4_BLOCK])])
+    ring = torch.arange(idx.shape[-1], device=idx.device) < ring_slots(WINDOW)
+    return rows, torch.where(ring, torch.where((idx >= 0) & (idx < n), idx, -1),
+                             torch.where((idx >= 0) & (idx < nc), idx + n, -1))
+
+
 def sparse_mqa_prefill_reference(q, kv, idx, sink, positions=None, cos=None, sin=None, GROUPS=None,
-                                 QBLOCK=None) -> dict:
-    """The decode reference with every token reading the sequence's one set of rows, a chunk of
-    tokens at a time (each token's softmax is its own); with ``positions``, the output's rope
-    channels rotated by -P (``inverse_rope``). The FP8 output is a function of the kernel's own
-    ``o`` (``Spec.derived``)."""
+                                 QBLOCK=None, cmp=None, cmp_scale=None, WINDOW=128) -> dict:
+    """The decode reference with every token reading the sequence's one set of rows (``joined``:
+    with ``cmp``, the stored compressed rows' values after ``kv``), a chunk of tokens at a time
+    (each token's softmax is its own); with ``positions``, the output's rope channels rotated by -P
+    (``inverse_rope``). The FP8 output is a function of the kernel's own ``o`` (``Spec.derived``)."""
+    kv, idx = joined(q, kv, idx, cmp, cmp_scale, WINDOW)
     parts = [sparse_mqa_decode_reference(qc, rows, ic, sink) for qc, rows, ic, _ in _per_chunk(q, kv, idx)]
     out = {name: torch.cat([p[name] for p in parts]) for name in ("o", "lse")}
     if positions is not None:
@@ -113,9 +166,11 @@ def sparse_mqa_prefill_reference(q, kv, idx, sink, positions=None, cos=None, sin
 
 def _error_bound(case, output, inputs):
     rotate = output == "o" and inputs.get("positions") is not None
-    plain = {k: v for k, v in inputs.items() if k not in ("positions", "cos", "sin")}
+    plain = {k: v for k, v in inputs.items() if k not in ("positions", "cos", "sin", "cmp", "cmp_scale")}
+    kv, idx = joined(inputs["q"], inputs["kv"], inputs["idx"], inputs.get("cmp"), inputs.get("cmp_scale"),
+                     case.get("WINDOW", 128))
     parts = []
-    for qc, rows, ic, pc in _per_chunk(inputs["q"], inputs["kv"], inputs["idx"], inputs.get("positions")):
+    for qc, rows, ic, pc in _per_chunk(inputs["q"], kv, idx, inputs.get("positions")):
         bound = _decode_bound(case, output, {**plain, "q": qc, "kv": rows, "idx": ic})
         if rotate:  # the plain bound is 2^-8 of each channel's size A (``rotated_bound`` takes A)
             bound = rotated_bound(bound.double() * 2.0 ** 8, {**inputs, "positions": pc}).float()
@@ -124,8 +179,33 @@ def _error_bound(case, output, inputs):
 
 
 def _inputs(case, device, seed):
-    t, h, d = case["T"], case["H"], case["D"]
-    return random_inputs({**case, "B": t}, device, seed, (t, h, d), (case["N"], d))
+    """``random_inputs`` over the ``N`` rows; with ``NC`` (and ``WINDOW``), ``NC`` compressed rows
+    as stored too (``sparse_mqa_decode_fp8``'s draw), the list's first ``ring_slots(WINDOW)`` slots
+    naming ``kv`` rows and the rest compressed rows (its holes kept; with ``out_of_range``, one slot
+    of each part past its rows)."""
+    t, h, d, n, nc = case["T"], case["H"], case["D"], case["N"], case.get("NC", 0)
+    base = random_inputs({**case, "B": t, "N": n + nc}, device, seed, (t, h, d), (n, d))
+    if not nc:
+        return base
+    if device.type == "meta":
+        rows = torch.empty(nc, d // 2 + d // NVFP4_BLOCK, dtype=torch.uint8)
+        return {**base, "cmp": rows, "cmp_scale": rows.view(torch.float8_e4m3fn)}
+    g = torch.Generator(device=device).manual_seed(seed + 7)
+    packed = torch.randint(0, 256, (nc, d // 2), generator=g, device=device, dtype=torch.uint8)
+    scales = torch.exp2(torch.randint(-2, 3, (nc, d // NVFP4_BLOCK), generator=g, device=device).float())
+    rows = compressed_rows(packed, scales.to(torch.float8_e4m3fn))
+    part = ring_slots(case.get("WINDOW", 128))
+    idx = base["idx"]
+    ring = torch.arange(idx.shape[-1], device=idx.device) < part
+    idx = torch.where(idx < 0, -1, torch.where(ring, idx % n, idx % nc)).to(idx.dtype)
+    if case.get("out_of_range") and idx.shape[-1] > part:
+        idx[:, 2], idx[:, part] = n, nc
+    return {**base, "idx": idx, "cmp": rows, "cmp_scale": rows.view(torch.float8_e4m3fn)}
+
+
+def _constants(case) -> dict:
+    """The FP8 output's constants and, with stored compressed rows, the window part's ``WINDOW``."""
+    return {**fp8_out_constants(case), **({"WINDOW": case.get("WINDOW", 128)} if case.get("NC") else {})}
 
 
 def _model_shapes(m) -> dict:
@@ -169,12 +249,19 @@ SPEC = register(Spec(
                                   "QBLOCK": 128, "config": SMALL},
         "fp8_out_all_dead": {"T": 2, "H": 64, "D": 64, "N": 50, "L": 70, "valid": "none", "GROUPS": 8, "QBLOCK": 32,
                              "config": SMALL},
+        # compressed rows as stored (V4.1's NVFP4-like), dequantised in the kernel: the list's first 128
+        # slots name the BF16 rows, the rest the stored ones; a short window (16 of its 128 slots)
+        "stored_holes": {"T": 5, "H": 64, "D": 64, "N": 150, "NC": 90, "L": 200, "holes": 0.3, "config": SMALL},
+        "stored_short_window_out_of_range": {"T": 3, "H": 64, "D": 64, "N": 40, "NC": 60, "L": 180, "WINDOW": 16,
+                                             "out_of_range": True, "config": SMALL},
+        "stored_rope_fp8_out": {"T": 3, "H": 4, "D": 128, "N": 60, "NC": 70, "L": 190, "rope": "wrap", "P": 600,
+                                "GROUPS": 2, "QBLOCK": 32, "config": {"BN": 64, "STAGES": 2}},
     },
     build_cases={"v41_csa2": {"T": 4096, "H": 64, "D": 512, "L": 640, "N": 36992}},
     tolerance=_tolerance,
     extra_error=_error_bound,
     derived=DERIVED,
-    constants_of=fp8_out_constants,
+    constants_of=_constants,
     flops=lambda c: 4.0 * c["T"] * c["H"] * c["L"] * c["D"],
     bytes_moved=lambda c: 2.0 * (c["T"] * c["L"] * c["D"] + 2 * c["T"] * c["H"] * c["D"]) + 4.0 * c["T"] * c["L"],
     model_shapes=shapes.for_models(_model_shapes),

@@ -4,6 +4,7 @@ HCA layer at a 4,096-token chunk once asked 130 GiB of one H200)."""
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from duotile.kernels_spec import get
@@ -64,3 +65,28 @@ def test_the_epilogue_and_fp8_output_generate_for_sm90_at_the_runtimes_call():
                          "sm90")
     assert len(plain.sources) == 1
     assert generate_row(SPEC, "sm100", case, "sm100").reason.startswith("CapacityError: TMEM overflow")
+
+
+def test_stored_compressed_rows_generate_for_sm90_at_the_runtimes_call():
+    """V4.1's chunk as the runtime will call it: the window's rows in BF16, its 32,768 compressed rows
+    as stored (288 bytes each), dequantised in the kernel, with the epilogue: sm90 source in three
+    phases, the first reading ``cmp``."""
+    from benchmarks.model_shape_builds import generate_row
+
+    case = {**SPEC.model_shapes["v41/csa_r2_topk640/prefill4096"], "N": 4096 + 127, "NC": 32768, "rope": "random",
+            "P": 8192, "GROUPS": 8, "QBLOCK": 32}
+    row = generate_row(SPEC, "v41/csa_r2_topk640/prefill4096+stored", case, "sm90")
+    assert row.status == "generated" and len(row.sources) == 3 and "cmp" in row.sources[0], row.message
+
+
+def test_stored_rows_are_refused_alone_or_short():
+    from duotile import codegen, dsl
+
+    case = SPEC.cases["stored_holes"]
+    x = SPEC.make_inputs(case, torch.device("cpu"), 3)
+    kernel = codegen.compile(SPEC.kernel, "interpret", config=SPEC.config_of(case), constants=SPEC.constants_of(case))
+    with pytest.raises(dsl.DslError, match="give cmp and cmp_scale together"):
+        kernel(**{**x, "cmp_scale": None})
+    short = x["cmp"][:, :20].contiguous()
+    with pytest.raises(dsl.DslError, match="cmp's rows"):
+        kernel(**{**x, "cmp": short, "cmp_scale": short.view(torch.float8_e4m3fn)})
