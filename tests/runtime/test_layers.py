@@ -153,12 +153,18 @@ def test_a_prefill_chunk_reads_its_rows_once_not_once_a_query(ckpt_dir):
     ops, seen = llm.model.ctx.ops, []
     served = ops._serves["sparse_attention_rows"]
 
-    def watch(ctx, q, rows, idx, sink, scale, *rotation):
+    stored = []
+
+    def watch(ctx, q, rows, idx, sink, scale, rotary=None, positions=None, cmp=None, window=None):
         seen.append((q.shape[0], rows.shape[0], idx.shape))
-        return served(ctx, q, rows, idx, sink, scale, *rotation)
+        if cmp is not None:
+            stored.append((cmp.dtype, cmp.shape[1], window))
+        return served(ctx, q, rows, idx, sink, scale, rotary, positions, cmp, window)
 
     ops._serves["sparse_attention_rows"] = watch
     llm.generate([list(range(3, 33))], [SamplingParams(max_tokens=1, ignore_eos=True)])
-    w = llm.config.sliding_window
+    w, d = llm.config.sliding_window, llm.config.head_dim
     assert seen and all(t == 30 and w - 1 + t <= n <= w - 1 + t + 30 and shape[0] == t for t, n, shape in seen)
     assert max(shape[1] for *_, shape in seen) > w  # the compressed rows' slots after the window's
+    # V4.1's compressed rows reach the op as stored (NVFP4-like bytes), not decoded to values first
+    assert stored and set(stored) == {(torch.uint8, d // 2 + d // 16, w)}

@@ -52,20 +52,33 @@ class AttentionKernels:
                                                          sink=sink.float().contiguous(), o=o)
         return o.float()
 
-    def _sparse_attention_rows(self, ctx, q, rows, idx, sink, scale: float, rotary=None, positions=None):
+    def _sparse_attention_rows(self, ctx, q, rows, idx, sink, scale: float, rotary=None, positions=None, cmp=None,
+                               window=None):
         """The prefill kernel: each query over its own index list into the rows the chunk's queries
         share (BF16, as the forward's activations are), the kernel's BF16 output (what the caller
-        rounds it to: kept, not copied). With a ``rotary`` its epilogue rotates the output by -P
-        (``_positions_and_table``); with ``ctx.fp8_wo_a`` it writes wo_a's FP8 input too, kept for
-        ``_grouped_linear_q`` (``_fp8_input``), as the decode kernels do."""
+        rounds it to: kept, not copied). With ``cmp`` (V4.1's compressed rows as stored) the kernel
+        dequantises them itself: each list's window part padded to the kernel's ``ring_slots``.
+        With a ``rotary`` its epilogue rotates the output by -P (``_positions_and_table``); with
+        ``ctx.fp8_wo_a`` it writes wo_a's FP8 input too, kept for ``_grouped_linear_q``
+        (``_fp8_input``), as the decode kernels do."""
+        from ...kernels_spec.sparse_mqa_decode_fp8 import ring_slots
+
         t, d = q.shape[0], rows.shape[-1]
         if ctx.dtype != torch.bfloat16 or t == 0 or rows.shape[0] == 0 or scale != d ** -0.5 or (
                 rotary is not None and rotary.dim % 2):
             return NotImplemented
         o = torch.empty(q.shape, dtype=torch.bfloat16, device=q.device)
+        idx = ship(idx.to(torch.int32), q.device)
+        consts = {}
+        if cmp is not None:
+            pad = idx.new_full((t, ring_slots(window) - window), -1)
+            idx = torch.cat([idx[:, :window], pad, idx[:, window:]], 1)
+            consts["WINDOW"] = window
         args = {"q": q.to(torch.bfloat16).contiguous(), "kv": rows.to(torch.bfloat16).contiguous(),
-                "idx": ship(idx.to(torch.int32), q.device).contiguous(), "sink": sink.float().contiguous(), "o": o}
-        consts = self._fp8_output(ctx, o, args)
+                "idx": idx.contiguous(), "sink": sink.float().contiguous(), "o": o}
+        if cmp is not None:
+            args.update(cmp=cmp, cmp_scale=cmp.view(torch.float8_e4m3fn))
+        consts.update(self._fp8_output(ctx, o, args))
         if rotary is not None:
             at, cos, sin = self._positions_and_table(rotary, positions, q.device)
             args.update(positions=at, cos=cos, sin=sin)

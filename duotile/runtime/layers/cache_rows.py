@@ -17,7 +17,7 @@ import torch
 
 from ..device import ship
 from ..model_ops import model_op
-from ..stored import FP8_BLOCK, NOPE_BLOCK, NOPE_ROPE, StoredRing, decode_rows
+from ..stored import FP8_BLOCK, NOPE_BLOCK, NOPE_ROPE, PackedRows, StoredRing, decode_rows
 from .common import Ctx, Rotary, attention_with_sink, pad_cat, rms_norm, rope, round_rows, sparse_attention
 from .step import one_token_each
 
@@ -54,6 +54,10 @@ class Selected:
         """Sequence i's stored rows [n, d] and each query's indices into them [S_i, K] (-1 none)."""
         return self.stores[i].view, self.sel[i]
 
+    def index(self, i: int) -> torch.Tensor:
+        """Each query's indices into sequence i's rows [S_i, K] (-1 none), the rows left as stored."""
+        return self.sel[i]
+
 
 @dataclass
 class Visible:
@@ -63,9 +67,12 @@ class Visible:
     n_visible: list[torch.Tensor]
 
     def rows(self, i: int) -> tuple[torch.Tensor, torch.Tensor]:
-        rows, visible = self.stores[i].view, self.n_visible[i]
-        at = torch.arange(rows.shape[0])[None, :].expand(len(visible), -1)
-        return rows, torch.where(at < visible[:, None], at, -1)
+        return self.stores[i].view, self.index(i)
+
+    def index(self, i: int) -> torch.Tensor:
+        visible = self.n_visible[i]
+        at = torch.arange(self.stores[i].n)[None, :].expand(len(visible), -1)
+        return torch.where(at < visible[:, None], at, -1)
 
 
 def attend(ctx: Ctx, seqs: list, layer: int, q: torch.Tensor, kv: torch.Tensor, compressed, sink: torch.Tensor,
@@ -85,8 +92,8 @@ def attend(ctx: Ctx, seqs: list, layer: int, q: torch.Tensor, kv: torch.Tensor, 
     if one_token_each(seqs) and ring0.dtype == kv.dtype:  # a decode step's rows gathered at once
         keys, valid = _decode_keys(seqs, layer, kv, compressed)
         return _inverse_rope(ctx, rotary, positions, sparse_attention(ctx, q, keys, valid, sink, scale))
-    rows, idx = _chunk_rows(seqs, layer, kv, compressed, encoded)
-    return ctx.act(sparse_attention_rows(ctx, q, rows, idx, sink, scale, rotary, positions))
+    rows, idx, cmp = _chunk_rows(seqs, layer, kv, compressed, encoded)
+    return ctx.act(sparse_attention_rows(ctx, q, rows, idx, sink, scale, rotary, positions, cmp, ring0.shape[0]))
 
 
 def _inverse_rope(ctx: Ctx, rotary: Rotary, positions: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
@@ -95,35 +102,54 @@ def _inverse_rope(ctx: Ctx, rotary: Rotary, positions: torch.Tensor, out: torch.
     return ctx.act(rope(ctx, rotary, ctx.act(out), positions, inverse=True))
 
 
-def _chunk_rows(seqs: list, layer: int, kv: torch.Tensor, compressed, encoded) -> tuple[torch.Tensor, torch.Tensor]:
-    """The rows a step's queries read, each sequence's once (its window rows, then its compressed
-    rows), and each query's index list into them (-1 none); each sequence's ring written after its
-    rows were read."""
-    rows, idx, base = [], [], 0
+def _chunk_rows(seqs: list, layer: int, kv: torch.Tensor, compressed, encoded):
+    """The rows a step's queries read and each query's index list into them (-1 none): each
+    sequence's window rows once, then its compressed rows, as values in one stack, or, where the
+    compressed rows are stored NVFP4-like (V4.1's, ``stored.py``), their bytes in a second stack
+    (``cmp``; None otherwise) that the lists' slots past the window's W name. Each sequence's ring
+    is written after its rows were read."""
+    stored = compressed is not None and all(_stored_nvfp4(st) for st in compressed.stores)
+    rows, idx, cmp, base, cbase = [], [], [], 0, 0
     for i, (seq, sl) in enumerate(seqs):
         ring = seq.cache.layers[layer].ring
         r, ix = window_rows(ring, seq.start, kv[sl])
+        ix = torch.where(ix >= 0, ix + base, -1)
         if compressed is not None:
-            extra, sel = compressed.rows(i)
-            sel = ship(sel, ix.device)
-            ix = torch.cat([ix, torch.where(sel >= 0, sel + r.shape[0], -1)], 1)
-            r = torch.cat([r, extra.to(r.dtype)])
+            sel = ship(compressed.index(i), ix.device)
+            if stored:  # the bytes as stored, each sequence's after the last's
+                cmp.append(compressed.stores[i].stored)
+                ix = torch.cat([ix, torch.where(sel >= 0, sel + cbase, -1)], 1)
+                cbase += cmp[-1].shape[0]
+            else:
+                ix = torch.cat([ix, torch.where(sel >= 0, sel + base + r.shape[0], -1)], 1)
+                r = torch.cat([r, compressed.stores[i].view.to(r.dtype)])
         rows.append(r)
-        idx.append(torch.where(ix >= 0, ix + base, -1))
+        idx.append(ix)
         base += r.shape[0]
         # its window rows above are a copy
         write_ring(ring, seq.start, kv[sl], None if encoded is None else encoded[sl])
-    return torch.cat(rows), pad_cat(idx, -1)
+    # no stored row yet: every compressed slot is -1, and no second stack is needed
+    return torch.cat(rows), pad_cat(idx, -1), (torch.cat(cmp) if stored and cbase else None)
+
+
+def _stored_nvfp4(store) -> bool:
+    return isinstance(store, PackedRows) and store.fmt == "nvfp4"
 
 
 @model_op("sparse_attention_rows")
 def sparse_attention_rows(ctx: Ctx, q: torch.Tensor, rows: torch.Tensor, idx: torch.Tensor, sink: torch.Tensor,
-                          scale: float, rotary: Rotary | None = None,
-                          positions: torch.Tensor | None = None) -> torch.Tensor:
+                          scale: float, rotary: Rotary | None = None, positions: torch.Tensor | None = None,
+                          cmp: torch.Tensor | None = None, window: int | None = None) -> torch.Tensor:
     """``sparse_attention`` of a chunk's queries [T, H, d] over rows they share: ``rows`` [N, d]
     (each sequence's window rows once, then its compressed rows), ``idx`` [T, L] each query's own
-    (-1 none). With ``rotary``, the output in the activation dtype rotated by -P at the queries'
-    ``positions`` (host [T]) as the ``rope`` op does (what ``wo_a`` takes). FP32 out."""
+    (-1 none). With ``cmp`` [NC, row bytes] u8, the compressed rows as stored (V4.1's ``nvfp4``):
+    a list's first ``window`` slots name ``rows`` and the rest ``cmp``'s rows. With ``rotary``,
+    the output in the activation dtype rotated by -P at the queries' ``positions`` (host [T]) as the
+    ``rope`` op does (what ``wo_a`` takes). FP32 out."""
+    if cmp is not None:
+        far = (torch.arange(idx.shape[1], device=idx.device) >= window)[None, :] & (idx >= 0)
+        idx = torch.where(far, idx + rows.shape[0], idx)
+        rows = torch.cat([rows, decode_rows(cmp, q.shape[-1], "nvfp4").to(rows.dtype)])
     out = attention_with_sink(ctx.ops, q, rows[idx.clamp(min=0)], idx >= 0, sink, scale)
     return out if rotary is None else rotary.apply(ctx.act(out), positions, inverse=True)
 
