@@ -134,7 +134,8 @@ class PackedRows:
 
     @property
     def view(self) -> torch.Tensor:
-        return self.data[: self.n]
+        """The ``n`` rows, decoded (FP32): the capacity past them is not decoded."""
+        return decode_rows(self.rows[: self.n], self.width, self.fmt)
 
     @property
     def stored(self) -> torch.Tensor:
