@@ -17,11 +17,11 @@ the decode kernels' epilogue (``decode_epilogue.py``, ``decode_fp8_out.py``) wit
 as its queries, so a prefill chunk's attention output goes to the grouped output projection as a
 decode step's does, with no ``rope`` or ``quantize`` call between.
 
-With ``cmp`` / ``cmp_scale`` (the same bytes typed twice, as ``sparse_mqa_decode_fp8`` takes them) the
-compressed rows are read as the cache stores V4.1's (NVFP4-like: e2m1 pairs, an E4M3 scale per 16
-channels, 288 bytes at D 512) and dequantised in the kernel: a token's list then names ``kv`` rows
-(the window's, BF16) in its first ``ring_slots(WINDOW)`` slots and ``cmp`` rows after them, so the
-runtime hands a chunk its sequence's compressed rows as stored, not decoded to BF16 first.
+With the compressed rows as the cache stores them (V4.1's NVFP4-like ``cmp`` / ``cmp_scale``, V4's
+FP8-nope ``cmp_nope`` / ``cmp_codes`` / ``cmp_rope``: ``prefill_rows.py``) the kernel dequantises them
+in its gather: a token's list then names ``kv`` rows (the window's, BF16) in its first
+``ring_slots(WINDOW)`` slots and stored rows after them, so the runtime hands a chunk its sequence's
+compressed rows as stored, not decoded to BF16 first.
 
 A block per token runs the decode kernel's online softmax (``_attend``) over its list in
 ``BN``-slot blocks and finishes with the sink (``finish``): one phase (two more with the
@@ -43,14 +43,13 @@ from __future__ import annotations
 import torch
 
 from .. import dsl
-from ..dsl.ops import NVFP4_BLOCK
 from . import model_shapes as shapes
 from .decode_epilogue import epilogue_of, inverse_rope, rope_phase, rotated_bound
 from .decode_fp8_out import DERIVED, fp8_out_constants, fp8_out_of, quant_phase
+from .prefill_rows import Stored, joined, row_sources, stored_inputs
 from .registry import Dim, OneOf, Spec, register
 from .sparse_mqa_decode import _attend, _tolerance, finish, layer_kinds, random_inputs, sparse_mqa_decode_reference
 from .sparse_mqa_decode import _error_bound as _decode_bound
-from .sparse_mqa_decode_fp8 import check_block, compressed_rows, nvfp4_dequantised, ring_slots
 
 
 @dsl.kernel(batch_dim="T", dynamic=("T", "L", "N", "NC", "P", "QR"))
@@ -64,53 +63,28 @@ def sparse_mqa_prefill(q: dsl.Tensor["T", "H", "D", dsl.bf16], kv: dsl.Tensor["N
                        o_q: dsl.OptionalTensor["QR", "D", dsl.f8e4m3] = None,
                        o_qs: dsl.OptionalTensor["QR", "QD", dsl.u8] = None,
                        cmp: dsl.OptionalTensor["NC", "RC", dsl.u8] = None,
-                       cmp_scale: dsl.OptionalTensor["NC", "RC", dsl.f8e4m3] = None, *,
+                       cmp_scale: dsl.OptionalTensor["NC", "RC", dsl.f8e4m3] = None,
+                       cmp_nope: dsl.OptionalTensor["NC", "RC", dsl.f8e4m3] = None,
+                       cmp_codes: dsl.OptionalTensor["NC", "RC", dsl.u8] = None,
+                       cmp_rope: dsl.OptionalTensor["NC", "RH", dsl.bf16] = None, *,
                        GROUPS: dsl.Const = 8, QBLOCK: dsl.Const = 128, WINDOW: dsl.Const = 128,
+                       ROPE: dsl.Const = 64,
                        BN: dsl.Tunable = dsl.choice(64, 32, 128),
                        STAGES: dsl.Tunable = dsl.int_range(1, 3, default=1)):
-    epilogue = epilogue_of("sparse_mqa_prefill", q, positions, cos, sin)
+    stored = Stored.of(cmp, cmp_scale, cmp_nope, cmp_codes, cmp_rope)
+    rows_of, columns = row_sources(q, kv, stored, WINDOW, ROPE, BN)
+    epilogue = epilogue_of("sparse_mqa_prefill", q, positions, cos, sin, ROPE if columns else None)
     fp8_out = fp8_out_of("sparse_mqa_prefill", q, o_q, o_qs, GROUPS, QBLOCK)
-    rows_of = _row_sources(q, kv, cmp, cmp_scale, WINDOW, BN)
 
     if epilogue is not None:
         epilogue.one_phase()
     for t in dsl.grid(q.T):
-        finish(q, sink, o, lse, t, *_attend(q, kv, idx, t, 0, dsl.cdiv(idx.L, BN), BN, STAGES, kv_rows=rows_of),
-               epilogue=epilogue)
+        attended = _attend(q, kv, idx, t, 0, dsl.cdiv(idx.L, BN), BN, STAGES, kv_rows=rows_of, columns=columns)
+        finish(q, sink, o, lse, t, *attended, columns=columns, epilogue=epilogue)
     if epilogue is not None:
         rope_phase(q, o, epilogue)
     if fp8_out is not None:
         quant_phase(q, o, fp8_out)
-
-
-def _row_sources(q, kv, cmp, cmp_scale, WINDOW, BN):
-    """``_attend``'s gather: the sequence's BF16 rows the slots name (a dead slot reads a zero row);
-    with ``cmp``, the list's first ``ring_slots(WINDOW)`` slots read them and the rest the stored
-    compressed rows, dequantised (``sparse_mqa_decode_fp8``'s NVFP4 gather)."""
-    d = q.D
-
-    def window(slots):
-        return dsl.load(kv[slots, 0], (BN, d), role="operand")
-
-    if (cmp is None) != (cmp_scale is None):
-        raise dsl.DslError("sparse_mqa_prefill: give cmp and cmp_scale together (the compressed rows and their "
-                           "scales), or neither")
-    if cmp is None:
-        return window
-    check_block(BN)
-    if not (isinstance(WINDOW, int) and WINDOW >= 1):
-        raise dsl.DslError(f"sparse_mqa_prefill: WINDOW {WINDOW!r} must be a positive int (the window slots a list "
-                           f"starts with)")
-    dsl.require(cmp.RC >= d // 2 + d // NVFP4_BLOCK,
-                "cmp's rows (RC bytes) are short of D / 2 bytes of e2m1 pairs and their D / 16 scales")
-
-    def compressed(slots):
-        far = dsl.where(slots < cmp.NC, slots, -1)  # past the stored rows: a zero row, dead
-        return dsl.nvfp4_values(dsl.load(cmp[far, 0], (BN, d // 2), role="operand"),
-                                dsl.load(cmp_scale[far, d // 2], (BN, d // NVFP4_BLOCK), role="operand"))
-
-    ring = ring_slots(WINDOW) // BN  # the list's blocks of window rows
-    return [(0, ring, window, kv.N), (ring, None, compressed, cmp.NC)]
 
 
 GATHER_BYTES = 1 << 30  # the float64 rows a reference chunk gathers at most (a 4,096-token chunk of
@@ -136,27 +110,13 @@ def _per_chunk(q, kv, idx, positions=None):
             for lo, hi in _token_chunks(q, idx)]
 
 
-def joined(q, kv, idx, cmp=None, cmp_scale=None, WINDOW=128):
-    """(rows, index list) over one set of rows: ``kv`` then, with ``cmp``, the compressed rows
-    dequantised (float64), the list's compressed slots moved past ``kv``'s N rows; -1 for a slot
-    naming no row of its part."""
-    if cmp is None:
-        return kv, idx
-    d, n, nc = q.shape[-1], kv.shape[0], cmp.shape[0]
-    half = d // 2
-    rows = torch.cat([kv.double(), nvfp4_dequantised(cmp[:, :half], cmp_scale[:, half:half + d // NVFP4_BLOCK])])
-    ring = torch.arange(idx.shape[-1], device=idx.device) < ring_slots(WINDOW)
-    return rows, torch.where(ring, torch.where((idx >= 0) & (idx < n), idx, -1),
-                             torch.where((idx >= 0) & (idx < nc), idx + n, -1))
-
-
 def sparse_mqa_prefill_reference(q, kv, idx, sink, positions=None, cos=None, sin=None, GROUPS=None,
-                                 QBLOCK=None, cmp=None, cmp_scale=None, WINDOW=128) -> dict:
+                                 QBLOCK=None, WINDOW=128, ROPE=64, **stored) -> dict:
     """The decode reference with every token reading the sequence's one set of rows (``joined``:
-    with ``cmp``, the stored compressed rows' values after ``kv``), a chunk of tokens at a time
+    the stored compressed rows' values, ``stored``, after ``kv``), a chunk of tokens at a time
     (each token's softmax is its own); with ``positions``, the output's rope channels rotated by -P
     (``inverse_rope``). The FP8 output is a function of the kernel's own ``o`` (``Spec.derived``)."""
-    kv, idx = joined(q, kv, idx, cmp, cmp_scale, WINDOW)
+    kv, idx = joined(q, kv, idx, stored, WINDOW, ROPE)
     parts = [sparse_mqa_decode_reference(qc, rows, ic, sink) for qc, rows, ic, _ in _per_chunk(q, kv, idx)]
     out = {name: torch.cat([p[name] for p in parts]) for name in ("o", "lse")}
     if positions is not None:
@@ -166,9 +126,8 @@ def sparse_mqa_prefill_reference(q, kv, idx, sink, positions=None, cos=None, sin
 
 def _error_bound(case, output, inputs):
     rotate = output == "o" and inputs.get("positions") is not None
-    plain = {k: v for k, v in inputs.items() if k not in ("positions", "cos", "sin", "cmp", "cmp_scale")}
-    kv, idx = joined(inputs["q"], inputs["kv"], inputs["idx"], inputs.get("cmp"), inputs.get("cmp_scale"),
-                     case.get("WINDOW", 128))
+    plain = {k: v for k, v in inputs.items() if k in ("q", "kv", "idx", "sink")}
+    kv, idx = joined(inputs["q"], inputs["kv"], inputs["idx"], inputs, case.get("WINDOW", 128))
     parts = []
     for qc, rows, ic, pc in _per_chunk(inputs["q"], kv, idx, inputs.get("positions")):
         bound = _decode_bound(case, output, {**plain, "q": qc, "kv": rows, "idx": ic})
@@ -179,28 +138,11 @@ def _error_bound(case, output, inputs):
 
 
 def _inputs(case, device, seed):
-    """``random_inputs`` over the ``N`` rows; with ``NC`` (and ``WINDOW``), ``NC`` compressed rows
-    as stored too (``sparse_mqa_decode_fp8``'s draw), the list's first ``ring_slots(WINDOW)`` slots
-    naming ``kv`` rows and the rest compressed rows (its holes kept; with ``out_of_range``, one slot
-    of each part past its rows)."""
+    """``random_inputs`` over the ``N`` rows; with ``NC``, that many compressed rows as stored too
+    (``prefill_rows.stored_inputs``: the case's ``FORMAT`` and ``WINDOW``)."""
     t, h, d, n, nc = case["T"], case["H"], case["D"], case["N"], case.get("NC", 0)
     base = random_inputs({**case, "B": t, "N": n + nc}, device, seed, (t, h, d), (n, d))
-    if not nc:
-        return base
-    if device.type == "meta":
-        rows = torch.empty(nc, d // 2 + d // NVFP4_BLOCK, dtype=torch.uint8)
-        return {**base, "cmp": rows, "cmp_scale": rows.view(torch.float8_e4m3fn)}
-    g = torch.Generator(device=device).manual_seed(seed + 7)
-    packed = torch.randint(0, 256, (nc, d // 2), generator=g, device=device, dtype=torch.uint8)
-    scales = torch.exp2(torch.randint(-2, 3, (nc, d // NVFP4_BLOCK), generator=g, device=device).float())
-    rows = compressed_rows(packed, scales.to(torch.float8_e4m3fn))
-    part = ring_slots(case.get("WINDOW", 128))
-    idx = base["idx"]
-    ring = torch.arange(idx.shape[-1], device=idx.device) < part
-    idx = torch.where(idx < 0, -1, torch.where(ring, idx % n, idx % nc)).to(idx.dtype)
-    if case.get("out_of_range") and idx.shape[-1] > part:
-        idx[:, 2], idx[:, part] = n, nc
-    return {**base, "idx": idx, "cmp": rows, "cmp_scale": rows.view(torch.float8_e4m3fn)}
+    return stored_inputs(case, device, seed, base) if nc else base
 
 
 def _constants(case) -> dict:
@@ -256,6 +198,12 @@ SPEC = register(Spec(
                                              "out_of_range": True, "config": SMALL},
         "stored_rope_fp8_out": {"T": 3, "H": 4, "D": 128, "N": 60, "NC": 70, "L": 190, "rope": "wrap", "P": 600,
                                 "GROUPS": 2, "QBLOCK": 32, "config": {"BN": 64, "STAGES": 2}},
+        # V4's FP8-nope rows: two column groups (64 nope channels, 64 rope), the window's BF16 rows split alike
+        "stored_nope_holes": {"T": 4, "H": 64, "D": 128, "N": 100, "NC": 80, "L": 200, "FORMAT": "fp8_nope",
+                              "holes": 0.3, "config": SMALL},
+        "stored_nope_rope_fp8_out_out_of_range": {"T": 3, "H": 4, "D": 128, "N": 50, "NC": 70, "L": 170,
+                                                  "FORMAT": "fp8_nope", "WINDOW": 16, "out_of_range": True,
+                                                  "rope": "random", "GROUPS": 2, "QBLOCK": 32, "config": SMALL},
     },
     build_cases={"v41_csa2": {"T": 4096, "H": 64, "D": 512, "L": 640, "N": 36992}},
     tolerance=_tolerance,

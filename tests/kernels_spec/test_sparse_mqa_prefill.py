@@ -68,15 +68,17 @@ def test_the_epilogue_and_fp8_output_generate_for_sm90_at_the_runtimes_call():
 
 
 def test_stored_compressed_rows_generate_for_sm90_at_the_runtimes_call():
-    """V4.1's chunk as the runtime will call it: the window's rows in BF16, its 32,768 compressed rows
-    as stored (288 bytes each), dequantised in the kernel, with the epilogue: sm90 source in three
-    phases, the first reading ``cmp``."""
+    """Each model's chunk as the runtime calls it: the window's rows in BF16, the compressed rows as
+    stored (V4.1: 32,768 NVFP4-like rows of 288 bytes; V4: 16,384 FP8-nope rows of 584), dequantised
+    in the kernel, with the epilogue: sm90 source in three phases, the first reading them."""
     from benchmarks.model_shape_builds import generate_row
 
-    case = {**SPEC.model_shapes["v41/csa_r2_topk640/prefill4096"], "N": 4096 + 127, "NC": 32768, "rope": "random",
-            "P": 8192, "GROUPS": 8, "QBLOCK": 32}
-    row = generate_row(SPEC, "v41/csa_r2_topk640/prefill4096+stored", case, "sm90")
-    assert row.status == "generated" and len(row.sources) == 3 and "cmp" in row.sources[0], row.message
+    for shape, nc, fmt, block, tensor in (("v41/csa_r2_topk640/prefill4096", 32768, "nvfp4", 32, "cmp_scale"),
+                                          ("v4/csa_r4_topk640/prefill4096", 16384, "fp8_nope", 128, "cmp_rope")):
+        case = {**SPEC.model_shapes[shape], "N": 4096 + 127, "NC": nc, "FORMAT": fmt, "rope": "random", "P": 8192,
+                "GROUPS": 8, "QBLOCK": block}
+        row = generate_row(SPEC, f"{shape}+stored", case, "sm90")
+        assert row.status == "generated" and len(row.sources) == 3 and tensor in row.sources[0], (shape, row.message)
 
 
 def test_stored_rows_are_refused_alone_or_short():
@@ -90,3 +92,13 @@ def test_stored_rows_are_refused_alone_or_short():
     short = x["cmp"][:, :20].contiguous()
     with pytest.raises(dsl.DslError, match="cmp's rows"):
         kernel(**{**x, "cmp": short, "cmp_scale": short.view(torch.float8_e4m3fn)})
+    nope = SPEC.make_inputs(SPEC.cases["stored_nope_holes"], torch.device("cpu"), 3)
+    with pytest.raises(dsl.DslError, match="argument 'cmp_nope' has NC=80, but argument 'cmp' bound NC=90"):
+        kernel(**{**x, **{k: nope[k] for k in ("cmp_nope", "cmp_codes", "cmp_rope")}})  # both formats
+    with pytest.raises(dsl.DslError, match="give cmp_nope, cmp_codes and cmp_rope together"):
+        kernel(**{**nope, "cmp_rope": None})
+    from duotile.kernels_spec.prefill_rows import Stored
+
+    with pytest.raises(dsl.DslError, match="give one format of compressed rows"):  # shapes that bind together
+        Stored.of(*(object(),) * 5)
+    assert Stored.of(None, None, None, None, None).fmt is None

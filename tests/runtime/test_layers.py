@@ -143,28 +143,31 @@ def test_window_rows_name_each_querys_window_once_in_position_order(start, s):
             assert (idx[i, j] == -1) if pos < 0 else (rows[idx[i, j], 0] == pos)
 
 
-def test_a_prefill_chunk_reads_its_rows_once_not_once_a_query(ckpt_dir):
+@pytest.mark.parametrize("name, fmt", [("v41-tiny", "nvfp4"), ("v4-tiny", "fp8_nope")])
+def test_a_prefill_chunk_reads_its_rows_once_not_once_a_query(ckpt_dir, name, fmt):
     """The chunk's attention op gets each sequence's rows once (window rows + compressed rows) and
     an index list a query, where it was given a [S, L, d] copy of every query's rows."""
     from duotile.runtime.engine import LLM
     from duotile.runtime.sampler import SamplingParams
 
-    llm = LLM(ckpt_dir("v41-tiny"), kernels="generated")
+    from duotile.runtime.stored import row_bytes
+
+    llm = LLM(ckpt_dir(name), kernels="generated")
     ops, seen = llm.model.ctx.ops, []
     served = ops._serves["sparse_attention_rows"]
 
     stored = []
 
-    def watch(ctx, q, rows, idx, sink, scale, rotary=None, positions=None, cmp=None, window=None):
+    def watch(ctx, q, rows, idx, sink, scale, rotary=None, positions=None, cmp=None, window=None, fmt=None):
         seen.append((q.shape[0], rows.shape[0], idx.shape))
         if cmp is not None:
-            stored.append((cmp.dtype, cmp.shape[1], window))
-        return served(ctx, q, rows, idx, sink, scale, rotary, positions, cmp, window)
+            stored.append((cmp.dtype, cmp.shape[1], window, fmt))
+        return served(ctx, q, rows, idx, sink, scale, rotary, positions, cmp, window, fmt)
 
     ops._serves["sparse_attention_rows"] = watch
     llm.generate([list(range(3, 33))], [SamplingParams(max_tokens=1, ignore_eos=True)])
     w, d = llm.config.sliding_window, llm.config.head_dim
     assert seen and all(t == 30 and w - 1 + t <= n <= w - 1 + t + 30 and shape[0] == t for t, n, shape in seen)
     assert max(shape[1] for *_, shape in seen) > w  # the compressed rows' slots after the window's
-    # V4.1's compressed rows reach the op as stored (NVFP4-like bytes), not decoded to values first
-    assert stored and set(stored) == {(torch.uint8, d // 2 + d // 16, w)}
+    # the compressed rows reach the op as stored (V4.1's NVFP4-like bytes, V4's FP8-nope), not decoded first
+    assert stored and set(stored) == {(torch.uint8, row_bytes(d, fmt), w, fmt)}

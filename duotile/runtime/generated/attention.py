@@ -53,11 +53,12 @@ class AttentionKernels:
         return o.float()
 
     def _sparse_attention_rows(self, ctx, q, rows, idx, sink, scale: float, rotary=None, positions=None, cmp=None,
-                               window=None):
+                               window=None, fmt=None):
         """The prefill kernel: each query over its own index list into the rows the chunk's queries
         share (BF16, as the forward's activations are), the kernel's BF16 output (what the caller
-        rounds it to: kept, not copied). With ``cmp`` (V4.1's compressed rows as stored) the kernel
-        dequantises them itself: each list's window part padded to the kernel's ``ring_slots``.
+        rounds it to: kept, not copied). With ``cmp`` (the compressed rows as stored, V4.1's or
+        V4's ``fmt``) the kernel dequantises them itself: each list's window part padded to the
+        kernel's ``ring_slots``, the rows' bytes passed as each view the format's gather reads.
         With a ``rotary`` its epilogue rotates the output by -P (``_positions_and_table``); with
         ``ctx.fp8_wo_a`` it writes wo_a's FP8 input too, kept for ``_grouped_linear_q``
         (``_fp8_input``), as the decode kernels do."""
@@ -76,8 +77,11 @@ class AttentionKernels:
             consts["WINDOW"] = window
         args = {"q": q.to(torch.bfloat16).contiguous(), "kv": rows.to(torch.bfloat16).contiguous(),
                 "idx": idx.contiguous(), "sink": sink.float().contiguous(), "o": o}
-        if cmp is not None:
+        if fmt == "nvfp4":
             args.update(cmp=cmp, cmp_scale=cmp.view(torch.float8_e4m3fn))
+        elif cmp is not None:  # V4's rows: e4m3 nope values, their codes, BF16 rope channels
+            args.update(cmp_nope=cmp.view(torch.float8_e4m3fn), cmp_codes=cmp, cmp_rope=cmp.view(torch.bfloat16))
+            consts["ROPE"] = NOPE_ROPE
         consts.update(self._fp8_output(ctx, o, args))
         if rotary is not None:
             at, cos, sin = self._positions_and_table(rotary, positions, q.device)

@@ -92,8 +92,8 @@ def attend(ctx: Ctx, seqs: list, layer: int, q: torch.Tensor, kv: torch.Tensor, 
     if one_token_each(seqs) and ring0.dtype == kv.dtype:  # a decode step's rows gathered at once
         keys, valid = _decode_keys(seqs, layer, kv, compressed)
         return _inverse_rope(ctx, rotary, positions, sparse_attention(ctx, q, keys, valid, sink, scale))
-    rows, idx, cmp = _chunk_rows(seqs, layer, kv, compressed, encoded)
-    return ctx.act(sparse_attention_rows(ctx, q, rows, idx, sink, scale, rotary, positions, cmp, ring0.shape[0]))
+    rows, idx, cmp, fmt = _chunk_rows(seqs, layer, kv, compressed, encoded)
+    return ctx.act(sparse_attention_rows(ctx, q, rows, idx, sink, scale, rotary, positions, cmp, ring0.shape[0], fmt))
 
 
 def _inverse_rope(ctx: Ctx, rotary: Rotary, positions: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
@@ -103,12 +103,12 @@ def _inverse_rope(ctx: Ctx, rotary: Rotary, positions: torch.Tensor, out: torch.
 
 
 def _chunk_rows(seqs: list, layer: int, kv: torch.Tensor, compressed, encoded):
-    """The rows a step's queries read and each query's index list into them (-1 none): each
-    sequence's window rows once, then its compressed rows, as values in one stack, or, where the
-    compressed rows are stored NVFP4-like (V4.1's, ``stored.py``), their bytes in a second stack
-    (``cmp``; None otherwise) that the lists' slots past the window's W name. Each sequence's ring
-    is written after its rows were read."""
-    stored = compressed is not None and all(_stored_nvfp4(st) for st in compressed.stores)
+    """(rows, index lists, cmp, format): the rows a step's queries read and each query's index list
+    into them (-1 none): each sequence's window rows once, then its compressed rows, as values in
+    one stack, or, where the compressed rows are stored (V4.1's ``nvfp4``, V4's ``fp8_nope``:
+    ``stored.py``), their bytes in a second stack (``cmp``; None otherwise) that the lists' slots
+    past the window's W name. Each sequence's ring is written after its rows were read."""
+    fmt = _stored_format(compressed)
     rows, idx, cmp, base, cbase = [], [], [], 0, 0
     for i, (seq, sl) in enumerate(seqs):
         ring = seq.cache.layers[layer].ring
@@ -116,7 +116,7 @@ def _chunk_rows(seqs: list, layer: int, kv: torch.Tensor, compressed, encoded):
         ix = torch.where(ix >= 0, ix + base, -1)
         if compressed is not None:
             sel = ship(compressed.index(i), ix.device)
-            if stored:  # the bytes as stored, each sequence's after the last's
+            if fmt:  # the bytes as stored, each sequence's after the last's
                 cmp.append(compressed.stores[i].stored)
                 ix = torch.cat([ix, torch.where(sel >= 0, sel + cbase, -1)], 1)
                 cbase += cmp[-1].shape[0]
@@ -129,27 +129,35 @@ def _chunk_rows(seqs: list, layer: int, kv: torch.Tensor, compressed, encoded):
         # its window rows above are a copy
         write_ring(ring, seq.start, kv[sl], None if encoded is None else encoded[sl])
     # no stored row yet: every compressed slot is -1, and no second stack is needed
-    return torch.cat(rows), pad_cat(idx, -1), (torch.cat(cmp) if stored and cbase else None)
+    return torch.cat(rows), pad_cat(idx, -1), (torch.cat(cmp) if fmt and cbase else None), fmt
 
 
-def _stored_nvfp4(store) -> bool:
-    return isinstance(store, PackedRows) and store.fmt == "nvfp4"
+def _stored_format(compressed) -> str | None:
+    """The format the compressed rows are stored in where the prefill kernel reads them as they are
+    (V4.1's ``nvfp4``, V4's ``fp8_nope``), else None (rows kept as values)."""
+    if compressed is None:
+        return None
+    fmts = {st.fmt if isinstance(st, PackedRows) else None for st in compressed.stores}
+    fmt = fmts.pop() if len(fmts) == 1 else None
+    return fmt if fmt in ("nvfp4", "fp8_nope") else None
 
 
 @model_op("sparse_attention_rows")
 def sparse_attention_rows(ctx: Ctx, q: torch.Tensor, rows: torch.Tensor, idx: torch.Tensor, sink: torch.Tensor,
                           scale: float, rotary: Rotary | None = None, positions: torch.Tensor | None = None,
-                          cmp: torch.Tensor | None = None, window: int | None = None) -> torch.Tensor:
+                          cmp: torch.Tensor | None = None, window: int | None = None,
+                          fmt: str | None = None) -> torch.Tensor:
     """``sparse_attention`` of a chunk's queries [T, H, d] over rows they share: ``rows`` [N, d]
     (each sequence's window rows once, then its compressed rows), ``idx`` [T, L] each query's own
-    (-1 none). With ``cmp`` [NC, row bytes] u8, the compressed rows as stored (V4.1's ``nvfp4``):
-    a list's first ``window`` slots name ``rows`` and the rest ``cmp``'s rows. With ``rotary``,
+    (-1 none). With ``cmp`` [NC, row bytes] u8, the compressed rows as stored in format ``fmt``
+    (V4.1's ``nvfp4``, V4's ``fp8_nope``): a list's first ``window`` slots name ``rows`` and the
+    rest ``cmp``'s rows. With ``rotary``,
     the output in the activation dtype rotated by -P at the queries' ``positions`` (host [T]) as the
     ``rope`` op does (what ``wo_a`` takes). FP32 out."""
     if cmp is not None:
         far = (torch.arange(idx.shape[1], device=idx.device) >= window)[None, :] & (idx >= 0)
         idx = torch.where(far, idx + rows.shape[0], idx)
-        rows = torch.cat([rows, decode_rows(cmp, q.shape[-1], "nvfp4").to(rows.dtype)])
+        rows = torch.cat([rows, decode_rows(cmp, q.shape[-1], fmt).to(rows.dtype)])
     out = attention_with_sink(ctx.ops, q, rows[idx.clamp(min=0)], idx >= 0, sink, scale)
     return out if rotary is None else rotary.apply(ctx.act(out), positions, inverse=True)
 
