@@ -149,7 +149,6 @@ def test_a_prefill_chunk_reads_its_rows_once_not_once_a_query(ckpt_dir, name, fm
     an index list a query, where it was given a [S, L, d] copy of every query's rows."""
     from duotile.runtime.engine import LLM
     from duotile.runtime.sampler import SamplingParams
-
     from duotile.runtime.stored import row_bytes
 
     llm = LLM(ckpt_dir(name), kernels="generated")
