@@ -288,8 +288,9 @@ def ranked_configs(kernel: KernelDef, target: str, sig: Signature | list[Signatu
     coordinate search; empty for a target the model does not know (the interpreter). With
     ``knobs``, every config has those target knobs (a schedule chosen by measurement) and the
     search moves the kernel's tunables alone. Over several calls of one build (a list of
-    signatures, ``choice_signatures``) a config must pass at each, and its score is the geometric
-    mean of its modelled times: each call's time counts by its ratio, not its size.
+    signatures, ``choice_signatures``) a config must pass at each, and its score is the sum of its
+    modelled times: the time of those calls made once each, where the largest weigh most (a
+    decode step's time goes to its long lists, not its short ones).
 
     Start: the best of the defaults, the target's start points and their neighbours. Then, in
     turn for each tunable of the kernel, every value of its space with the others held, keeping
@@ -338,9 +339,7 @@ def ranked_configs(kernel: KernelDef, target: str, sig: Signature | list[Signatu
     def score(c: dict[str, Any]) -> float:
         k = config_key(c)
         if k not in scores:
-            times = [modelled(c, at) for at in cons]
-            logs = [math.log(max(t, 1e-15)) for t in times]
-            scores[k] = math.inf if math.inf in times else math.exp(sum(logs) / len(logs))
+            scores[k] = sum(modelled(c, at) for at in cons)
             seen[k] = c
         return scores[k]
 
