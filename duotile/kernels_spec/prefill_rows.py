@@ -22,9 +22,10 @@ import torch
 
 from .. import dsl
 from ..dsl.ops import NVFP4_BLOCK
-from .sparse_mqa_decode_fp8 import check_block, compressed_rows, nvfp4_dequantised, ring_slots
+from .kv_insert import row_bytes
+from .sparse_mqa_decode_fp8 import check_block, compressed_rows, nvfp4_dequantised, nvfp4_rows, ring_slots
 from .sparse_mqa_decode_fp8_nope import CODE_BLOCK as NOPE_CODE_BLOCK
-from .sparse_mqa_decode_fp8_nope import _code_columns, _random_rows, rows_dequantised
+from .sparse_mqa_decode_fp8_nope import _code_columns, _random_rows, row_groups, rows_dequantised
 
 
 @dataclass
@@ -84,10 +85,8 @@ def _nvfp4_gather(q, cmp, cmp_scale, BN):
     dsl.require(cmp.RC >= d // 2 + d // NVFP4_BLOCK,
                 "cmp's rows (RC bytes) are short of D / 2 bytes of e2m1 pairs and their D / 16 scales")
 
-    def gather(slots):
-        far = dsl.where(slots < cmp.NC, slots, -1)  # past the stored rows: a zero row, dead
-        return dsl.nvfp4_values(dsl.load(cmp[far, 0], (BN, d // 2), role="operand"),
-                                dsl.load(cmp_scale[far, d // 2], (BN, d // NVFP4_BLOCK), role="operand"))
+    def gather(slots):  # past the stored rows: a zero row, dead
+        return nvfp4_rows(cmp, cmp_scale, (), dsl.where(slots < cmp.NC, slots, -1), d, BN)
 
     return gather
 
@@ -108,12 +107,8 @@ def _nope_width(q, stored: Stored, ROPE) -> int:
 
 
 def _nope_gather(values, codes, rope, nope, ROPE, BN):
-    def gather(slots):
-        far = dsl.where(slots < values.NC, slots, -1)
-        code = dsl.load(codes[far, nope + 2 * ROPE], (BN, _code_columns(nope)), role="operand")
-        nope_values = dsl.mxfp8_values(dsl.load(values[far, 0], (BN, nope), role="operand"), code, first=0,
-                                       block=NOPE_CODE_BLOCK)
-        return [nope_values, dsl.load(rope[far, nope // 2], (BN, ROPE), role="operand")]
+    def gather(slots):  # past the stored rows: a zero row, dead
+        return list(row_groups(values, codes, rope, (), dsl.where(slots < values.NC, slots, -1), nope, ROPE, BN))
 
     return gather
 
@@ -144,10 +139,7 @@ def stored_inputs(case, device, seed, base: dict) -> dict:
     slots naming ``kv`` rows and the rest compressed rows (its holes kept; with ``out_of_range``, one
     slot of each part past its rows)."""
     d, n, nc, fmt = case["D"], case["N"], case["NC"], case.get("FORMAT", "nvfp4")
-    if fmt == "nvfp4":
-        width = d // 2 + d // NVFP4_BLOCK
-    else:
-        width = (d - 64) + 2 * 64 + _code_bytes(d - 64)
+    width = d // 2 + d // NVFP4_BLOCK if fmt == "nvfp4" else row_bytes(d, fmt)
     if device.type == "meta":
         return {**base, **_views(fmt, torch.empty(nc, width, dtype=torch.uint8))}
     g = torch.Generator(device=device).manual_seed(seed + 7)
@@ -164,12 +156,6 @@ def stored_inputs(case, device, seed, base: dict) -> dict:
     if case.get("out_of_range") and idx.shape[-1] > part:
         idx[:, 2], idx[:, part] = n, nc
     return {**base, "idx": idx, **_views(fmt, rows)}
-
-
-def _code_bytes(nope: int) -> int:
-    """A V4 row's code bytes: its codes padded to a multiple of 8 (``kv_insert.row_bytes``)."""
-    codes = nope // NOPE_CODE_BLOCK
-    return codes + (-codes % 8)
 
 
 def _views(fmt: str, rows: torch.Tensor) -> dict:

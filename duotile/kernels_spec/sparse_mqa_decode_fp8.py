@@ -104,9 +104,7 @@ def sparse_mqa_decode_fp8(q: dsl.Tensor["B", "H", "D", dsl.bf16], kv: dsl.Tensor
                                     dsl.load(kv_scale[b, win, d], (BN, d // CODE_BLOCK), role="operand"))
 
         def compressed(slots):
-            far = dsl.where(slots < cmp.N, slots, -1)
-            return dsl.nvfp4_values(dsl.load(cmp[b, far, 0], (BN, d // 2), role="operand"),
-                                    dsl.load(cmp_scale[b, far, d // 2], (BN, d // NVFP4_BLOCK), role="operand"))
+            return nvfp4_rows(cmp, cmp_scale, (b,), dsl.where(slots < cmp.N, slots, -1), d, BN)
 
         if cmp is None:
             return window
@@ -116,6 +114,14 @@ def sparse_mqa_decode_fp8(q: dsl.Tensor["B", "H", "D", dsl.bf16], kv: dsl.Tensor
     epilogue = epilogue_of("sparse_mqa_decode_fp8", q, positions, cos, sin)
     decode(q, kv, idx, sink, o, lse, BN, STAGES, SPLIT, BD, rows_of, kv.W, epilogue=epilogue,
            fp8_out=fp8_out_of("sparse_mqa_decode_fp8", q, o_q, o_qs, GROUPS, QBLOCK))
+
+
+def nvfp4_rows(packed, scales, at, slots, d, BN):
+    """Rows ``slots`` (-1 reads zeros) of NVFP4-like rows, dequantised (BN, d): the e2m1 pairs of
+    ``packed`` and the E4M3 scales of ``scales`` (the same bytes typed twice). ``at``: the indices
+    before the row's (a sequence's ``(b,)`` in a per-sequence stack, ``()`` in one pool of rows)."""
+    return dsl.nvfp4_values(dsl.load(packed[(*at, slots, 0)], (BN, d // 2), role="operand"),
+                            dsl.load(scales[(*at, slots, d // 2)], (BN, d // NVFP4_BLOCK), role="operand"))
 
 
 def dequantised(kv: torch.Tensor, kv_scale: torch.Tensor) -> torch.Tensor:

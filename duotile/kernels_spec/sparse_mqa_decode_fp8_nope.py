@@ -61,13 +61,14 @@ def _code_columns(nope):
     return dsl.next_pow2(nope // CODE_BLOCK)
 
 
-def _row_groups(values, scales, rope, b, slots, nope, ROPE, BN):
+def row_groups(values, scales, rope, at, slots, nope, ROPE, BN):
     """Rows ``slots`` (-1 reads zeros) of one row tensor, by column group: the nope channels'
-    bf16 operand and the rope channels' (both (BN, width))."""
-    codes = dsl.load(scales[b, slots, nope + 2 * ROPE], (BN, _code_columns(nope)), role="operand")
-    nope_values = dsl.mxfp8_values(dsl.load(values[b, slots, 0], (BN, nope), role="operand"), codes, first=0,
+    bf16 operand and the rope channels' (both (BN, width)). ``at``: the indices before the row's
+    (a sequence's ``(b,)`` in a per-sequence stack, ``()`` in one pool of rows)."""
+    codes = dsl.load(scales[(*at, slots, nope + 2 * ROPE)], (BN, _code_columns(nope)), role="operand")
+    nope_values = dsl.mxfp8_values(dsl.load(values[(*at, slots, 0)], (BN, nope), role="operand"), codes, first=0,
                                    block=CODE_BLOCK)
-    return nope_values, dsl.load(rope[b, slots, nope // 2], (BN, ROPE), role="operand")
+    return nope_values, dsl.load(rope[(*at, slots, nope // 2)], (BN, ROPE), role="operand")
 
 
 # SPLIT defaults to 16, the two-phase form, as sparse_mqa_decode's
@@ -113,10 +114,10 @@ def sparse_mqa_decode_fp8_nope(q: dsl.Tensor["B", "H", "D", dsl.bf16], kv: dsl.T
 
     def rows_of(b):
         def window(slots):  # an index past the ring reads zeros
-            return list(_row_groups(kv, kv_scale, kv_rope, b, dsl.where(slots < kv.W, slots, -1), nope, ROPE, BN))
+            return list(row_groups(kv, kv_scale, kv_rope, (b,), dsl.where(slots < kv.W, slots, -1), nope, ROPE, BN))
 
         def compressed(slots):
-            return list(_row_groups(cmp, cmp_scale, cmp_rope, b, dsl.where(slots < cmp.N, slots, -1), nope, ROPE,
+            return list(row_groups(cmp, cmp_scale, cmp_rope, (b,), dsl.where(slots < cmp.N, slots, -1), nope, ROPE,
                                     BN))
 
         if cmp is None:
