@@ -53,6 +53,7 @@ from .sparse_mqa_decode import SPEC as BF16_SPEC
 from .sparse_mqa_decode_fp8 import check_block, joint_index, ring_slots, split_list, stored_row_cases
 
 CODE_BLOCK = 64  # nope channels a UE8M0 code covers in V4's rows
+HCA_GOAL_BATCH = 4  # docs/attention_path.md: V4 HCA decode at a 1M context, batch 4
 
 
 def _code_columns(nope):
@@ -207,13 +208,14 @@ def _inputs(case, device, seed):
 def _model_shapes(m) -> dict:
     """V4's SWA layers (the window ring alone, L = 128) and its compressed layer kinds
     (``layer_kinds``: the ring and the top-512 of a 64K context's CSA rows, or every visible HCA
-    row at 1M) at decode batches 1, 16 and 64."""
+    row at 1M) at decode batches 1, 16 and 64; the HCA layer also at batch 4, where the attention
+    path's speed goal for V4 is set (8,320 rows at a 1M context)."""
     if m.short != "v4":
         return {}
     ring = {"H": m.heads, "D": m.head_dim, "W": m.window, "model": m.name}
     out = {f"{m.short}/swa{m.window}/decode{b}": {**ring, "B": b, "L": m.window} for b in shapes.DECODE_SAMPLE}
     for kind, (length, rows) in layer_kinds(m).items():
-        for b in shapes.DECODE_SAMPLE:
+        for b in sorted({*shapes.DECODE_SAMPLE, *((HCA_GOAL_BATCH,) if kind.startswith("hca") else ())}):
             out[f"{m.short}/{kind}/decode{b}"] = {**ring, "B": b, "L": length, "N": rows - m.window}
     return out
 
