@@ -215,7 +215,8 @@ def _model_shapes(m) -> dict:
     ring = {"H": m.heads, "D": m.head_dim, "W": m.window, "model": m.name}
     out = {f"{m.short}/swa{m.window}/decode{b}": {**ring, "B": b, "L": m.window} for b in shapes.DECODE_SAMPLE}
     for kind, (length, rows) in layer_kinds(m).items():
-        for b in sorted({*shapes.DECODE_SAMPLE, *((HCA_GOAL_BATCH,) if kind.startswith("hca") else ())}):
+        goal = (HCA_GOAL_BATCH,) if kind.startswith("hca") else ()
+        for b in sorted({*shapes.DECODE_SAMPLE, *goal}):
             out[f"{m.short}/{kind}/decode{b}"] = {**ring, "B": b, "L": length, "N": rows - m.window}
     return out
 
