@@ -2,9 +2,9 @@
 2.6, 2.7, 2.10, 4.1, 5.2; V4.1's 32-wide blocks in 1.7, 2.13, 4.3).
 
 ``h`` is the up-projection's output as one tensor: the fused ``w1`` / ``w3`` GEMM (gate rows, then
-up rows: ``shared_w13`` and the experts' grouped GEMM 1) gives [T, 2I] rows ``[gate | up]``, passed
-as its view [T, 2, I] (``h[:, 0]`` = gate = ``x @ w1^T``, ``h[:, 1]`` = up = ``x @ w3^T``), so that
-the call checks both halves are I wide. Rows are the shared expert's tokens, or the routed pairs
+up rows: ``shared_w13`` and the experts' grouped GEMM 1) gives [T, 2I] rows ``[gate | up]``
+(``h[:, :I]`` = gate = ``x @ w1^T``, ``h[:, I:]`` = up = ``x @ w3^T``), passed as it is; a call
+whose ``h`` is not twice ``q``'s width is refused. Rows are the shared expert's tokens, or the routed pairs
 in their grouped order (``moe_permute``) with each pair's routing weight. Per row, in f32::
 
     g     = min(gate, LIMIT)                 u = clamp(up, -LIMIT, LIMIT)        LIMIT = 10
@@ -23,8 +23,8 @@ target (a min / max of a NaN would differ): +-Inf in up and +Inf in gate clamp t
 stays NaN and a gate of -Inf gives silu NaN (-Inf / Inf), as torch's. A block holding a NaN (or an
 Inf: a routing weight's) gets code 255 and ``q = a * 0``, as ``quantize.py``.
 
-Each program takes one row and ``BLOCKS`` of its blocks (a tile per half and block); the
-tunable changes no bit of the result.
+Each program takes ``ROWS`` rows and ``BLOCKS`` of their blocks (a tile per half and block); the
+tunables change no bit of the result.
 
 Exactness: on the interpreter the outputs are the reference's bit for bit (the tests check
 bytes). Elsewhere a target's exp and division differ in the last bits, which can move a rounding
@@ -32,7 +32,10 @@ of ``a`` and so a value by one e4m3 step (the tolerance); scale codes are exact 
 amax lies within that distance of 448 x 2^k. CUDA builds flush subnormals (quantised to zero
 anyway below the scale floor).
 
-Decode path: each row is computed on its own: batch dimension T, dynamic.
+Decode path: each row is computed on its own: batch dimension T, dynamic and bucketed (each
+power-of-two bucket of T gets its own config and build, as ``quantize.py``: a prefill chunk's
+rows want more rows a program than a decode step's few; only max reductions, so no bit depends on
+the config, which check_batch_invariance enforces).
 """
 
 from __future__ import annotations
@@ -50,34 +53,40 @@ from .rmsnorm_quant import E4M3_STEP, check_quant_constants, quantize_block
 SWIGLU_LIMIT = 10.0  # swiglu_limit (model.md 1.1; V4.1 the same)
 
 
-@dsl.kernel(batch_dim="T", dynamic=("T",))
-def swiglu_quant(h: dsl.Tensor["T", 2, "I", dsl.bf16 | dsl.f32], q: dsl.Tensor["T", "I", dsl.f8e4m3],
+@dsl.kernel(batch_dim="T", bucketed=("T",))
+def swiglu_quant(h: dsl.Tensor["T", "I2", dsl.bf16 | dsl.f32], q: dsl.Tensor["T", "I", dsl.f8e4m3],
                  scale: dsl.Tensor["T", "NB", dsl.u8], weight: dsl.OptionalTensor["T", dsl.f32] = None, *,
                  BLOCK: dsl.Const = 128, LIMIT: dsl.Const = SWIGLU_LIMIT, FLOOR: dsl.Const = 1e-4,
-                 BLOCKS: dsl.Tunable = dsl.choice(4, 1, 2, 8, 16)):
+                 ROWS: dsl.Tunable = dsl.choice(1, 2, 4, 8, 16), BLOCKS: dsl.Tunable = dsl.choice(4, 1, 2, 8, 16)):
     floor = check_quant_constants(BLOCK, FLOOR)
     if not (isinstance(LIMIT, (int, float)) and not isinstance(LIMIT, bool) and 0 < LIMIT < math.inf):
         raise dsl.DslError(f"LIMIT {LIMIT!r} must be a positive finite number: the SwiGLU clamp")
     limit = float(LIMIT)
-    for t, n in dsl.grid(h.T, dsl.cdiv(h.I, BLOCK * BLOCKS)):
+    for cond in (h.I2 >= 2 * q.I, h.I2 <= 2 * q.I):
+        dsl.require(cond, "h must be [T, 2I]: the gate's I columns, then the up's I (q is I wide)")
+    for t, n in dsl.grid(dsl.cdiv(h.T, ROWS), dsl.cdiv(q.I, BLOCK * BLOCKS)):
+        row = t * ROWS
         for j in dsl.range(BLOCKS):
             blk = n * BLOCKS + j
-            gate = dsl.load(h[t, 0, blk * BLOCK], (1, BLOCK)).to(dsl.f32)
-            up = dsl.load(h[t, 1, blk * BLOCK], (1, BLOCK)).to(dsl.f32)
+            cols = blk * BLOCK + dsl.arange(BLOCK)
+            # a last block cut short by I would read the up half's first columns as gate: zeros there
+            gate = dsl.where(cols[None, :] < q.I, dsl.load(h[row, blk * BLOCK], (ROWS, BLOCK)).to(dsl.f32), 0.0)
+            up = dsl.load(h[row, q.I + blk * BLOCK], (ROWS, BLOCK)).to(dsl.f32)
             g = dsl.where(gate > limit, limit, gate)
             u = dsl.where(up > limit, limit, dsl.where(up < -limit, -limit, up))
             a = g / (1.0 + dsl.exp(-g)) * u
             if weight is not None:
-                a = a * dsl.load(weight[t], (1,))[:, None]
-            quantize_block(q, scale, t, blk * BLOCK, blk, a.to(h.dtype).to(dsl.f32), floor)
+                a = a * dsl.load(weight[row], (ROWS,))[:, None]
+            quantize_block(q, scale, row, blk * BLOCK, blk, a.to(h.dtype).to(dsl.f32), floor)
 
 
 def swiglu_quant_reference(h: torch.Tensor, weight: torch.Tensor | None = None, BLOCK: int = 128,
                            LIMIT: float = SWIGLU_LIMIT, FLOOR: float = 1e-4) -> dict:
     """model.md 2.6's clamped SwiGLU (times the routing weight), rounded to the activation dtype,
     then the FP8 activation quantiser's reference (model.md 2.7, 2.10, 4.1: ``quantize_reference``)."""
-    g = h[:, 0].float().clamp(max=LIMIT)
-    u = h[:, 1].float().clamp(-LIMIT, LIMIT)
+    i = h.shape[1] // 2
+    g = h[:, :i].float().clamp(max=LIMIT)
+    u = h[:, i:].float().clamp(-LIMIT, LIMIT)
     a = g / (1 + torch.exp(-g)) * u
     if weight is not None:
         a = a * weight.float()[:, None]
@@ -133,12 +142,12 @@ def _inputs(case, device, seed):
     out = {"q": torch.empty(t, i, dtype=torch.float8_e4m3fn, device=device),
            "scale": torch.empty(t, nb, dtype=torch.uint8, device=device)}
     if device.type == "meta":
-        out["h"] = torch.empty(t, 2, i, dtype=dtype, device=device)
+        out["h"] = torch.empty(t, 2 * i, dtype=dtype, device=device)
         if case.get("weighted"):
             out["weight"] = torch.empty(t, dtype=torch.float32, device=device)
         return out
     gen = torch.Generator().manual_seed(seed)
-    out["h"] = _halves(case.get("values", "normal"), t, i, gen).to(dtype).to(device)
+    out["h"] = _halves(case.get("values", "normal"), t, i, gen).flatten(1).to(dtype).to(device)
     if case.get("weighted"):
         out["weight"] = _routing_weights(t, gen).to(device)
     return out
@@ -170,13 +179,17 @@ CASES = {
     "v4_t3_i2048_weighted": {"T": 3, "I": 2048, "weighted": True},
     "v41_t2_i2304_b32": {"T": 2, "I": 2304, "BLOCK": 32, "config": {"BLOCKS": 16}},
     "ragged_t5_i200_b32": {"T": 5, "I": 200, "BLOCK": 32, "weighted": True},  # a last block of 8
+    # 4 rows a program over 7 (the last program's fourth row past T); a last gate block of 8 columns
+    # beside the up half's first, which must not count
+    "rows4_t7_i200_weighted": {"T": 7, "I": 200, "BLOCK": 32, "values": "wide", "weighted": True,
+                               "config": {"ROWS": 4, "BLOCKS": 2}},
     "ragged_t4_i300": {"T": 4, "I": 300, "config": {"BLOCKS": 1}},  # 44 channels
     "zeros_t6_i256_weighted": {"T": 6, "I": 256, "values": "zeros", "weighted": True},
     "clamp_t5_i256": {"T": 5, "I": 256, "values": "clamp"},
     "clamp_f32_t4_i96_b32": {"T": 4, "I": 96, "BLOCK": 32, "dtype": "f32", "values": "clamp", "weighted": True},
     "floor_t4_i256_b32": {"T": 4, "I": 256, "BLOCK": 32, "values": "floor", "weighted": True},
     "floor_f32_t3_i128": {"T": 3, "I": 128, "dtype": "f32", "values": "floor"},
-    "wide_t6_i160_b32": {"T": 6, "I": 160, "BLOCK": 32, "values": "wide", "config": {"BLOCKS": 2}},
+    "wide_t6_i160_b32": {"T": 6, "I": 160, "BLOCK": 32, "values": "wide", "config": {"ROWS": 16, "BLOCKS": 2}},
     "f32_t7_i96": {"T": 7, "I": 96, "dtype": "f32", "weighted": True},
 }
 
@@ -197,5 +210,5 @@ SPEC = register(Spec(
     sweep={"T": Dim(1, 24, large=4099), "I": Dim(1, 400, large=4608), "BLOCK": OneOf(32, 128),
            "dtype": OneOf("bf16", "f32"), "weighted": OneOf(True, False),
            "values": OneOf("normal", "zeros", "clamp", "floor", "wide"),
-           "config": {"BLOCKS": OneOf(1, 2, 4, 8, 16)}},
+           "config": {"ROWS": OneOf(1, 2, 4, 8, 16), "BLOCKS": OneOf(1, 2, 4, 8, 16)}},
 ))

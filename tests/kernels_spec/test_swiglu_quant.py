@@ -2,8 +2,8 @@
 on the interpreter, bit for bit: every case and seeded random shapes against the reference; q x
 scale against the runtime's own ``Expert`` (what its ``w2`` quantises); the clamps at and past
 the limit, Inf and NaN; the routing weight; that a wrong rounding fails the byte check; clear
-errors for invalid calls; one build for every row count, rows independent of the batch and of
-the tunable."""
+errors for invalid calls; one build for every row count of a power-of-two bucket, rows independent
+of the batch and of the tunables."""
 
 from __future__ import annotations
 
@@ -29,7 +29,9 @@ SPEC = load_all()["swiglu_quant"]
 
 
 def run(h, weight=None, block=128, config=None):
-    t, _, i = h.shape
+    """The kernel on ``h``: the fused rows [T, 2I], or their halves [T, 2, I] (flattened here)."""
+    h = h.flatten(1)
+    t, i = h.shape[0], h.shape[1] // 2
     q = torch.empty(t, i, dtype=torch.float8_e4m3fn)
     scale = torch.full((t, -(-i // block)), 7, dtype=torch.uint8)
     kernel = codegen.compile(SPEC.kernel, "interpret", config=config, constants={"BLOCK": block})
@@ -74,8 +76,8 @@ class _Capture:
                          [(FastOps(), torch.bfloat16, True), (InvariantOps(), torch.float32, False)],
                          ids=["routed_bf16_fast", "shared_f32_invariant"])
 def test_dequantised_values_are_what_the_runtimes_w2_quantises(ops, dtype, weighted):
-    """runtime/layers/moe.Expert: gate and up from w1 / w3 (the fused GEMM's two halves, h[:, 0]
-    and h[:, 1]), its clamped SwiGLU times the weight, rounded by ``ctx.act``, then ``act_quant``
+    """runtime/layers/moe.Expert: gate and up from w1 / w3 (the fused GEMM's two halves, h[:, :I]
+    and h[:, I:]), its clamped SwiGLU times the weight, rounded by ``ctx.act``, then ``act_quant``
     in w2's Linear: q x scale gives those values."""
     g = torch.Generator().manual_seed(11)
     t, d, i = 10, 64, 384
@@ -86,8 +88,7 @@ def test_dequantised_values_are_what_the_runtimes_w2_quantises(ops, dtype, weigh
     w2 = _Capture()
     Expert(Linear(w1, None), Linear(w3, None), w2, 10.0)(ctx, xq, weight)
     gate, up = ctx.act(ctx.ops.linear(xq, w1)), ctx.act(ctx.ops.linear(xq, w3))
-    h = torch.stack([gate, up], 1)
-    assert torch.equal(h, torch.cat([gate, up], 1).view(t, 2, i))  # the fused [T, 2I] rows, viewed
+    h = torch.cat([gate, up], 1)  # the fused [T, 2I] rows
     for block in (32, 128):
         q, scale = run(h, weight, block)
         assert torch.equal(dequantize(q, scale, block), quant.act_quant(w2.x.float(), block)), block
@@ -104,7 +105,7 @@ def test_clamps_at_and_past_the_limit_inf_and_nan():
     h = torch.ones(gate.numel(), 2, 64)
     h[:, 0, 3], h[:, 1, 3] = gate, up
     q, scale = run(h, block=32)
-    want = SPEC.reference(h=h, BLOCK=32)
+    want = SPEC.reference(h=h.flatten(1), BLOCK=32)
     assert same_bits(q, want["q"]) and torch.equal(scale, want["scale"])
     bits = q.view(torch.uint8)
     assert all(torch.equal(bits[r], bits[0]) for r in (1, 2, 3)) and torch.equal(scale[1:4], scale[0:1].expand(3, 2))
@@ -120,7 +121,7 @@ def test_the_routing_weight_scales_each_row_and_zero_gives_the_floor():
     h = (torch.randn(6, 2, 256, generator=g) * 3).to(torch.bfloat16)
     weight = torch.tensor([1.0, 0.5, 0.0, 2.0 ** -20, 1.5, 0.25])
     q, scale = run(h, weight)
-    want = SPEC.reference(h=h, weight=weight)
+    want = SPEC.reference(h=h.flatten(1), weight=weight)
     assert same_bits(q, want["q"]) and torch.equal(scale, want["scale"])
     q1, s1 = run(h)
     assert same_bits(q[0], q1[0]) and torch.equal(scale[0], s1[0])  # weight 1: unweighted
@@ -129,8 +130,10 @@ def test_the_routing_weight_scales_each_row_and_zero_gives_the_floor():
 
 
 def _product(h, weight, rounded=True, weighted=True):
-    """model.md 2.6 in f32: silu(min(gate, 10)) x clamp(up, -10, 10) x weight, rounded to h's dtype."""
-    g, u = h[:, 0].float().clamp(max=10.0), h[:, 1].float().clamp(-10.0, 10.0)
+    """model.md 2.6 in f32: silu(min(gate, 10)) x clamp(up, -10, 10) x weight, rounded to h's dtype
+    (h: the fused rows [T, 2I])."""
+    i = h.shape[1] // 2
+    g, u = h[:, :i].float().clamp(max=10.0), h[:, i:].float().clamp(-10.0, 10.0)
     a = g / (1 + torch.exp(-g)) * u
     a = a * weight[:, None] if weighted else a
     return a.to(h.dtype) if rounded else a
@@ -172,15 +175,13 @@ def test_a_scale_off_by_one_code_fails_the_registered_check_too():
 
 
 def test_invalid_calls_give_clear_errors():
-    h = torch.randn(3, 2, 256).to(torch.bfloat16)
+    h = torch.randn(3, 512).to(torch.bfloat16)
     q, scale = torch.empty(3, 256, dtype=torch.float8_e4m3fn), torch.empty(3, 2, dtype=torch.uint8)
     kernel = codegen.compile(SPEC.kernel, "interpret")
-    with pytest.raises(CallError, match=r"argument 'h' has 2 dimensions \(3, 512\), expected 3 \(T, 2, I\)"):
-        kernel(h=h.view(3, 512), q=q, scale=scale)  # the fused rows not viewed as their two halves
-    with pytest.raises(CallError, match=r"argument 'h' must have size 2 where it has 4"):
-        kernel(h=h.view(3, 4, 128), q=q, scale=scale)
-    with pytest.raises(CallError, match=r"argument 'q' has I=128, but argument 'h' bound I=256"):
-        kernel(h=h, q=q[:, :128], scale=scale)
+    with pytest.raises(CallError, match=r"argument 'h' has 3 dimensions \(3, 2, 256\), expected 2 \(T, I2\)"):
+        kernel(h=h.view(3, 2, 256), q=q, scale=scale)  # the halves as a view: the rows are passed as they are
+    with pytest.raises(DslError, match=r"swiglu_quant.py:\d+ .*h must be \[T, 2I\].*'I2': 512, 'I': 128"):
+        kernel(h=h, q=q[:, :128], scale=scale)  # q half of h's half
     with pytest.raises(CallError, match=r"argument 'weight' has dtype bf16, expected f32"):
         kernel(h=h, q=q, scale=scale, weight=torch.ones(3, dtype=torch.bfloat16))
     with pytest.raises(CallError, match=r"argument 'weight' has T=6, but argument 'h' bound T=3"):
@@ -191,20 +192,20 @@ def test_invalid_calls_give_clear_errors():
         SPEC.kernel.trace(constants={"BLOCK": 0})
 
 
-def test_one_build_serves_every_row_count_and_blocks_change_no_bit():
+def test_a_build_serves_every_row_count_of_its_bucket_and_tunables_change_no_bit():
     g = torch.Generator().manual_seed(9)
-    h = (torch.randn(13, 2, 200, generator=g) * 4).to(torch.bfloat16)
+    h = (torch.randn(13, 2, 200, generator=g) * 4).to(torch.bfloat16).flatten(1)
     weight = torch.rand(13, generator=g)
     full_q, full_s = run(h, weight, 32)
-    kernel = codegen.compile(SPEC.kernel, "interpret", config={"BLOCKS": 2}, constants={"BLOCK": 32})
-    for t in (1, 6, 13):
+    kernel = codegen.compile(SPEC.kernel, "interpret", config={"ROWS": 4, "BLOCKS": 2}, constants={"BLOCK": 32})
+    for t in (1, 6, 7, 13):  # buckets 1, 8, 8, 16
         q, s = torch.empty(t, 200, dtype=torch.float8_e4m3fn), torch.empty(t, 7, dtype=torch.uint8)
         kernel(h=h[:t].contiguous(), q=q, scale=s, weight=weight[:t].contiguous())
         assert same_bits(q, full_q[:t]) and torch.equal(s, full_s[:t]), t
-    assert len(kernel._cache) == 1
-    for blocks in (1, 16):
-        q, s = run(h, weight, 32, config={"BLOCKS": blocks})
-        assert same_bits(q, full_q) and torch.equal(s, full_s), blocks
+    assert len(kernel._cache) == 3
+    for config in ({"ROWS": 1, "BLOCKS": 1}, {"ROWS": 16, "BLOCKS": 16}, {"ROWS": 2, "BLOCKS": 4}):
+        q, s = run(h, weight, 32, config=config)
+        assert same_bits(q, full_q) and torch.equal(s, full_s), config
 
 
 def test_model_shapes_are_the_experts_and_the_shared_expert_of_both_models():

@@ -29,7 +29,7 @@ def test_a_bucketed_batch_with_a_sum_is_refused_naming_the_line():
     assert "test_bucketed_batch.py" in str(err.value)
 
 
-@pytest.mark.parametrize("name", ["quantize", "quantize_fp4"])
+@pytest.mark.parametrize("name", ["quantize", "quantize_fp4", "swiglu_quant"])
 def test_the_quantisers_choose_larger_tiles_for_a_prefill_chunk_than_for_a_decode_step(name):
     pytest.importorskip("tilelang")
     spec = SPECS[name]

@@ -58,7 +58,7 @@ class MoEKernels:
         s = torch.empty(rows, width // block, dtype=torch.uint8, device=h.device)
         extra = {} if weight is None else {"weight": weight}
         self._kernel("swiglu_quant", h.device, {"BLOCK": block, "LIMIT": limit, "FLOOR": FP8_ACT_FLOOR})(
-            h=h.view(rows, 2, width), q=q, scale=s, **extra)
+            h=h, q=q, scale=s, **extra)
         return q, s
 
     def _grouped(self, q, qs, w, ws, counts, offsets, block: int) -> torch.Tensor:
