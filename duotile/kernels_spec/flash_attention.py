@@ -14,6 +14,7 @@ import torch
 
 from .. import dsl
 from . import model_shapes as shapes
+from .column_groups import column_groups
 from .registry import Dim, OneOf, Spec, register
 
 LOG2E = 1.4426950408889634
@@ -28,20 +29,23 @@ def flash_attention(q: dsl.Tensor["B", "H", "S", "D", dsl.bf16], k: dsl.Tensor["
                     CAUSAL: dsl.Const = False,
                     BM: dsl.Tunable = dsl.choice(128, 64),
                     BN: dsl.Tunable = dsl.choice(128, 64, 32, 176, 192),
-                    STAGES: dsl.Tunable = dsl.int_range(1, 3, default=2)):
+                    STAGES: dsl.Tunable = dsl.int_range(1, 3, default=2),
+                    DG: dsl.Tunable = dsl.choice(1, 2, 4, 8)):
     S, D = q.S, q.D
+    groups = column_groups(D, DG) or ((0, D),)  # the output's columns, an accumulator a group
     for b, h, m in dsl.grid(q.B, q.H, dsl.cdiv(S, BM)):
-        q_tile = dsl.load(q[b, h, m * BM, 0], (BM, D), role="operand")
-        acc = dsl.zeros((BM, D), dsl.f32, role="accumulator")
+        q_tiles = [dsl.load(q[b, h, m * BM, first], (BM, width), role="operand") for first, width in groups]
+        accs = [dsl.zeros((BM, width), dsl.f32, role="accumulator") for _, width in groups]
         row_max = dsl.full((BM,), float("-inf"), dsl.f32)
         row_sum = dsl.zeros((BM,), dsl.f32)
         rows = m * BM + dsl.arange(BM)[:, None]
         n_blocks = dsl.minimum(dsl.cdiv((m + 1) * BM, BN), dsl.cdiv(S, BN)) if CAUSAL else dsl.cdiv(S, BN)
         for n in dsl.pipelined(n_blocks, stages=STAGES):
-            k_tile = dsl.load(k[b, h, n * BN, 0], (BN, D), role="operand")
-            v_tile = dsl.load(v[b, h, n * BN, 0], (BN, D), role="operand")
+            k_tiles = [dsl.load(k[b, h, n * BN, first], (BN, width), role="operand") for first, width in groups]
+            v_tiles = [dsl.load(v[b, h, n * BN, first], (BN, width), role="operand") for first, width in groups]
             scores = dsl.zeros((BM, BN), dsl.f32, role="accumulator")
-            dsl.gemm(q_tile, k_tile, scores, transpose_b=True)
+            for q_tile, k_tile in zip(q_tiles, k_tiles):
+                dsl.gemm(q_tile, k_tile, scores, transpose_b=True)
             cols = n * BN + dsl.arange(BN)[None, :]
             keep = (cols <= rows) & (cols < S) if CAUSAL else cols < S
             masked = dsl.where(keep, scores, float("-inf"))
@@ -50,11 +54,15 @@ def flash_attention(q: dsl.Tensor["B", "H", "S", "D", dsl.bf16], k: dsl.Tensor["
             p = dsl.exp2(masked * scale - new_max[:, None])  # one fused multiply-add per score
             rescale = dsl.exp2(row_max - new_max)
             row_sum[:] = row_sum * rescale + p.sum(axis=1)
-            acc[:] = acc * rescale[:, None]
+            for acc in accs:
+                acc[:] = acc * rescale[:, None]
             row_max[:] = new_max
-            dsl.gemm(p.to(dsl.bf16), v_tile, acc)
+            p16 = p.to(dsl.bf16)
+            for acc, v_tile in zip(accs, v_tiles):
+                dsl.gemm(p16, v_tile, acc)
         inv_sum = 1.0 / row_sum  # one division per row, then a multiply per element
-        dsl.store(o[b, h, m * BM, 0], (acc * inv_sum[:, None]).to(dsl.bf16))
+        for (first, _), acc in zip(groups, accs):
+            dsl.store(o[b, h, m * BM, first], (acc * inv_sum[:, None]).to(dsl.bf16))
         dsl.store(lse[b, h, m * BM], (row_max + dsl.log2(row_sum)) * LN2)
 
 
@@ -108,6 +116,10 @@ SPEC = register(Spec(
         "d128_tail": {"B": 1, "H": 1, "S": 200, "D": 128},  # a ragged last key block, no diagonal
         "d512": {"B": 1, "H": 1, "S": 160, "D": 512, "config": D512_CONFIG},
         "d512_causal": {"B": 1, "H": 2, "S": 130, "D": 512, "causal": True, "config": D512_CONFIG},
+        # the output's columns in DG groups (column_groups.py), each its own accumulator
+        "d512_causal_groups2": {"B": 1, "H": 1, "S": 130, "D": 512, "causal": True,
+                                "config": {**D512_CONFIG, "DG": 2}},
+        "d128_groups4_tail": {"B": 1, "H": 2, "S": 200, "D": 128, "config": {"DG": 4}},
     },
     build_cases={"d128": {"B": 4, "H": 32, "S": 4096, "D": 128},
                  "d128_causal": {"B": 4, "H": 32, "S": 4096, "D": 128, "causal": True},

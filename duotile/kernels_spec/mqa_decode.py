@@ -22,33 +22,40 @@ import torch
 
 from .. import dsl
 from . import model_shapes as shapes
+from .column_groups import column_groups
 from .registry import Dim, OneOf, Spec, register
 
 LOG2E = 1.4426950408889634
 
 
-def _attend(q, kv, b, lo, hi, BN, STAGES):
-    """Online softmax of the heads of sequence b over row blocks lo .. hi-1: (acc, row_max,
-    row_sum), the output not yet divided by row_sum, in base-2 units."""
+def _attend(q, kv, b, lo, hi, BN, STAGES, DG=1):
+    """Online softmax of the heads of sequence b over row blocks lo .. hi-1: (accs, row_max,
+    row_sum), the output not yet divided by row_sum (a tile a column group of ``DG``, see
+    ``column_groups``), in base-2 units."""
     H, D, R = q.H, q.D, kv.R
-    q_tile = dsl.load(q[b, 0, 0], (H, D), role="operand")
-    acc = dsl.zeros((H, D), dsl.f32, role="accumulator")
+    groups = column_groups(D, DG) or ((0, D),)
+    q_tiles = [dsl.load(q[b, 0, first], (H, width), role="operand") for first, width in groups]
+    accs = [dsl.zeros((H, width), dsl.f32, role="accumulator") for _, width in groups]
     row_max = dsl.full((H,), float("-inf"), dsl.f32)
     row_sum = dsl.zeros((H,), dsl.f32)
     scale = LOG2E * D ** -0.5
     for n in dsl.pipelined(hi, stages=STAGES, start=lo):
-        kv_tile = dsl.load(kv[b, n * BN, 0], (BN, D), role="operand")
+        kv_tiles = [dsl.load(kv[b, n * BN, first], (BN, width), role="operand") for first, width in groups]
         scores = dsl.zeros((H, BN), dsl.f32, role="accumulator")
-        dsl.gemm(q_tile, kv_tile, scores, transpose_b=True)
+        for q_tile, kv_tile in zip(q_tiles, kv_tiles):
+            dsl.gemm(q_tile, kv_tile, scores, transpose_b=True)
         masked = dsl.where(n * BN + dsl.arange(BN)[None, :] < R, scores, float("-inf"))
         new_max = dsl.maximum(row_max, masked.max(axis=1) * scale)
         p = dsl.exp2(masked * scale - new_max[:, None])
         rescale = dsl.exp2(row_max - new_max)
         row_sum[:] = row_sum * rescale + p.sum(axis=1)
-        acc[:] = acc * rescale[:, None]
+        for acc in accs:
+            acc[:] = acc * rescale[:, None]
         row_max[:] = new_max
-        dsl.gemm(p.to(dsl.bf16), kv_tile, acc)
-    return acc, row_max, row_sum
+        p16 = p.to(dsl.bf16)
+        for acc, kv_tile in zip(accs, kv_tiles):
+            dsl.gemm(p16, kv_tile, acc)
+    return list(zip(groups, accs)), row_max, row_sum
 
 
 # SPLIT defaults to 16, the two-phase form, for the tuning cache key (see gemm_splitk.py)
@@ -58,20 +65,23 @@ def mqa_decode(q: dsl.Tensor["B", "H", "D", dsl.bf16], kv: dsl.Tensor["B", "R", 
                BN: dsl.Tunable = dsl.choice(64, 32, 128),
                STAGES: dsl.Tunable = dsl.int_range(1, 3, default=1),
                SPLIT: dsl.Tunable = dsl.choice(16, 1, 2, 4, 8, 32),
-               BD: dsl.Tunable = dsl.choice(128, 64, 256)):
+               BD: dsl.Tunable = dsl.choice(128, 64, 256),
+               DG: dsl.Tunable = dsl.choice(1, 2, 4, 8)):
     blocks = dsl.cdiv(kv.R, BN)
     if SPLIT == 1:
         for b in dsl.grid(q.B):
-            acc, _, row_sum = _attend(q, kv, b, 0, blocks, BN, STAGES)
-            dsl.store(o[b, 0, 0], (acc * (1.0 / row_sum)[:, None]).to(dsl.bf16))
+            accs, _, row_sum = _attend(q, kv, b, 0, blocks, BN, STAGES, DG)
+            for (first, _), acc in accs:
+                dsl.store(o[b, 0, first], (acc * (1.0 / row_sum)[:, None]).to(dsl.bf16))
         return
     part_o = dsl.workspace("part_o", (SPLIT, q.B, q.H, q.D), dsl.f32)
     part_lse = dsl.workspace("part_lse", (SPLIT, q.B, q.H), dsl.f32)
     for b, s in dsl.grid(q.B, SPLIT):
-        acc, row_max, row_sum = _attend(q, kv, b, s * blocks // SPLIT, (s + 1) * blocks // SPLIT, BN, STAGES)
+        accs, row_max, row_sum = _attend(q, kv, b, s * blocks // SPLIT, (s + 1) * blocks // SPLIT, BN, STAGES, DG)
         seen = row_sum > 0.0  # false only for a range without rows
         inv = dsl.where(seen, 1.0 / row_sum, 0.0)
-        dsl.store(part_o[s, b, 0, 0], acc * inv[:, None])
+        for (first, _), acc in accs:
+            dsl.store(part_o[s, b, 0, first], acc * inv[:, None])
         dsl.store(part_lse[s, b, 0], dsl.where(seen, row_max + dsl.log2(row_sum), float("-inf")))
     for b, j in dsl.grid(q.B, dsl.cdiv(q.D, BD)):  # BD output columns a block
         top = dsl.full((q.H,), float("-inf"), dsl.f32)
@@ -115,6 +125,9 @@ SPEC = register(Spec(
         # that ran a block anyway weighs that block twice; with every block duplicated alike, as
         # in empty_ranges, the softmax cannot tell)
         "uneven_ranges": {"B": 2, "H": 64, "R": 320, "D": 128, "config": {**SMALL, "SPLIT": 16}},
+        # the output's columns in DG groups (sparse_mqa_decode.column_groups), each its own accumulator
+        "groups4_split4": {"B": 3, "H": 64, "R": 200, "D": 128, "config": {**SMALL, "SPLIT": 4, "DG": 4}},
+        "groups2_one_phase": {"B": 2, "H": 64, "R": 96, "D": 128, "config": {**SMALL, "SPLIT": 1, "DG": 2}},
     },
     build_cases={"hca_1m": {"B": 4, "H": 64, "R": 8320, "D": 512}},
     tolerance=lambda case, out: (2e-2, 2e-2),

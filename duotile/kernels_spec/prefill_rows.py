@@ -22,10 +22,11 @@ import torch
 
 from .. import dsl
 from ..dsl.ops import NVFP4_BLOCK
+from .column_groups import column_groups
 from .kv_insert import row_bytes
 from .sparse_mqa_decode_fp8 import check_block, compressed_rows, nvfp4_dequantised, nvfp4_rows, ring_slots
 from .sparse_mqa_decode_fp8_nope import CODE_BLOCK as NOPE_CODE_BLOCK
-from .sparse_mqa_decode_fp8_nope import _code_columns, _random_rows, row_groups, rows_dequantised
+from .sparse_mqa_decode_fp8_nope import _code_columns, _random_rows, nope_column_groups, row_groups, rows_dequantised
 
 
 @dataclass
@@ -52,16 +53,24 @@ class Stored:
         return cls("fp8_nope", nope) if cmp_nope is not None else cls(None)
 
 
-def row_sources(q, kv, stored: Stored, WINDOW, ROPE, BN):
+def row_sources(q, kv, stored: Stored, WINDOW, ROPE, BN, DG=1):
     """(``_attend``'s gather, its column groups or None): the BF16 rows the slots name (a dead slot
-    reads a zero row), or the window's and the stored rows' parts of the list (module docstring)."""
+    reads a zero row), or the window's and the stored rows' parts of the list (module docstring);
+    the output's columns in ``DG`` groups (``sparse_mqa_decode.column_groups``; with V4's stored
+    rows the nope channels' groups, then the rope channels)."""
     d = q.D
+    if stored.fmt == "fp8_nope":
+        nope = _nope_width(q, stored, ROPE)
+        nope_groups, columns = nope_column_groups(nope, ROPE, DG)
+    else:
+        nope_groups, columns = None, column_groups(d, DG)
 
-    def window(slots):
-        return dsl.load(kv[slots, 0], (BN, d), role="operand")
+    def window(slots):  # by the output's column groups, where it has them
+        tiles = [dsl.load(kv[slots, first], (BN, width), role="operand") for first, width in columns or ((0, d),)]
+        return tiles if columns else tiles[0]
 
     if stored.fmt is None:
-        return window, None
+        return window, columns
     check_block(BN)
     if not (isinstance(WINDOW, int) and WINDOW >= 1):
         raise dsl.DslError(f"sparse_mqa_prefill: WINDOW {WINDOW!r} must be a positive int (the window slots a list "
@@ -69,24 +78,21 @@ def row_sources(q, kv, stored: Stored, WINDOW, ROPE, BN):
     ring = ring_slots(WINDOW) // BN  # the list's blocks of window rows
     rows = stored.tensors[0].NC
     if stored.fmt == "nvfp4":
-        return [(0, ring, window, kv.N), (ring, None, _nvfp4_gather(q, *stored.tensors, BN), rows)], None
-    nope = _nope_width(q, stored, ROPE)
-
-    def window_groups(slots):  # the BF16 rows split as the stored rows' two parts
-        return [dsl.load(kv[slots, 0], (BN, nope), role="operand"),
-                dsl.load(kv[slots, nope], (BN, ROPE), role="operand")]
-
-    gather = _nope_gather(*stored.tensors, nope, ROPE, BN)
-    return [(0, ring, window_groups, kv.N), (ring, None, gather, rows)], ((0, nope), (nope, ROPE))
+        return [(0, ring, window, kv.N), (ring, None, _nvfp4_gather(q, *stored.tensors, BN, columns), rows)], columns
+    gather = _nope_gather(*stored.tensors, nope, ROPE, BN, nope_groups)
+    return [(0, ring, window, kv.N), (ring, None, gather, rows)], columns
 
 
-def _nvfp4_gather(q, cmp, cmp_scale, BN):
+def _nvfp4_gather(q, cmp, cmp_scale, BN, columns=None):
     d = q.D
     dsl.require(cmp.RC >= d // 2 + d // NVFP4_BLOCK,
                 "cmp's rows (RC bytes) are short of D / 2 bytes of e2m1 pairs and their D / 16 scales")
 
     def gather(slots):  # past the stored rows: a zero row, dead
-        return nvfp4_rows(cmp, cmp_scale, (), dsl.where(slots < cmp.NC, slots, -1), d, BN)
+        rows = dsl.where(slots < cmp.NC, slots, -1)
+        tiles = [nvfp4_rows(cmp, cmp_scale, (), rows, width, BN, first=first, d=d)
+                 for first, width in columns or ((0, d),)]
+        return tiles if columns else tiles[0]
 
     return gather
 
@@ -106,9 +112,10 @@ def _nope_width(q, stored: Stored, ROPE) -> int:
     return nope
 
 
-def _nope_gather(values, codes, rope, nope, ROPE, BN):
+def _nope_gather(values, codes, rope, nope, ROPE, BN, nope_groups=None):
     def gather(slots):  # past the stored rows: a zero row, dead
-        return list(row_groups(values, codes, rope, (), dsl.where(slots < values.NC, slots, -1), nope, ROPE, BN))
+        return list(row_groups(values, codes, rope, (), dsl.where(slots < values.NC, slots, -1), nope, ROPE, BN,
+                               nope_groups))
 
     return gather
 

@@ -63,6 +63,7 @@ import torch
 
 from .. import dsl
 from . import model_shapes as shapes
+from .column_groups import column_groups
 from .decode_epilogue import epilogue_inputs, epilogue_of, inverse_rope, rope_phase, rotated_bound
 from .decode_fp8_out import DERIVED, fp8_out_constants, fp8_out_inputs, fp8_out_of, quant_phase
 from .gemm_f32 import bf16_parts
@@ -174,9 +175,13 @@ def sparse_mqa_decode(q: dsl.Tensor["B", "H", "D", dsl.bf16], kv: dsl.Tensor["B"
                       BN: dsl.Tunable = dsl.choice(64, 32, 128),
                       STAGES: dsl.Tunable = dsl.int_range(1, 3, default=1),
                       SPLIT: dsl.Tunable = dsl.choice(16, 1, 2, 4, 8, 32),
-                      BD: dsl.Tunable = dsl.choice(128, 64, 256)):
+                      BD: dsl.Tunable = dsl.choice(128, 64, 256),
+                      DG: dsl.Tunable = dsl.choice(1, 2, 4, 8)):
     epilogue = epilogue_of("sparse_mqa_decode", q, positions, cos, sin)
-    decode(q, kv, idx, sink, o, lse, BN, STAGES, SPLIT, BD, epilogue=epilogue,
+    columns = column_groups(q.D, DG)
+    rows_of = None if columns is None else (lambda b: lambda rows: [
+        dsl.load(kv[b, rows, first], (BN, width), role="operand") for first, width in columns])
+    decode(q, kv, idx, sink, o, lse, BN, STAGES, SPLIT, BD, rows_of=rows_of, columns=columns, epilogue=epilogue,
            fp8_out=fp8_out_of("sparse_mqa_decode", q, o_q, o_qs, GROUPS, QBLOCK))
 
 
@@ -432,6 +437,14 @@ SPEC = register(Spec(
         # (zeros), around the ring's and the table blocks' boundaries
         **EPILOGUE_CASES,
         **FP8_OUT_CASES,
+        # the output's columns in DG groups (column_groups), each its own accumulator: split and
+        # one-phase forms, with the epilogue (rope channels across two groups) and wo_a's FP8 input
+        "groups4_holes": {"B": 3, "H": 64, "D": 128, "N": 200, "L": 150, "holes": 0.3,
+                          "config": {**SMALL, "SPLIT": 2, "DG": 4}},
+        "groups2_rope_one_phase": {"B": 2, "H": 64, "D": 128, "N": 90, "L": 96, "rope": "random",
+                                   "config": {**SMALL, "SPLIT": 1, "DG": 2}},
+        "groups4_fp8_out_rope_one_phase": {"B": 3, "H": 4, "D": 128, "N": 60, "L": 70, "rope": "wrap", "P": 600,
+                                           "GROUPS": 2, "QBLOCK": 32, "config": {**SMALL, "SPLIT": 1, "DG": 4}},
     },
     build_cases={"v4_csa": {"B": 16, "H": 64, "D": 512, "L": 640, "N": 16512},
                  "v4_hca_1m": {"B": 4, "H": 64, "D": 512, "L": 8320, "N": 8320}},
@@ -446,5 +459,5 @@ SPEC = register(Spec(
     sweep={"B": Dim(1, 4, large=64), "H": OneOf(64, 64, 4), "D": OneOf(64, 128), "L": Dim(1, 260, large=9000),
            "N": Dim(1, 300, large=300000), "holes": OneOf(0.0, 0.3, 0.9), "repeat": OneOf(False, True),
            "valid": OneOf("ragged", "all", "one"), "spread": OneOf(1.0, 10.0), "sink": OneOf(1.0, 10.0),
-           "config": {"SPLIT": OneOf(1, 2, 4, 8, 16), "BN": OneOf(32, 64)}},
+           "config": {"SPLIT": OneOf(1, 2, 4, 8, 16), "BN": OneOf(32, 64), "DG": OneOf(1, 1, 2)}},
 ))

@@ -38,6 +38,7 @@ import torch
 from .. import dsl
 from ..dsl.ops import NVFP4_BLOCK
 from . import model_shapes as shapes
+from .column_groups import column_groups
 from .decode_epilogue import epilogue_of
 from .decode_fp8_out import DERIVED, fp8_out_constants, fp8_out_of
 from .moe_gemm_mxfp4 import fp4_values
@@ -85,7 +86,8 @@ def sparse_mqa_decode_fp8(q: dsl.Tensor["B", "H", "D", dsl.bf16], kv: dsl.Tensor
                           BN: dsl.Tunable = dsl.choice(64, 32, 128),
                           STAGES: dsl.Tunable = dsl.int_range(1, 3, default=1),
                           SPLIT: dsl.Tunable = dsl.choice(16, 1, 2, 4, 8, 32),
-                          BD: dsl.Tunable = dsl.choice(128, 64, 256)):
+                          BD: dsl.Tunable = dsl.choice(128, 64, 256),
+                          DG: dsl.Tunable = dsl.choice(1, 2, 4, 8)):
     if (cmp is None) != (cmp_scale is None):
         raise dsl.DslError("sparse_mqa_decode_fp8: give cmp and cmp_scale together (the compressed rows and "
                            "their scales), or neither")
@@ -96,15 +98,22 @@ def sparse_mqa_decode_fp8(q: dsl.Tensor["B", "H", "D", dsl.bf16], kv: dsl.Tensor
         dsl.require(cmp.RC >= d // 2 + d // NVFP4_BLOCK,
                     "cmp's rows (RC bytes) are short of D / 2 bytes of e2m1 pairs and their D / 16 scales")
     check_block(BN)
+    columns = column_groups(d, DG)
 
     def rows_of(b):
         def window(slots):
             win = dsl.where(slots < kv.W, slots, -1)  # an index past the ring reads zeros
-            return dsl.mxfp8_values(dsl.load(kv[b, win, 0], (BN, d), role="operand"),
-                                    dsl.load(kv_scale[b, win, d], (BN, d // CODE_BLOCK), role="operand"))
+            tiles = [dsl.mxfp8_values(dsl.load(kv[b, win, first], (BN, width), role="operand"),
+                                      dsl.load(kv_scale[b, win, d + first // CODE_BLOCK], (BN, width // CODE_BLOCK),
+                                               role="operand"))
+                     for first, width in columns or ((0, d),)]
+            return tiles if columns else tiles[0]
 
         def compressed(slots):
-            return nvfp4_rows(cmp, cmp_scale, (b,), dsl.where(slots < cmp.N, slots, -1), d, BN)
+            rows = dsl.where(slots < cmp.N, slots, -1)
+            tiles = [nvfp4_rows(cmp, cmp_scale, (b,), rows, width, BN, first=first, d=d)
+                     for first, width in columns or ((0, d),)]
+            return tiles if columns else tiles[0]
 
         if cmp is None:
             return window
@@ -112,16 +121,20 @@ def sparse_mqa_decode_fp8(q: dsl.Tensor["B", "H", "D", dsl.bf16], kv: dsl.Tensor
         return [(0, ring, window, kv.W), (ring, None, compressed, cmp.N)]
 
     epilogue = epilogue_of("sparse_mqa_decode_fp8", q, positions, cos, sin)
-    decode(q, kv, idx, sink, o, lse, BN, STAGES, SPLIT, BD, rows_of, kv.W, epilogue=epilogue,
+    decode(q, kv, idx, sink, o, lse, BN, STAGES, SPLIT, BD, rows_of, kv.W, columns=columns, epilogue=epilogue,
            fp8_out=fp8_out_of("sparse_mqa_decode_fp8", q, o_q, o_qs, GROUPS, QBLOCK))
 
 
-def nvfp4_rows(packed, scales, at, slots, d, BN):
-    """Rows ``slots`` (-1 reads zeros) of NVFP4-like rows, dequantised (BN, d): the e2m1 pairs of
-    ``packed`` and the E4M3 scales of ``scales`` (the same bytes typed twice). ``at``: the indices
-    before the row's (a sequence's ``(b,)`` in a per-sequence stack, ``()`` in one pool of rows)."""
-    return dsl.nvfp4_values(dsl.load(packed[(*at, slots, 0)], (BN, d // 2), role="operand"),
-                            dsl.load(scales[(*at, slots, d // 2)], (BN, d // NVFP4_BLOCK), role="operand"))
+def nvfp4_rows(packed, scales, at, slots, width, BN, first=0, d=None):
+    """Rows ``slots`` (-1 reads zeros) of NVFP4-like rows of ``d`` values (``width`` by default),
+    dequantised, their columns ``first`` .. ``first + width`` (BN, width): the e2m1 pairs of
+    ``packed`` and the E4M3 scales of ``scales`` (the same bytes typed twice; a row's scales after
+    its d / 2 bytes of pairs). ``at``: the indices before the row's (a sequence's ``(b,)`` in a
+    per-sequence stack, ``()`` in one pool of rows)."""
+    d = width if d is None else d
+    return dsl.nvfp4_values(dsl.load(packed[(*at, slots, first // 2)], (BN, width // 2), role="operand"),
+                            dsl.load(scales[(*at, slots, d // 2 + first // NVFP4_BLOCK)], (BN, width // NVFP4_BLOCK),
+                                     role="operand"))
 
 
 def dequantised(kv: torch.Tensor, kv_scale: torch.Tensor) -> torch.Tensor:
@@ -304,6 +317,12 @@ SPEC = register(Spec(
                        "config": {**SMALL, "SPLIT": 2}},
         "window_ring": {"B": 3, "H": 64, "D": 512, "W": 128, "L": 128, "holes": 0.1, "config": {"SPLIT": 8}},
         **stored_row_cases(64),
+        # the output's columns in DG groups: each group's FP8 values with its codes, its NVFP4 pairs
+        # with its scales
+        "groups4_ring_and_compressed_rope": {"B": 2, "H": 64, "D": 128, "W": 40, "N": 120, "L": 200, "holes": 0.3,
+                                             "rope": "random", "P": 500, "config": {**SMALL, "SPLIT": 2, "DG": 4}},
+        "groups2_ring_and_compressed_one_phase": {"B": 2, "H": 4, "D": 64, "W": 16, "N": 74, "L": 200,
+                                                  "config": {**SMALL, "SPLIT": 1, "DG": 2}},
     },
     build_cases={"v41_swa": {"B": 16, "H": 64, "D": 512, "L": 128, "W": 128},
                  "v41_csa": {"B": 16, "H": 64, "D": 512, "W": 128, "L": 640, "N": 32768},

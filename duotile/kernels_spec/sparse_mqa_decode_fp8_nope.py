@@ -36,6 +36,7 @@ import torch
 
 from .. import dsl
 from . import model_shapes as shapes
+from .column_groups import column_groups
 from .decode_epilogue import epilogue_of
 from .decode_fp8_out import DERIVED, fp8_out_constants, fp8_out_of
 from .kv_insert import row_bytes
@@ -62,14 +63,29 @@ def _code_columns(nope):
     return dsl.next_pow2(nope // CODE_BLOCK)
 
 
-def row_groups(values, scales, rope, at, slots, nope, ROPE, BN):
+def row_groups(values, scales, rope, at, slots, nope, ROPE, BN, nope_groups=None):
     """Rows ``slots`` (-1 reads zeros) of one row tensor, by column group: the nope channels'
-    bf16 operand and the rope channels' (both (BN, width)). ``at``: the indices before the row's
-    (a sequence's ``(b,)`` in a per-sequence stack, ``()`` in one pool of rows)."""
+    bf16 operands, one a group of ``nope_groups`` ((first, width) pairs, whole code blocks; all
+    nope channels in one by default), then the rope channels' (each (BN, width)). ``at``: the
+    indices before the row's (a sequence's ``(b,)`` in a per-sequence stack, ``()`` in one pool
+    of rows)."""
     codes = dsl.load(scales[(*at, slots, nope + 2 * ROPE)], (BN, _code_columns(nope)), role="operand")
-    nope_values = dsl.mxfp8_values(dsl.load(values[(*at, slots, 0)], (BN, nope), role="operand"), codes, first=0,
-                                   block=CODE_BLOCK)
-    return nope_values, dsl.load(rope[(*at, slots, nope // 2)], (BN, ROPE), role="operand")
+    nope_values = [dsl.mxfp8_values(dsl.load(values[(*at, slots, first)], (BN, width), role="operand"), codes,
+                                    first=first // CODE_BLOCK, block=CODE_BLOCK)
+                   for first, width in nope_groups or ((0, nope),)]
+    return (*nope_values, dsl.load(rope[(*at, slots, nope // 2)], (BN, ROPE), role="operand"))
+
+
+def nope_column_groups(nope, ROPE, DG):
+    """The output's column groups: the nope channels in ``DG`` groups of whole code blocks, then
+    the rope channels (``sparse_mqa_decode.column_groups``: a target whose accumulators live in
+    TMEM takes several); (nope groups, every group)."""
+    groups = column_groups(nope, DG) or ((0, nope),)
+    if DG > 1:
+        width = groups[0][1]
+        for cond in (width >= CODE_BLOCK, CODE_BLOCK * (width // CODE_BLOCK) >= width):
+            dsl.require(cond, f"DG {DG}: a group of the nope channels must be whole {CODE_BLOCK}-channel code blocks")
+    return groups, (*groups, (nope, ROPE))
 
 
 # SPLIT defaults to 16, the two-phase form, as sparse_mqa_decode's
@@ -92,7 +108,8 @@ def sparse_mqa_decode_fp8_nope(q: dsl.Tensor["B", "H", "D", dsl.bf16], kv: dsl.T
                                BN: dsl.Tunable = dsl.choice(64, 32, 128),
                                STAGES: dsl.Tunable = dsl.int_range(1, 3, default=1),
                                SPLIT: dsl.Tunable = dsl.choice(16, 1, 2, 4, 8, 32),
-                               BD: dsl.Tunable = dsl.choice(128, 64, 256)):
+                               BD: dsl.Tunable = dsl.choice(128, 64, 256),
+                               DG: dsl.Tunable = dsl.choice(1, 2, 7)):
     if len({cmp is None, cmp_scale is None, cmp_rope is None}) > 1:
         raise dsl.DslError("sparse_mqa_decode_fp8_nope: give cmp, cmp_scale and cmp_rope together (the compressed "
                            "rows as values, codes and rope channels), or none")
@@ -112,14 +129,16 @@ def sparse_mqa_decode_fp8_nope(q: dsl.Tensor["B", "H", "D", dsl.bf16], kv: dsl.T
             dsl.require(cond, f"{name}_rope must be {name}'s rows as bf16 (R / 2 columns)")
 
     check_block(BN)
+    nope_groups, columns = nope_column_groups(nope, ROPE, DG)
 
     def rows_of(b):
         def window(slots):  # an index past the ring reads zeros
-            return list(row_groups(kv, kv_scale, kv_rope, (b,), dsl.where(slots < kv.W, slots, -1), nope, ROPE, BN))
+            return list(row_groups(kv, kv_scale, kv_rope, (b,), dsl.where(slots < kv.W, slots, -1), nope, ROPE, BN,
+                                   nope_groups))
 
         def compressed(slots):
             return list(row_groups(cmp, cmp_scale, cmp_rope, (b,), dsl.where(slots < cmp.N, slots, -1), nope, ROPE,
-                                    BN))
+                                    BN, nope_groups))
 
         if cmp is None:
             return window
@@ -127,7 +146,7 @@ def sparse_mqa_decode_fp8_nope(q: dsl.Tensor["B", "H", "D", dsl.bf16], kv: dsl.T
         return [(0, ring, window, kv.W), (ring, None, compressed, cmp.N)]
 
     epilogue = epilogue_of("sparse_mqa_decode_fp8_nope", q, positions, cos, sin, ROPE)
-    decode(q, kv, idx, sink, o, lse, BN, STAGES, SPLIT, BD, rows_of, kv.W, columns=((0, nope), (nope, ROPE)),
+    decode(q, kv, idx, sink, o, lse, BN, STAGES, SPLIT, BD, rows_of, kv.W, columns=columns,
            epilogue=epilogue, fp8_out=fp8_out_of("sparse_mqa_decode_fp8_nope", q, o_q, o_qs, GROUPS, QBLOCK))
 
 
@@ -245,6 +264,12 @@ SPEC = register(Spec(
                        "config": {**SMALL, "SPLIT": 2}},
         "window_ring": {"B": 3, "H": 64, "D": 512, "W": 128, "L": 128, "holes": 0.1, "config": {"SPLIT": 8}},
         **stored_row_cases(128),  # (a CSA / HCA layer; the epilogue)
+        # the nope channels in DG groups of whole code blocks, then the rope channels: 2 of 64 at D
+        # 192; V4's 7 of 64 at D 512
+        "groups2_ring_and_compressed_rope": {"B": 2, "H": 64, "D": 192, "W": 40, "N": 120, "L": 200, "holes": 0.3,
+                                             "rope": "random", "P": 500, "config": {**SMALL, "SPLIT": 2, "DG": 2}},
+        "groups7_window_ring_one_phase": {"B": 2, "H": 64, "D": 512, "W": 128, "L": 128, "holes": 0.1,
+                                          "config": {"SPLIT": 1, "DG": 7}},
     },
     build_cases={"v4_swa": {"B": 16, "H": 64, "D": 512, "L": 128, "W": 128},
                  "v4_csa": {"B": 16, "H": 64, "D": 512, "W": 128, "L": 640, "N": 16384},

@@ -70,9 +70,10 @@ def sparse_mqa_prefill(q: dsl.Tensor["T", "H", "D", dsl.bf16], kv: dsl.Tensor["N
                        GROUPS: dsl.Const = 8, QBLOCK: dsl.Const = 128, WINDOW: dsl.Const = 128,
                        ROPE: dsl.Const = 64,
                        BN: dsl.Tunable = dsl.choice(64, 32, 128),
-                       STAGES: dsl.Tunable = dsl.int_range(1, 3, default=1)):
+                       STAGES: dsl.Tunable = dsl.int_range(1, 3, default=1),
+                       DG: dsl.Tunable = dsl.choice(1, 2, 4, 7, 8)):
     stored = Stored.of(cmp, cmp_scale, cmp_nope, cmp_codes, cmp_rope)
-    rows_of, columns = row_sources(q, kv, stored, WINDOW, ROPE, BN)
+    rows_of, columns = row_sources(q, kv, stored, WINDOW, ROPE, BN, DG)
     epilogue = epilogue_of("sparse_mqa_prefill", q, positions, cos, sin, ROPE if columns else None)
     fp8_out = fp8_out_of("sparse_mqa_prefill", q, o_q, o_qs, GROUPS, QBLOCK)
 
@@ -204,6 +205,14 @@ SPEC = register(Spec(
         "stored_nope_rope_fp8_out_out_of_range": {"T": 3, "H": 4, "D": 128, "N": 50, "NC": 70, "L": 170,
                                                   "FORMAT": "fp8_nope", "WINDOW": 16, "out_of_range": True,
                                                   "rope": "random", "GROUPS": 2, "QBLOCK": 32, "config": SMALL},
+        # the output's columns in DG groups: BF16 rows, stored NVFP4 rows with the epilogue and wo_a's
+        # FP8 input, V4's stored rows (the nope channels in two groups, then the rope channels)
+        "groups4_holes": {"T": 4, "H": 64, "D": 128, "N": 200, "L": 150, "holes": 0.3,
+                          "config": {**SMALL, "DG": 4}},
+        "stored_groups2_rope_fp8_out": {"T": 3, "H": 4, "D": 128, "N": 60, "NC": 70, "L": 190, "rope": "wrap",
+                                        "P": 600, "GROUPS": 2, "QBLOCK": 32, "config": {**SMALL, "DG": 2}},
+        "stored_nope_groups2": {"T": 3, "H": 64, "D": 192, "N": 100, "NC": 80, "L": 200, "FORMAT": "fp8_nope",
+                                "holes": 0.3, "rope": "random", "config": {**SMALL, "DG": 2}},
     },
     build_cases={"v41_csa2": {"T": 4096, "H": 64, "D": 512, "L": 640, "N": 36992}},
     tolerance=_tolerance,

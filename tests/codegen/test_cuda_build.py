@@ -80,10 +80,15 @@ def test_head_dim_512_fits_sm90_with_its_pinned_config(name, case_name):
         assert a.files["cubin"].endswith(".cubin")
 
 
-def test_split_kv_decode_at_head_dim_512_is_refused_by_sm100_tmem():
+def test_split_kv_decode_at_head_dim_512_is_refused_by_sm100_tmem_as_one_column_group():
+    """A 64 x 512 output as one accumulator: its gemms' product tile alone fills TMEM. The config a
+    user gets keeps it as column groups (kernels_spec/column_groups.py) and builds, with tcgen05."""
     spec = load_all()["mqa_decode"]
-    r = build_case(spec, "hca_1m", spec.build_cases["hca_1m"], "sm100")
-    assert not r.ok and r.rejected and "TMEM overflow" in r.error
+    r = build_case(spec, "hca_1m", spec.build_cases["hca_1m"], "sm100", config={"DG": 1, "threads": 256})
+    assert not r.ok and r.rejected and "TMEM overflow" in r.error and "576 of 512 columns" in r.error
+    user = build_case(spec, "hca_1m", spec.build_cases["hca_1m"], "sm100")
+    assert user.ok, user.error
+    assert ptx_counts("".join(a.stages.get("ptx", "") for a in user.artifacts)).get("tcgen05.mma", 0) > 0
 
 
 def test_oversize_config_is_rejected_naming_memory_and_sizes():
@@ -96,7 +101,7 @@ def test_oversize_config_is_rejected_naming_memory_and_sizes():
 
 def test_tmem_overflow_is_rejected_on_sm100():
     spec = load_all()["flash_attention"]
-    r = build_case(spec, "d512", spec.build_cases["d512"], "sm100")
+    r = build_case(spec, "d512", spec.build_cases["d512"], "sm100", config={"BM": 64, "BN": 64, "STAGES": 1, "DG": 1})
     assert not r.ok and "TMEM" in r.error and "columns" in r.error
     with pytest.raises(CapacityError):
         raise CapacityError("sm100", "TMEM", 1, 0)

@@ -22,7 +22,7 @@ from .device_helpers import SCAN, with_needs
 from .exprs import ElementPrinter, index, literal
 from .linear_grid import linear_head, needs_linear_grid
 from .manual_ws import PRODUCER_THREADS, ManualWarpSpecialization
-from .plan import Plan, make_plan
+from .plan import Plan, make_plan, product_tile
 from .promote_fp8 import every, promoted_gemm
 from .source import Source
 
@@ -667,8 +667,9 @@ def _gemm(e: Emitter, op: Op):
         _tcgen05(e, op, a_buf, b_buf, e.name(acc), clear or "False", ta, tb)
         e.dirty.add(acc.id)
         return
-    # a fragment accumulator that vector work rewrites: multiply into a fresh TMEM tile, add it in
-    tmp = f"{e.name(acc)}_prod"
+    # a fragment accumulator that vector work rewrites: multiply into a fresh TMEM tile, add it in;
+    # accumulators of one shape share the tile (plan.product_tile), used one gemm at a time
+    tmp = product_tile(acc)
     shape = "(" + ", ".join(str(int(d)) for d in acc.type.shape) + ",)"
     if tmp not in e.src.declared:
         e.src.decl(f'{tmp} = T.alloc_tmem({shape}, "float32")')

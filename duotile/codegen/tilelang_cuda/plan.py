@@ -293,6 +293,15 @@ def _split_by_columns(ops: list[Op], plan: Plan, warps: int) -> None:
                          and op.attrs.get("into") is None and op.result.id in stored and uses[op.result.id] == 1}
 
 
+def product_tile(acc: Value) -> str:
+    """On a TMEM target, the name of the fresh TMEM tile a gemm into a register accumulator (one
+    that vector work rewrites: an online softmax's output) multiplies into before it is added in:
+    one a shape, shared by the accumulators of that shape, each gemm waiting for its product. So an
+    output kept as column groups (a 64 x 512 output as eight 64 x 64 accumulators) takes one
+    group's TMEM columns, not the whole width's."""
+    return "prod_" + "x".join(str(int(d)) for d in acc.type.shape)
+
+
 def _scope(op: Op, v: Value, arch: Arch, plan: Plan, feeds_b: bool, feeds_a: bool) -> str:
     role = v.type.role
     if op.name == "alloc" and role is Role.ACCUMULATOR:

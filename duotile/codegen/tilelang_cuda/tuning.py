@@ -11,6 +11,7 @@ this is a tuning filter, not a capacity law; ``capacity.py`` is the law at build
 from __future__ import annotations
 
 import math
+from collections import Counter
 from typing import Any
 
 import sympy
@@ -23,14 +24,18 @@ from .arch import Arch
 
 def cuda_limits(arch: Arch, u: TileUsage, knobs: dict[str, Any]) -> list[Limit]:
     threads = threads_of(knobs)
-    reg_bytes = u.peak[Role.VECTOR] if arch.has_tmem else u.peak_acc_vector
+    # on sm100 a rewritten accumulator is a register tile (plan.product_tile), the others TMEM
+    kept = sum(math.prod(s) * 4 for s in u.rewritten)
+    reg_bytes = u.peak[Role.VECTOR] + kept if arch.has_tmem else u.peak_acc_vector
     per_thread = sympy.ceiling(sympy.Integer(reg_bytes) / 4 / threads) + REG_OVERHEAD
     limits = [Limit("shared memory", sympy.Integer(u.peak[Role.OPERAND]), sympy.Integer(arch.smem_bytes)),
               Limit("registers per thread", per_thread, sympy.Integer(255), "registers"),
               Limit("registers per SM", per_thread * threads, sympy.Integer(64 * 1024), "registers")]
     if arch.has_tmem:
-        # an fp32 accumulator of BM x BN takes BN columns per 128 lanes of rows
-        cols = sum(s[-1] * math.ceil((math.prod(s[:-1]) or 1) / 128) for s in u.accumulators)
+        # an fp32 accumulator of BM x BN takes BN columns per 128 lanes of rows; the rewritten ones
+        # (in registers) one fresh product tile a shape, which the gemms into them share
+        tiles = list((Counter(u.accumulators) - Counter(u.rewritten)).elements()) + sorted(set(u.rewritten))
+        cols = sum(s[-1] * math.ceil((math.prod(s[:-1]) or 1) / 128) for s in tiles)
         limits.append(Limit("tensor memory", sympy.Integer(cols), sympy.Integer(arch.tmem_columns), "columns"))
     return limits
 

@@ -27,6 +27,9 @@ class TileUsage:
     # the sum of the two peaks would count tiles that are never live together
     peak_acc_vector: int = 0
     accumulators: list[tuple[int, ...]] = field(default_factory=list)  # live-at-peak accumulator shapes
+    # of those, the ones vector work rewrites (an online softmax's output, rescaled each block): on a
+    # TMEM target they stay in registers and each gemm multiplies into a fresh TMEM tile first
+    rewritten: list[tuple[int, ...]] = field(default_factory=list)
     gemm_a: int = 0  # largest gemm A operand, bytes
     gemm_b: int = 0
     gemms: list[Op] = field(default_factory=list)
@@ -80,6 +83,7 @@ def estimate_usage(module: Module) -> TileUsage:
     live: dict[Role, int] = {r: 0 for r in Role}
     live_acc: dict[int, Value] = {}
     best_acc = 0
+    rewritten = {op.attrs["into"].id for op, _ in order if op.name == "map" and isinstance(op.attrs.get("into"), Value)}
     for i in range(len(order) + 1):
         for sign, v, mult in sorted(events.get(i, ()), key=lambda e: e[0]):
             live[v.type.role] += sign * _bytes(v) * mult
@@ -94,6 +98,7 @@ def estimate_usage(module: Module) -> TileUsage:
         if live[Role.ACCUMULATOR] > best_acc:
             best_acc = live[Role.ACCUMULATOR]
             usage.accumulators = [tuple(int(d) for d in a.type.shape) for a in live_acc.values()]
+            usage.rewritten = [tuple(int(d) for d in a.type.shape) for a in live_acc.values() if a.id in rewritten]
     for op, _ in order:
         if op.name == "gemm":
             usage.gemms.append(op)
