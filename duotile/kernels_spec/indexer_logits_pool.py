@@ -258,6 +258,9 @@ SPEC = register(Spec(
     reference=indexer_logits_pool_reference,
     make_inputs=_inputs,
     outputs=("logits",),
+    # a decode step's queries each read their own key stack (k's KS axis goes with the batch);
+    # with SHARED one stack serves every query
+    batched_with=lambda case: {} if case.get("SHARED") else {"k": 0},
     cases={
         # five queries: a candidate pool, wild blocks (past the visible count and the cache), every
         # visible block (fewer than KB), no block, a pool; positions from none visible to past the rows

@@ -35,12 +35,15 @@ NOT_ROW_WISE = {
 }
 
 
-def batch_axes(spec) -> dict[str, int]:
-    """{tensor: axis} for every tensor whose dimensions name the kernel's batch dimension."""
+def batch_axes(spec, case: dict | None = None) -> dict[str, int]:
+    """{tensor: axis} for every tensor whose dimensions name the kernel's batch dimension, and those
+    the spec says go with the batch in ``case`` (``Spec.batched_with``: a key stack a query)."""
     dim = spec.kernel.batch_dim
     if dim is None:
         raise ValueError(f"{spec.name}: the kernel declares no batch_dim; batch invariance does not apply")
     axes = {name: list(t.dims).index(dim) for name, t in spec.kernel.tensors.items() if dim in t.dims}
+    if spec.batched_with is not None:
+        axes.update(spec.batched_with(case or {}))
     if not any(o in axes for o in spec.outputs):
         raise ValueError(f"{spec.name}: no output has the batch dimension {dim}; nothing to compare")
     return axes
@@ -72,7 +75,7 @@ def check_rows(spec, case: dict, run: Callable[..., object], device: torch.devic
         raise ValueError(f"{spec.name}: not row-wise: {NOT_ROW_WISE[spec.name]}")
     dim, most = spec.kernel.batch_dim, max(batches)
     big = {**case, dim: most}
-    axes = batch_axes(spec)
+    axes = batch_axes(spec, case)
     base, others = spec.make_inputs(big, device, seed), spec.make_inputs(big, device, seed + 1)
     rng = random.Random(seed)
     done = []

@@ -111,6 +111,9 @@ class Spec:
     sweep_valid: Callable[[Case], bool] | None = None
     # leading dims the reference is independent over, run one index at a time (``run_reference``)
     reference_parts: tuple[str, ...] = ()
+    # tensors that go with the batch though no dimension of theirs is named ``batch_dim`` (a key
+    # stack a query, named apart so that one stack may serve every query): case -> {tensor: axis}
+    batched_with: Callable[[Case], dict[str, int]] | None = None
 
     @property
     def name(self) -> str:

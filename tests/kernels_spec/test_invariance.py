@@ -4,6 +4,8 @@ one whose rows depend on the batch. The GPU test's cases cover every such spec's
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 import torch
 
@@ -58,6 +60,22 @@ def test_the_axes_are_the_kernels_batch_dimension():
         batch_axes(SPECS["flash_attention"])
     with pytest.raises(ValueError, match="not row-wise"):
         check_rows(SPECS["moe_gemm_mxfp4"], {}, None, CPU, seed=0)
+
+
+def test_a_key_stack_a_query_goes_with_its_query():
+    """Regression: ``indexer_logits_pool`` reads key stack b for query b, but its stacks' axis is
+    named KS (one stack may serve every query: SHARED), so the check left them in place and a query
+    moved to place 1 of a batch scored stack 1: a mismatch at every model shape on the GPU (first at
+    a 64K context: one column of 16,384), which the kernel did not cause. The spec now says the
+    stacks go with the batch (``Spec.batched_with``), unless one stack serves all."""
+    spec = SPECS["indexer_logits_pool"]
+    assert batch_axes(spec, {"SHARED": False})["k"] == 0 and "k" not in batch_axes(spec, {"SHARED": True})
+    case = {**spec.model_shapes["v41/r1_ctx64k/decode1"], "L": 4096, "KB": 128}
+    kernel = codegen.compile(spec.kernel, "interpret", constants=spec.constants_of(case))
+    assert check_rows(spec, case, kernel, CPU, seed=11, batches=(2,))[0] == "row 0: alone == in batches of 2"
+    moved = replace(spec, batched_with=None)  # the stacks left in place: the check fails, and says where
+    with pytest.raises(AssertionError, match=r"row 0 of seed 11 alone differs from it at place 1 of a batch of 2"):
+        check_rows(moved, case, kernel, CPU, seed=11, batches=(2,))
 
 
 def test_the_gpu_test_covers_every_row_wise_spec_at_each_decode_family():
