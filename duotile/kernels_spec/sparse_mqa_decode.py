@@ -84,7 +84,7 @@ def _head_rows(q):
     return dsl.maximum(q.H, MIN_HEAD_ROWS)
 
 
-def _attend(q, kv, idx, b, lo, hi, BN, STAGES, kv_rows=None, rows_total=None, columns=None):
+def _attend(q, kv, idx, b, lo, hi, BN, STAGES, kv_rows=None, rows_total=None, columns=None, own=None):
     """Online softmax of the heads of query b (a sequence's token) over the slot blocks lo .. hi-1:
     (accs, row_max, row_sum), the output not yet divided by row_sum (a tile a column group), in
     base-2 units; row_max is -inf and row_sum 0 for a head that met no live slot. Rows past the
@@ -99,7 +99,8 @@ def _attend(q, kv, idx, b, lo, hi, BN, STAGES, kv_rows=None, rows_total=None, co
     another's: one operand a block). ``columns``, (first column, width) pairs that tile D, splits
     a row by columns (rows whose channels are stored in two formats): a gather then gives a tile
     or a tuple for each group, the scores sum the groups' products and each group has its own
-    accumulator."""
+    accumulator. ``own``, where given, replaces ``lo`` / ``hi`` by the query's own range read from
+    data (``own_ranges``)."""
     H, D = _head_rows(q), q.D
     groups = columns or ((0, D),)
     q_tiles = [dsl.load(q[b, 0, first], (H, width), role="operand") for first, width in groups]
@@ -110,10 +111,10 @@ def _attend(q, kv, idx, b, lo, hi, BN, STAGES, kv_rows=None, rows_total=None, co
     row_sum = dsl.zeros((H,), dsl.f32)
     scale = LOG2E * D ** -0.5
     for first, end, gather, live_below in segments:
-        start = lo if first == 0 else dsl.maximum(lo, first)
-        stop = hi if end is None else dsl.minimum(hi, end)
-        for n in dsl.pipelined(stop, stages=STAGES, start=start):
+        for n, length in _blocks(lo, hi, first, end, STAGES, own):
             rows = dsl.load(idx[b, n * BN], (BN,), other=-1)  # slots past L are dead like -1
+            if length is not None:  # and those past the query's own length
+                rows = dsl.where(n * BN + dsl.arange(BN) < length, rows, -1)
             # a dead slot reads a zero row
             got = gather(rows) if gather else dsl.load(kv[b, rows, 0], (BN, D), role="operand")
             parts = [g if isinstance(g, tuple) else (g,) for g in (got if columns else [got])]
@@ -139,6 +140,36 @@ def _attend(q, kv, idx, b, lo, hi, BN, STAGES, kv_rows=None, rows_total=None, co
                     for t in tiles:
                         dsl.gemm(part, t, acc)
     return accs, row_max, row_sum
+
+
+def _blocks(lo, hi, first, end, STAGES, own):
+    """The slot blocks ``_attend`` runs of one segment of the list (blocks ``first`` .. ``end``):
+    (block index, the query's length or None) for blocks ``lo`` .. ``hi`` in it, or, with ``own``,
+    for the query's own range read from data (a loop that ends where the data says, its blocks at a
+    data offset)."""
+    if own is None:
+        start = lo if first == 0 else dsl.maximum(lo, first)
+        stop = hi if end is None else dsl.minimum(hi, end)
+        for n in dsl.pipelined(stop, stages=STAGES, start=start):
+            yield n, None
+        return
+    own_lo, own_hi, length, most = own
+    seg_lo = own_lo if first == 0 else dsl.maximum(own_lo, first)
+    seg_hi = own_hi if end is None else dsl.minimum(own_hi, end)
+    base = dsl.scalar(seg_lo)
+    for i in dsl.pipelined(most, stages=STAGES, stop=dsl.maximum(seg_hi - seg_lo, 0)):
+        yield base + i, length
+
+
+def own_ranges(idx, lens, b, s, SPLIT, BN):
+    """Query b's range s of ``SPLIT`` when its list counts ``lens[b]`` slots (at most L): ``_attend``'s
+    ``own``: (first block, end block, the query's length: slots at and past it are dead), one-element
+    i32 tiles, and the most blocks a range holds. The ranges cut the query's own blocks, not the list
+    tensor's L, so a query's bits do not depend on how far a batch pads its list (a V4 HCA layer's
+    lists differ in length by sequence, and a step pads them to the longest)."""
+    length = dsl.minimum(dsl.load(lens[b], (1,)), idx.L)
+    blocks = (length + (BN - 1)) // BN
+    return s * blocks // SPLIT, (s + 1) * blocks // SPLIT, length, dsl.cdiv(dsl.cdiv(idx.L, BN), SPLIT)
 
 
 def finish(q, sink, o, lse, b, accs, row_max, row_sum, columns=None, epilogue=None):
@@ -170,7 +201,8 @@ def sparse_mqa_decode(q: dsl.Tensor["B", "H", "D", dsl.bf16], kv: dsl.Tensor["B"
                       cos: dsl.OptionalTensor["P", "HALF", dsl.f32] = None,
                       sin: dsl.OptionalTensor["P", "HALF", dsl.f32] = None,
                       o_q: dsl.OptionalTensor["QR", "D", dsl.f8e4m3] = None,
-                      o_qs: dsl.OptionalTensor["QR", "QD", dsl.u8] = None, *,
+                      o_qs: dsl.OptionalTensor["QR", "QD", dsl.u8] = None,
+                      lens: dsl.OptionalTensor["B", dsl.i32] = None, *,
                       GROUPS: dsl.Const = 8, QBLOCK: dsl.Const = 128,
                       BN: dsl.Tunable = dsl.choice(64, 32, 128),
                       STAGES: dsl.Tunable = dsl.int_range(1, 3, default=1),
@@ -182,26 +214,31 @@ def sparse_mqa_decode(q: dsl.Tensor["B", "H", "D", dsl.bf16], kv: dsl.Tensor["B"
     rows_of = None if columns is None else (lambda b: lambda rows: [
         dsl.load(kv[b, rows, first], (BN, width), role="operand") for first, width in columns])
     decode(q, kv, idx, sink, o, lse, BN, STAGES, SPLIT, BD, rows_of=rows_of, columns=columns, epilogue=epilogue,
-           fp8_out=fp8_out_of("sparse_mqa_decode", q, o_q, o_qs, GROUPS, QBLOCK))
+           fp8_out=fp8_out_of("sparse_mqa_decode", q, o_q, o_qs, GROUPS, QBLOCK), lens=lens)
 
 
 def decode(q, kv, idx, sink, o, lse, BN, STAGES, SPLIT, BD, rows_of=None, rows_total=None, columns=None,
-           epilogue=None, fp8_out=None):
+           epilogue=None, fp8_out=None, lens=None):
     """The kernel's body (the module docstring); ``rows_of(b)``, where given, is the ``kv_rows``
     gather of ``_attend`` for query b, over ``rows_total`` cache rows (a cache of other row
     formats, ``sparse_mqa_decode_fp8``), split by ``columns`` where given (``_attend``). With an
     ``epilogue`` (``decode_epilogue.Epilogue``) the stored output's rope channels are rotated by -P;
     with ``fp8_out`` (``decode_fp8_out.Fp8Out``) the output is also written as wo_a's FP8 input,
-    the combine's column blocks then its blocks."""
+    the combine's column blocks then its blocks. With ``lens`` each query's list counts its own
+    length of slots (``own_ranges``)."""
     H, D = q.H, q.D
     blocks = dsl.cdiv(idx.L, BN)
     rows_for = rows_of or (lambda b: None)
+
+    def own(b, s):
+        return None if lens is None else own_ranges(idx, lens, b, s, SPLIT, BN)
+
     if SPLIT == 1:
         if epilogue is not None:
             epilogue.one_phase()
         for b in dsl.grid(q.B):
-            finish(q, sink, o, lse, b, *_attend(q, kv, idx, b, 0, blocks, BN, STAGES, rows_for(b), rows_total, columns),
-                   columns, epilogue)
+            attended = _attend(q, kv, idx, b, 0, blocks, BN, STAGES, rows_for(b), rows_total, columns, own(b, 0))
+            finish(q, sink, o, lse, b, *attended, columns, epilogue)
         if epilogue is not None:
             rope_phase(q, o, epilogue)
         if fp8_out is not None:
@@ -212,7 +249,7 @@ def decode(q, kv, idx, sink, o, lse, BN, STAGES, SPLIT, BD, rows_of=None, rows_t
     part_lse = dsl.workspace("part_lse", (SPLIT, q.B, H), dsl.f32)
     for b, s in dsl.grid(q.B, SPLIT):
         accs, row_max, row_sum = _attend(q, kv, idx, b, s * blocks // SPLIT, (s + 1) * blocks // SPLIT, BN,
-                                         STAGES, rows_for(b), rows_total, columns)
+                                         STAGES, rows_for(b), rows_total, columns, own(b, s))
         seen = row_sum > 0.0  # false for a range without live slots
         inv = dsl.where(seen, 1.0 / row_sum, 0.0)
         for (first, _), acc in zip(columns or ((0, D),), accs):
@@ -268,12 +305,21 @@ def _probabilities(q, kv, idx, sink):
     return e / den[..., None], rows, mx + torch.log(den), logits
 
 
+def own_list(idx: torch.Tensor, lens: torch.Tensor | None) -> torch.Tensor:
+    """``idx`` with each query's slots at and past its ``lens`` dead (-1); ``idx`` without ``lens``."""
+    if lens is None:
+        return idx
+    cols = torch.arange(idx.shape[-1], device=idx.device)
+    return torch.where(cols[None, :] < lens.to(idx.device).long()[:, None], idx, torch.full_like(idx, -1))
+
+
 def sparse_mqa_decode_reference(q, kv, idx, sink, positions=None, cos=None, sin=None, GROUPS=None,
-                                QBLOCK=None) -> dict:
+                                QBLOCK=None, lens=None) -> dict:
     """model.md 2.5.6: one softmax over the live slots plus the value-less sink logit; with
     ``positions``, the output's rope channels rotated by -P (``inverse_rope``). ``GROUPS`` /
-    ``QBLOCK`` shape the FP8 output, a function of the kernel's own ``o`` (``Spec.derived``)."""
-    p, rows, lse, _ = _probabilities(q, kv, idx, sink)
+    ``QBLOCK`` shape the FP8 output, a function of the kernel's own ``o`` (``Spec.derived``). With
+    ``lens``, a query's slots at and past its length are dead."""
+    p, rows, lse, _ = _probabilities(q, kv, own_list(idx, lens), sink)
     o = torch.einsum("bhl,bld->bhd", p, rows).to(torch.bfloat16)
     if positions is not None:
         o = inverse_rope(o, positions, cos, sin)
@@ -281,7 +327,8 @@ def sparse_mqa_decode_reference(q, kv, idx, sink, positions=None, cos=None, sin=
 
 
 def _error_bound(case, output, inputs):
-    p, rows, _, logits = _probabilities(inputs["q"], inputs["kv"], inputs["idx"], inputs["sink"])
+    idx = own_list(inputs["idx"], inputs.get("lens"))
+    p, rows, _, logits = _probabilities(inputs["q"], inputs["kv"], idx, inputs["sink"])
     if output == "o":
         size = torch.einsum("bhl,bld->bhd", p, rows.abs())  # A_c = sum_j p_j |v_jc| >= |o_c|
         if inputs.get("positions") is not None:
@@ -337,7 +384,7 @@ def random_inputs(case, device, seed, q_shape, kv_shape):
         return {"q": torch.empty(q_shape, dtype=torch.bfloat16), "kv": torch.empty(kv_shape, dtype=torch.bfloat16),
                 "idx": torch.empty(q_shape[0], length, dtype=torch.int32), "sink": torch.empty(h),
                 "o": torch.empty(q_shape, dtype=torch.bfloat16), "lse": torch.empty(q_shape[:2]),
-                **epilogue_inputs(case, device, seed), **fp8_out_inputs(case, device)}
+                **epilogue_inputs(case, device, seed), **fp8_out_inputs(case, device), **_lens(case, device)}
     g = torch.Generator(device=device).manual_seed(seed)
     spread = case.get("spread", 1.0)  # scales q: a spread of 30 makes scores ~30 apart
     q = (torch.randn(q_shape, generator=g, device=device) * spread).to(torch.bfloat16)
@@ -347,7 +394,21 @@ def random_inputs(case, device, seed, q_shape, kv_shape):
     return {"q": q, "kv": kv, "idx": idx.to(device), "sink": sink,
             "o": torch.full(q_shape, float("nan"), dtype=torch.bfloat16, device=device),
             "lse": torch.full(q_shape[:2], float("nan"), dtype=torch.float32, device=device),
-            **epilogue_inputs(case, device, seed), **fp8_out_inputs(case, device)}
+            **epilogue_inputs(case, device, seed), **fp8_out_inputs(case, device), **_lens(case, device, seed)}
+
+
+def _lens(case, device, seed=0) -> dict:
+    """With ``case["lens"]``, each query's own list length (``lens``): 0, L, past L and lengths
+    in between, so some queries' lists end inside a slot block and some are empty."""
+    if not case.get("lens"):
+        return {}
+    b, length = case["B"], case["L"]
+    if device.type == "meta":
+        return {"lens": torch.empty(b, dtype=torch.int32)}
+    g = torch.Generator().manual_seed(seed + 2)
+    lens = torch.randint(0, length + 1, (b,), generator=g)
+    lens[: min(b, 3)] = torch.tensor([0, length, length + 7])[: min(b, 3)]
+    return {"lens": lens.to(torch.int32).to(device)}
 
 
 def _inputs(case, device, seed):
@@ -445,6 +506,11 @@ SPEC = register(Spec(
                                    "config": {**SMALL, "SPLIT": 1, "DG": 2}},
         "groups4_fp8_out_rope_one_phase": {"B": 3, "H": 4, "D": 128, "N": 60, "L": 70, "rope": "wrap", "P": 600,
                                            "GROUPS": 2, "QBLOCK": 32, "config": {**SMALL, "SPLIT": 1, "DG": 4}},
+        # each query's own list length (lens): 0, L, past L, in between; the ranges cut it, not L
+        "lens_split3": {"B": 5, "H": 64, "D": 64, "N": 200, "L": 150, "holes": 0.2, "lens": True,
+                        "config": {**SMALL, "SPLIT": 3}},
+        "lens_one_phase_rope": {"B": 4, "H": 64, "D": 128, "N": 90, "L": 96, "lens": True, "rope": "random",
+                                "config": {**SMALL, "SPLIT": 1}},
     },
     build_cases={"v4_csa": {"B": 16, "H": 64, "D": 512, "L": 640, "N": 16512},
                  "v4_hca_1m": {"B": 4, "H": 64, "D": 512, "L": 8320, "N": 8320}},

@@ -48,6 +48,7 @@ from .sparse_mqa_decode import (
     _error_bound,
     _tolerance,
     decode,
+    own_list,
     random_inputs,
     sparse_mqa_decode_reference,
 )
@@ -81,7 +82,8 @@ def sparse_mqa_decode_fp8(q: dsl.Tensor["B", "H", "D", dsl.bf16], kv: dsl.Tensor
                           cos: dsl.OptionalTensor["P", "HALF", dsl.f32] = None,
                           sin: dsl.OptionalTensor["P", "HALF", dsl.f32] = None,
                           o_q: dsl.OptionalTensor["QR", "D", dsl.f8e4m3] = None,
-                          o_qs: dsl.OptionalTensor["QR", "QD", dsl.u8] = None, *,
+                          o_qs: dsl.OptionalTensor["QR", "QD", dsl.u8] = None,
+                          lens: dsl.OptionalTensor["B", dsl.i32] = None, *,
                           GROUPS: dsl.Const = 8, QBLOCK: dsl.Const = 128,
                           BN: dsl.Tunable = dsl.choice(64, 32, 128),
                           STAGES: dsl.Tunable = dsl.int_range(1, 3, default=1),
@@ -122,7 +124,7 @@ def sparse_mqa_decode_fp8(q: dsl.Tensor["B", "H", "D", dsl.bf16], kv: dsl.Tensor
 
     epilogue = epilogue_of("sparse_mqa_decode_fp8", q, positions, cos, sin)
     decode(q, kv, idx, sink, o, lse, BN, STAGES, SPLIT, BD, rows_of, kv.W, columns=columns, epilogue=epilogue,
-           fp8_out=fp8_out_of("sparse_mqa_decode_fp8", q, o_q, o_qs, GROUPS, QBLOCK))
+           fp8_out=fp8_out_of("sparse_mqa_decode_fp8", q, o_q, o_qs, GROUPS, QBLOCK), lens=lens)
 
 
 def nvfp4_rows(packed, scales, at, slots, width, BN, first=0, d=None):
@@ -184,10 +186,11 @@ def all_rows(d: int, kv, kv_scale, cmp=None, cmp_scale=None) -> torch.Tensor:
 
 
 def sparse_mqa_decode_fp8_reference(q, kv, kv_scale, idx, sink, cmp=None, cmp_scale=None, positions=None, cos=None,
-                                    sin=None, GROUPS=None, QBLOCK=None) -> dict:
+                                    sin=None, GROUPS=None, QBLOCK=None, lens=None) -> dict:
     """model.md 2.5.6 over the dequantised rows (3.4's row formats), window rows first; with
-    ``positions``, the output's rope channels rotated by -P (``sparse_mqa_decode``'s epilogue)."""
-    idx = joint_index(idx, kv.shape[1], None if cmp is None else cmp.shape[1])
+    ``positions``, the output's rope channels rotated by -P (``sparse_mqa_decode``'s epilogue); with
+    ``lens``, a query's slots at and past its length are dead."""
+    idx = joint_index(own_list(idx, lens), kv.shape[1], None if cmp is None else cmp.shape[1])
     return sparse_mqa_decode_reference(q, all_rows(q.shape[-1], kv, kv_scale, cmp, cmp_scale), idx, sink,
                                        positions, cos, sin)
 
@@ -323,6 +326,9 @@ SPEC = register(Spec(
                                              "rope": "random", "P": 500, "config": {**SMALL, "SPLIT": 2, "DG": 4}},
         "groups2_ring_and_compressed_one_phase": {"B": 2, "H": 4, "D": 64, "W": 16, "N": 74, "L": 200,
                                                   "config": {**SMALL, "SPLIT": 1, "DG": 2}},
+        # each query's own list length (lens), ending in the ring part or among the compressed rows
+        "lens_ring_and_compressed": {"B": 5, "H": 64, "D": 64, "W": 40, "N": 200, "L": 250, "holes": 0.3,
+                                     "lens": True, "config": {**SMALL, "SPLIT": 4}},
     },
     build_cases={"v41_swa": {"B": 16, "H": 64, "D": 512, "L": 128, "W": 128},
                  "v41_csa": {"B": 16, "H": 64, "D": 512, "W": 128, "L": 640, "N": 32768},

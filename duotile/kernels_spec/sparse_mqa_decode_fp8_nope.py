@@ -47,6 +47,7 @@ from .sparse_mqa_decode import (
     _tolerance,
     decode,
     layer_kinds,
+    own_list,
     random_inputs,
     sparse_mqa_decode_reference,
 )
@@ -102,7 +103,8 @@ def sparse_mqa_decode_fp8_nope(q: dsl.Tensor["B", "H", "D", dsl.bf16], kv: dsl.T
                                cos: dsl.OptionalTensor["P", "HALF", dsl.f32] = None,
                                sin: dsl.OptionalTensor["P", "HALF", dsl.f32] = None,
                                o_q: dsl.OptionalTensor["QR", "D", dsl.f8e4m3] = None,
-                               o_qs: dsl.OptionalTensor["QR", "QD", dsl.u8] = None, *,
+                               o_qs: dsl.OptionalTensor["QR", "QD", dsl.u8] = None,
+                               lens: dsl.OptionalTensor["B", dsl.i32] = None, *,
                                GROUPS: dsl.Const = 8, QBLOCK: dsl.Const = 128,
                                ROPE: dsl.Const = 64,
                                BN: dsl.Tunable = dsl.choice(64, 32, 128),
@@ -147,7 +149,7 @@ def sparse_mqa_decode_fp8_nope(q: dsl.Tensor["B", "H", "D", dsl.bf16], kv: dsl.T
 
     epilogue = epilogue_of("sparse_mqa_decode_fp8_nope", q, positions, cos, sin, ROPE)
     decode(q, kv, idx, sink, o, lse, BN, STAGES, SPLIT, BD, rows_of, kv.W, columns=columns,
-           epilogue=epilogue, fp8_out=fp8_out_of("sparse_mqa_decode_fp8_nope", q, o_q, o_qs, GROUPS, QBLOCK))
+           epilogue=epilogue, fp8_out=fp8_out_of("sparse_mqa_decode_fp8_nope", q, o_q, o_qs, GROUPS, QBLOCK), lens=lens)
 
 
 def stored_rows(nope_values: torch.Tensor, rope: torch.Tensor, codes: torch.Tensor) -> torch.Tensor:
@@ -177,10 +179,11 @@ def all_rows(d: int, kv, cmp=None, rope: int = 64) -> torch.Tensor:
 
 def sparse_mqa_decode_fp8_nope_reference(q, kv, kv_scale, kv_rope, idx, sink, cmp=None, cmp_scale=None,
                                          cmp_rope=None, positions=None, cos=None, sin=None, ROPE: int = 64,
-                                         GROUPS=None, QBLOCK=None) -> dict:
+                                         GROUPS=None, QBLOCK=None, lens=None) -> dict:
     """model.md 2.5.6 over the dequantised rows (3.1's row format), window rows first; with
-    ``positions``, the output's rope channels rotated by -P (``sparse_mqa_decode``'s epilogue)."""
-    idx = joint_index(idx, kv.shape[1], None if cmp is None else cmp.shape[1])
+    ``positions``, the output's rope channels rotated by -P (``sparse_mqa_decode``'s epilogue); with
+    ``lens``, a query's slots at and past its length are dead."""
+    idx = joint_index(own_list(idx, lens), kv.shape[1], None if cmp is None else cmp.shape[1])
     return sparse_mqa_decode_reference(q, all_rows(q.shape[-1], kv, cmp, ROPE), idx, sink, positions, cos, sin)
 
 
@@ -228,7 +231,8 @@ def _model_shapes(m) -> dict:
     """V4's SWA layers (the window ring alone, L = 128) and its compressed layer kinds
     (``layer_kinds``: the ring and the top-512 of a 64K context's CSA rows, or every visible HCA
     row at 1M) at decode batches 1, 16 and 64; the HCA layer also at batch 4, where the attention
-    path's speed goal for V4 is set (8,320 rows at a 1M context)."""
+    path's speed goal for V4 is set (8,320 rows at a 1M context), and as the runtime calls it: with
+    each query's list length (``lens``: its lists differ by sequence), another build than CSA's."""
     if m.short != "v4":
         return {}
     ring = {"H": m.heads, "D": m.head_dim, "W": m.window, "model": m.name}
@@ -236,7 +240,8 @@ def _model_shapes(m) -> dict:
     for kind, (length, rows) in layer_kinds(m).items():
         goal = (HCA_GOAL_BATCH,) if kind.startswith("hca") else ()
         for b in sorted({*shapes.DECODE_SAMPLE, *goal}):
-            out[f"{m.short}/{kind}/decode{b}"] = {**ring, "B": b, "L": length, "N": rows - m.window}
+            own = {"lens": True} if kind.startswith("hca") else {}
+            out[f"{m.short}/{kind}/decode{b}"] = {**ring, "B": b, "L": length, "N": rows - m.window, **own}
     return out
 
 
@@ -270,6 +275,11 @@ SPEC = register(Spec(
                                              "rope": "random", "P": 500, "config": {**SMALL, "SPLIT": 2, "DG": 2}},
         "groups7_window_ring_one_phase": {"B": 2, "H": 64, "D": 512, "W": 128, "L": 128, "holes": 0.1,
                                           "config": {"SPLIT": 1, "DG": 7}},
+        # each query's own list length (lens: an HCA layer's lists differ by sequence), split 4 and 1
+        "lens_ring_and_compressed_rope": {"B": 5, "H": 64, "D": 128, "W": 40, "N": 200, "L": 250, "holes": 0.3,
+                                          "lens": True, "rope": "random", "P": 500, "config": {**SMALL, "SPLIT": 4}},
+        "lens_one_phase": {"B": 4, "H": 64, "D": 128, "W": 40, "N": 120, "L": 200, "lens": True,
+                           "config": {**SMALL, "SPLIT": 1}},
     },
     build_cases={"v4_swa": {"B": 16, "H": 64, "D": 512, "L": 128, "W": 128},
                  "v4_csa": {"B": 16, "H": 64, "D": 512, "W": 128, "L": 640, "N": 16384},

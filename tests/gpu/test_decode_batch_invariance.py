@@ -103,14 +103,24 @@ def test_a_rows_outputs_do_not_depend_on_the_batch_around_it(name, family, case)
 # ranges, and the ranges' FP32 partial sums differ in their last bits. On an H100 (2026-12-06) a row
 # of 128 window slots and 1,000 compressed rows, padded to 3 lengths, gave 3 different LSEs (up to
 # 3e-5 apart) and, at D 512, a different output. The interpreter does not show it. Until the kernels
-# split a row by its own length, a V4 HCA row's bits depend on the lists of the rows beside it.
+# given each query's own length (``lens``, what the runtime passes for V4's HCA layers) the ranges cut
+# that instead, and the bits must not move; without it they still follow the padding (the strict xfail).
 # (sparse_mqa_decode and its V4.1 form share the split, decode(), but V4.1's lists have one length.)
 PADDED = [("sparse_mqa_decode_fp8_nope", {"B": 1, "H": 64, "D": 512, "W": 128, "N": 9000, "L": 9128}, 1000)]
 
 
-@pytest.mark.xfail(strict=True, reason="the split ranges follow the padded list length (docs/attention_path.md)")
+@pytest.mark.xfail(strict=True, reason="without lens the split ranges follow the padded list length")
 @pytest.mark.parametrize("name,case,live", PADDED, ids=[p[0] for p in PADDED])
-def test_a_rows_bits_do_not_depend_on_how_far_its_list_is_padded(name, case, live):
+def test_a_rows_bits_follow_how_far_its_list_is_padded_without_its_length(name, case, live):
+    padded_runs_agree(name, case, live, with_lens=False)
+
+
+@pytest.mark.parametrize("name,case,live", PADDED, ids=[p[0] for p in PADDED])
+def test_a_rows_bits_do_not_depend_on_how_far_its_list_is_padded_given_its_length(name, case, live):
+    padded_runs_agree(name, case, live, with_lens=True)
+
+
+def padded_runs_agree(name, case, live, with_lens):
     spec = SPECS[name]
     dev = torch.device("cuda")
     inputs = spec.make_inputs(case, dev, seed=5)
@@ -122,6 +132,8 @@ def test_a_rows_bits_do_not_depend_on_how_far_its_list_is_padded(name, case, liv
     for length in (128 + live, 128 + 2 * live + 64, case["L"]):
         run = {**inputs, "idx": idx[:, :length].contiguous(), "o": torch.empty_like(inputs["o"]),
                "lse": torch.empty(1, case["H"], device=dev)}
+        if with_lens:  # the window's ring_slots part, then the live rows
+            run["lens"] = torch.full((1,), 128 + live, dtype=torch.int32, device=dev)
         kernel(**run)
         torch.cuda.synchronize()
         results.append((run["o"], run["lse"]))

@@ -26,7 +26,7 @@ def _call(x: dict, config: dict, with_lse: bool = True, case: dict | None = None
     """The kernel on ``x``'s inputs into fresh outputs (wo_a's FP8 input too where ``x`` has it,
     at ``case``'s constants)."""
     out = {"o": torch.full_like(x["o"], float("nan")), "lse": torch.full_like(x["lse"], float("nan"))}
-    args = {k: x[k] for k in ("q", "kv", "idx", "sink", "positions", "cos", "sin") if k in x}
+    args = {k: x[k] for k in ("q", "kv", "idx", "sink", "positions", "cos", "sin", "lens") if k in x}
     args.update({k: torch.empty_like(x[k]) for k in ("o_q", "o_qs") if k in x})
     kernel = codegen.compile(SPEC.kernel, "interpret", config=config,
                              constants=SPEC.constants_of(case) if case else None)

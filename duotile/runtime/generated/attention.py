@@ -90,14 +90,15 @@ class AttentionKernels:
         return self._written(o)
 
     def _sparse_attention_stored(self, ctx, q, ring, idx, cmp, sink, scale: float, fmt: str = "fp8/32",
-                                 rotary=None, positions=None):
+                                 rotary=None, positions=None, lens=None):
         """The stored-row decode kernel of the rings' format over the rings' and compressed rows'
         stacks as they are (each passed as its values', its scales' and, V4, its rope channels'
         tensor: the same memory): BF16 queries, the index list as given, the kernel's BF16 output
         (what the caller rounds it to: kept, not copied). With a ``rotary`` its epilogue rotates the
         output by -P: the rotary's table rows 0 .. the largest position (``_rope_table``) and the
         positions on the device. With ``ctx.fp8_wo_a`` the kernel writes wo_a's FP8 input too
-        (``decode_fp8_out``), kept for ``_grouped_linear_q`` (``_fp8_input``)."""
+        (``decode_fp8_out``), kept for ``_grouped_linear_q`` (``_fp8_input``). ``lens`` (each query's
+        list length: an HCA layer's) goes to the kernel, whose split then cuts it, not the padded list."""
         b, d = q.shape[0], q.shape[-1]
         if ctx.dtype != torch.bfloat16 or b == 0 or scale != d ** -0.5 or (rotary is not None and rotary.dim % 2):
             return NotImplemented
@@ -108,6 +109,8 @@ class AttentionKernels:
         if rotary is not None:
             at, cos, sin = self._positions_and_table(rotary, positions, q.device)
             args.update(positions=at, cos=cos, sin=sin)
+        if lens is not None:
+            args["lens"] = ship(lens, q.device).to(torch.int32)
         if fmt == "fp8_nope":  # V4's rows: e4m3 nope channels, their codes, BF16 rope channels
             args["kv_rope"] = ring.view(torch.bfloat16)
             if cmp is not None:

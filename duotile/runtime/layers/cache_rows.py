@@ -181,12 +181,15 @@ def _stored_decode(ctx: Ctx, seqs: list, layer: int, q: torch.Tensor, encoded: t
         ring[each, pos % size] = encoded
     window = pos[:, None] - size + 1 + torch.arange(size, device=dev)[None, :]  # positions P - W + 1 .. P
     idx = torch.where(window >= 0, window % size, -1)
-    cmp = None
+    cmp = lens = None
     if compressed is not None:  # the list's ring part is ring_slots(W) slots: -1 past the window's W
         cmp = stack_attr(compressed.stores, "rows")
         pad = idx.new_full((b, ring_slots(size) - size), -1)
         idx = torch.cat([idx, pad, ship(_compressed_slots(compressed), dev)], 1)
-    return sparse_attention_stored(ctx, q, ring, idx.to(torch.int32), cmp, sink, scale, rings[0].fmt, rotary, positions)
+        if not isinstance(compressed, Selected):  # an HCA list: each its own length (docs/attention_path.md)
+            lens = ring_slots(size) + torch.cat(compressed.n_visible).to(torch.int32)
+    return sparse_attention_stored(ctx, q, ring, idx.to(torch.int32), cmp, sink, scale, rings[0].fmt, rotary, positions,
+                                   lens)
 
 
 def _compressed_slots(compressed) -> torch.Tensor:
@@ -203,18 +206,22 @@ def _compressed_slots(compressed) -> torch.Tensor:
 def sparse_attention_stored(ctx: Ctx, q: torch.Tensor, ring: torch.Tensor, idx: torch.Tensor,
                             cmp: torch.Tensor | None, sink: torch.Tensor, scale: float,
                             fmt: str = "fp8/32", rotary: Rotary | None = None,
-                            positions: torch.Tensor | None = None) -> torch.Tensor:
+                            positions: torch.Tensor | None = None, lens: torch.Tensor | None = None) -> torch.Tensor:
     """``sparse_attention`` of one query a sequence over its rows as stored: ``ring`` [B, W, row
     bytes] u8 in format ``fmt`` (``stored.py``: V4.1's ``fp8/32``, V4's ``fp8_nope``), ``cmp``
     [B, N, row bytes] u8 (V4.1: ``nvfp4``; V4: ``fmt`` too) or None; ``idx`` [B, L]: with ``cmp``
     its first ``ring_slots(W)`` slots name ring rows and the rest compressed rows, else every slot a
     ring row; -1 none. With ``rotary``, the output in the activation dtype is rotated by -P at the
     queries' ``positions`` (host [B]) as the ``rope`` op does (model.md 2.5.6: what ``wo_a``
-    takes). FP32 out."""
+    takes). ``lens`` (host [B], optional): each query's list length; its slots past it are dead
+    (a V4 HCA layer's: every row it sees, which the padded list names anyway). FP32 out."""
+    from ...kernels_spec.sparse_mqa_decode import own_list
     from ...kernels_spec.sparse_mqa_decode_fp8 import ring_slots
 
     d, size = q.shape[-1], ring.shape[1]
     rows = decode_rows(ring, d, fmt)
+    if lens is not None:
+        idx = own_list(idx, lens)
     if cmp is not None:
         rows = torch.cat([rows, decode_rows(cmp, d, "nvfp4" if fmt == "fp8/32" else fmt)], 1)
         far = torch.arange(idx.shape[1], device=idx.device)[None, :] >= ring_slots(size)
