@@ -48,13 +48,15 @@ GENERATED: dict = {}
 
 
 def generated(name, shape, target):
-    """The row of a shape; shapes that differ only in a dynamic batch size share one (on a target that
-    keeps the size dynamic the config is chosen at one sequence and the source is the same)."""
+    """The row of a shape; shapes that differ only in dynamic sizes share one (a target that keeps a
+    size dynamic builds once for every value of it, with one config ranked over the model shapes
+    that share the build: ``choose_config.choice_signatures``; Ascend builds each size)."""
     spec = SPECS[name]
     case = spec.model_shapes[shape]
-    batch = spec.kernel.batch_dim
-    shared = batch in spec.kernel.dynamic and batch not in spec.kernel.bucketed and target != "ascend950"
-    key = (name, target, tuple(sorted((k, str(v)) for k, v in case.items() if not (shared and k == batch))))
+    shared = set() if target == "ascend950" else set(spec.kernel.dynamic) - set(spec.kernel.bucketed)
+    # a dynamic size's value is not part of the key, but whether the case names it is (a cache's
+    # compressed rows given or not: another build)
+    key = (name, target, tuple(sorted((k, "dynamic" if k in shared else str(v)) for k, v in case.items())))
     if key not in GENERATED:
         GENERATED[key] = generate_row(spec, shape, case, target)
     return GENERATED[key]
