@@ -25,7 +25,7 @@ from ...dsl.errors import CapacityError, UnsupportedError
 from ...dsl.ir import Module, Op
 from . import gather_pipeline
 from .arch import Arch
-from .plan import make_plan, product_tile
+from .plan import make_plan
 
 
 def _stages_of(module: Module) -> dict[int, int]:
@@ -111,7 +111,7 @@ def usage(module: Module, arch: Arch, threads: int | None = None, pipelined_gath
     # a buffer that vector code rewrites takes TMEM on sm100 only where a gemm writes it (each gemm
     # goes into a fresh TMEM tile that is then added in); a plain vector buffer stays in registers
     gemm_written = {o.args[2].id for o in module.walk() if o.name == "gemm"}
-    products: set[str] = set()
+    products: set[tuple[int, ...]] = set()  # the shapes of the fresh product tiles (plan.product_tile)
     for op in module.walk():
         v = op.result
         if v is None:
@@ -129,8 +129,8 @@ def usage(module: Module, arch: Arch, threads: int | None = None, pipelined_gath
         if scope == "tmem":
             tmem_cols += int(v.type.shape[-1])
         elif arch.has_tmem and v.id in plan.mutated and v.id in gemm_written:
-            products.add(product_tile(v))  # its fresh product tile, one a shape (emit.py)
-    tmem_cols += sum(int(name.rsplit("x", 1)[1]) for name in products)
+            products.add(tuple(int(d) for d in v.type.shape))  # its fresh product tile: one a shape
+    tmem_cols += sum(shape[-1] for shape in products)
     smem += max(by_loop.values(), default=0)
     smem += sum(math.prod(plan.reduce_pad[id(op)]) * op.args[0].type.dtype.bits // 8
                 for op in module.walk() if id(op) in plan.reduce_pad)
