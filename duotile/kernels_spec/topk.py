@@ -16,7 +16,10 @@ A threshold select on the scores' bits, with no sequential round over K.
   (T + 2^bit, + 2 x 2^bit, + 3 x 2^bit) and keeping the largest that ``need`` keys still reach.
   A pass reads the row in ``W = min(CHUNK, next_pow2(L))``-wide tiles, adding each element's
   three comparisons into per-element counters, one block reduction a candidate a pass (16 x 3 in
-  all, against 2K = 1,024 sequential ones in the round-by-round form this replaced).
+  all, against 2K = 1,024 sequential ones in the round-by-round form this replaced). Passes 1-15
+  are one device loop (the candidates' step a quarter each pass): unrolled, their 15 copies of the
+  count took TileLang 46 s to lower at L = 262,144 and 182 s at L = 101 (two CPU cores,
+  2026-12-06); as a loop, 13 s at L = 101.
 * **The selection.** One more pass counts the keys above T; the ``need`` selected are those above
   T and the first ``need - above`` equal to it by index (ties to the lowest index). A last pass
   gives each selected element its slot, its exclusive prefix count in index order
@@ -135,9 +138,13 @@ def _one_block(scores, idx, b, width, tiles, k):
     (visible,) = count(dsl.full((1,), INT_MIN, dsl.i32))
     need = dsl.minimum(visible, k)
     top = dsl.full((1,), INT_MIN, dsl.i32)  # T, built from the top two bits at a time
-    for p in range(PASSES):
-        cands = _candidates(top, p)
+    cands = _candidates(top, 0)
+    top[:] = _raised(top, cands, count(*cands), need)
+    step = dsl.full((1,), 1 << 28, dsl.i32)  # 2^bit of pass 1; a quarter of it each pass after
+    for _ in dsl.range(PASSES - 1):  # a device loop: one copy of the count, not fifteen to lower
+        cands = [top + step, top + step * 2, top + step * 3]
         top[:] = _raised(top, cands, count(*cands), need)
+        step[:] = step >> 2
     (over,) = count(top + 1)  # the keys above T (T + 1 wraps only where nothing is visible)
     ties_before = dsl.zeros((1,), dsl.i32)
     taken_before = dsl.zeros((1,), dsl.i32)
