@@ -361,9 +361,9 @@ def gemm(a: Tile, b: Tile, acc: Tile, transpose_a: bool = False, transpose_b: bo
                             "role='accumulator')")
     m, ka = (a.shape[1], a.shape[0]) if transpose_a else a.shape
     kb, n = (b.shape[1], b.shape[0]) if transpose_b else b.shape
-    if not _may_equal(sympy.simplify(ka), sympy.simplify(kb)):  # sizes of two tensors: verify_ir, once bound
+    if not _may_equal(_constant(ka), _constant(kb)):  # sizes of two tensors: verify_ir, once bound
         raise builder.error(f"gemm inner dimensions differ: a gives K={ka}, b gives K={kb}")
-    if not (_may_equal(sympy.simplify(m), acc.shape[0]) and _may_equal(sympy.simplify(n), acc.shape[1])):
+    if not (_may_equal(_constant(m), acc.shape[0]) and _may_equal(_constant(n), acc.shape[1])):
         raise builder.error(f"gemm accumulator has shape {_fmt(acc.shape)}, expected ({m}, {n})")
     if acc.dtype != dtypes.f32:
         raise builder.error(f"gemm accumulates in f32; the accumulator is {acc.dtype}")
@@ -611,6 +611,14 @@ def _check_code_columns(what: str, codes: Tile, rows, count, first, per: str) ->
         if crows != rows or (known and g < n) or (known and start.is_Integer and not 0 <= start <= g - n):
             raise builder.error(f"{what}: codes {_fmt(codes.shape)} from column {start} do not hold {count} "
                                 f"columns for each of the {rows} rows ({per})")
+
+
+def _constant(size):
+    """A size simplified where that can make it an integer: one without symbols (a symbol's size
+    may equal anything until bound, so simplifying it, which cost the config search seconds a
+    kernel with many gemms, changes no answer of ``_may_equal``)."""
+    size = sympy.sympify(size)
+    return size if size.is_Integer or size.free_symbols else sympy.simplify(size)
 
 
 def _may_equal(a, b) -> bool:
