@@ -399,12 +399,15 @@ def random_inputs(case, device, seed, q_shape, kv_shape):
 
 def _lens(case, device, seed=0) -> dict:
     """With ``case["lens"]``, each query's own list length (``lens``): 0, L, past L and lengths
-    in between, so some queries' lists end inside a slot block and some are empty."""
+    in between, so some queries' lists end inside a slot block and some are empty; ``"full"``
+    (the model shapes: every query at the shape's L, what a benchmark times), L for each."""
     if not case.get("lens"):
         return {}
     b, length = case["B"], case["L"]
     if device.type == "meta":
         return {"lens": torch.empty(b, dtype=torch.int32)}
+    if case["lens"] == "full":
+        return {"lens": torch.full((b,), length, dtype=torch.int32, device=device)}
     g = torch.Generator().manual_seed(seed + 2)
     lens = torch.randint(0, length + 1, (b,), generator=g)
     lens[: min(b, 3)] = torch.tensor([0, length, length + 7])[: min(b, 3)]

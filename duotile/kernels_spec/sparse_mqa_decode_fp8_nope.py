@@ -240,7 +240,7 @@ def _model_shapes(m) -> dict:
     for kind, (length, rows) in layer_kinds(m).items():
         goal = (HCA_GOAL_BATCH,) if kind.startswith("hca") else ()
         for b in sorted({*shapes.DECODE_SAMPLE, *goal}):
-            own = {"lens": True} if kind.startswith("hca") else {}
+            own = {"lens": "full"} if kind.startswith("hca") else {}  # every list at L: the worst case
             out[f"{m.short}/{kind}/decode{b}"] = {**ring, "B": b, "L": length, "N": rows - m.window, **own}
     return out
 

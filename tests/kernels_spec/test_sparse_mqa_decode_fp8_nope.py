@@ -110,3 +110,15 @@ def test_the_compressed_rows_come_as_three_views_or_none():
     del x["cmp_rope"]
     with pytest.raises(DslError, match=r"give cmp, cmp_scale and cmp_rope together"):
         _run(NOPE, x)
+
+
+def test_the_hca_model_shapes_time_every_list_at_its_full_length():
+    """A benchmark at an HCA shape times each query's list at the shape's L (``"lens": "full"``):
+    the test cases' mixed lengths (an empty list first) made batch 1 time an empty query."""
+    hca = {k: c for k, c in NOPE.model_shapes.items() if "/hca" in k}
+    assert hca and all(c["lens"] == "full" for c in hca.values())
+    case = {**hca["v4/hca8320/decode4"], "N": 300, "L": 428}  # fewer rows: the lengths are what is checked
+    lens = NOPE.make_inputs(case, CPU, seed=0)["lens"]
+    assert lens.tolist() == [428] * 4
+    mixed = NOPE.make_inputs({**case, "lens": True}, CPU, seed=0)["lens"]
+    assert mixed[0] == 0 and mixed[1] == 428
