@@ -19,6 +19,7 @@ Results go to ``results/sparse_decode_configs.md`` (the BF16-row kernel) or
 from __future__ import annotations
 
 import argparse
+import fnmatch
 import sys
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -43,9 +44,15 @@ def main(argv: list[str] | None = None) -> int:
                    help="also each config with gather_pipeline on")
     p.add_argument("--bn", default="64", help="block sizes (slots a block), each with every split "
                    "(default: %(default)s)")
+    p.add_argument("--shapes", action="append", metavar="PATTERN",
+                   help="model shapes to time (fnmatch, repeatable; default: CSA's, HCA's at batches 1 and 16)")
+    p.add_argument("--name", help="results file stem (default: sparse_decode_configs[_KERNEL])")
     args = p.parse_args(argv)
     spec = load_all()[args.kernel]
-    shapes = [s for s in spec.model_shapes if "csa" in s or s.endswith(("hca8320/decode1", "hca8320/decode16"))]
+    shapes = [s for s in spec.model_shapes if any(fnmatch.fnmatch(s, pat) for pat in args.shapes)] if args.shapes \
+        else [s for s in spec.model_shapes if "csa" in s or s.endswith(("hca8320/decode1", "hca8320/decode16"))]
+    if not shapes:
+        p.error(f"no model shape of {args.kernel} matches {args.shapes}: {', '.join(spec.model_shapes)}")
     configs: list[dict | None] = [dict(BN=int(bn), STAGES=2, SPLIT=int(s), BD=128)
                                   for bn in args.bn.split(",") for s in args.splits.split(",")]
     if args.gather_pipeline:  # each split again with the gather loop pipelined (the sm90 knob)
@@ -67,7 +74,7 @@ def main(argv: list[str] | None = None) -> int:
     with ThreadPoolExecutor(args.jobs) as pool:
         failed = list(pool.map(build, kernels))
     rows = []
-    name = "sparse_decode_configs" + ("" if args.kernel == "sparse_mqa_decode" else "_" + args.kernel)
+    name = args.name or "sparse_decode_configs" + ("" if args.kernel == "sparse_mqa_decode" else "_" + args.kernel)
     for config, k, error in zip(configs, kernels, failed):
         if error is not None:
             rows.append({"config": str(config) if config else "user", shapes[0]: f"not built: {error}"})
