@@ -285,7 +285,7 @@ def test_the_calls_a_choice_is_ranked_over_are_the_model_shapes_of_its_build():
 def test_a_starting_entry_can_ask_for_an_optional_tensor_given_or_not(tmp_path):
     """``present`` in an entry's ``when``: the stored-row decodes' SPLIT 8 serves the builds with
     compressed rows; a window-only layer's build (no ``cmp``) is left to the cost model's SPLIT 1;
-    V4's HCA layers, called with each query's list length (``lens``: another build), take SPLIT 16."""
+    V4's HCA layers, called with each query's list length (``lens``: another build), take SPLIT 32."""
     for name, swa, compressed, hca in (
             ("sparse_mqa_decode_fp8_nope", "v4/swa128/decode64", "v4/csa_r4_topk640/decode1", "v4/hca8320/decode1"),
             ("sparse_mqa_decode_fp8", "v41/swa128/decode64", "v41/csa_r2_topk640/decode64", None)):
@@ -296,7 +296,7 @@ def test_a_starting_entry_can_ask_for_an_optional_tensor_given_or_not(tmp_path):
             config, source, _ = cc.explain_choice(spec.kernel, "sm90", spec.kernel.bind(spec.meta_inputs(case)),
                                                   spec.constants_of(case))
             got[shape] = (source, config["SPLIT"])
-        want = {swa: ("model", 1), compressed: ("starting", 8), **({hca: ("starting", 16)} if hca else {})}
+        want = {swa: ("model", 1), compressed: ("starting", 8), **({hca: ("starting", 32)} if hca else {})}
         assert got == want, name
     path = tmp_path / "starting.json"
     path.write_text(json.dumps({"entries": [
