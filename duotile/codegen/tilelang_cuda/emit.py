@@ -14,7 +14,7 @@ from ...dsl.ir import Module, Op, Value
 from ...dsl.ops import MXFP4_BLOCK, NVFP4_BLOCK
 from ...passes.fold_bounds import grid_env, interval
 from ..handlers import OpHandlers
-from . import gather_pipeline, overlap, tma_store
+from . import gather_pipeline, overlap, tma_store, unrolled_loads
 from .arch import Arch
 from .block_scaled import code_column
 from .block_scaled import emit_gemm as emit_block_scaled_gemm
@@ -167,6 +167,8 @@ def _for(e: Emitter, op: Op):
     head = len(e.src.body)
     if a.get("stages"):
         e.src.line(f"for {a['var']} in T.Pipelined({start}, {stop}, num_stages={a['stages']}):", op.loc)
+    elif unrolled_loads.unrolls(op, e.plan.scope):
+        e.src.line(f"for {a['var']} in T.unroll({start}, {stop}):", op.loc)
     else:
         e.src.line(f"for {a['var']} in T.serial({start}, {stop}):", op.loc)
     e.loop_stack.append(op)
