@@ -44,6 +44,8 @@ def main(argv: list[str] | None = None) -> int:
                    help="also each config with gather_pipeline on")
     p.add_argument("--bn", default="64", help="block sizes (slots a block), each with every split "
                    "(default: %(default)s)")
+    p.add_argument("--bd", default="128", help="the combine's output columns a block, each with every "
+                   "split and block size (default: %(default)s)")
     p.add_argument("--shapes", action="append", metavar="PATTERN",
                    help="model shapes to time (fnmatch, repeatable; default: CSA's, HCA's at batches 1 and 16)")
     p.add_argument("--name", help="results file stem (default: sparse_decode_configs[_KERNEL])")
@@ -53,8 +55,8 @@ def main(argv: list[str] | None = None) -> int:
         else [s for s in spec.model_shapes if "csa" in s or s.endswith(("hca8320/decode1", "hca8320/decode16"))]
     if not shapes:
         p.error(f"no model shape of {args.kernel} matches {args.shapes}: {', '.join(spec.model_shapes)}")
-    configs: list[dict | None] = [dict(BN=int(bn), STAGES=2, SPLIT=int(s), BD=128)
-                                  for bn in args.bn.split(",") for s in args.splits.split(",")]
+    configs: list[dict | None] = [dict(BN=int(bn), STAGES=2, SPLIT=int(s), BD=int(bd)) for bn in args.bn.split(",")
+                                  for s in args.splits.split(",") for bd in args.bd.split(",")]
     if args.gather_pipeline:  # each split again with the gather loop pipelined (the sm90 knob)
         configs += [{**c, "gather_pipeline": True} for c in list(configs)]
     configs.append(None)  # the config a user gets

@@ -45,6 +45,11 @@ class Emitter:
         self.async_gemm = False  # emit T.wgmma_gemm (no wait): the manual schedule places the waits
         self.promotions: list = []  # overlapped fp8 promotions whose adds the manual mainloop places
         self.promotion_slot: int | None = None  # the step fragment an overlapped fp8 gemm goes into
+        # shared copies of register gemm operands still current: gemms in a row that read one tile
+        # (P against each column group of V) copy it once; any other op, or a schedule that may
+        # reorder a loop's statements, ends that
+        self.staged: dict[str, int] = {}
+        self.reuse_staged = not (knobs.get("overlap") or knobs.get("gather_pipeline"))
 
     # -- names and declarations -----------------------------------------------------------------
     def name(self, v: Value) -> str:
@@ -102,7 +107,11 @@ class Emitter:
             handler = HANDLERS.get(op.name)
             if handler is None:
                 raise UnsupportedError(f"{self.arch.name}: no lowering for op {op.name}", op.loc)
+            if op.name != "gemm":
+                self.staged.clear()
             handler(self, op)
+            if op.name != "gemm":
+                self.staged.clear()
 
     def parity(self) -> str:
         """The phase of a barrier used once per iteration of the enclosing loops."""
@@ -702,5 +711,9 @@ def _operand(e: Emitter, v: Value, op: Op) -> str:
     if stage not in e.src.declared:
         shape = "(" + ", ".join(str(int(d)) for d in v.type.shape) + ",)"
         e.src.decl(f'{stage} = T.alloc_shared({shape}, "{v.type.dtype.tilelang_name}")')
+    if e.staged.get(stage) == v.id:
+        return stage  # copied for the gemm just before, which read the same tile
     e.src.line(f"T.copy({src}, {stage})", op.loc)
+    if e.reuse_staged:
+        e.staged[stage] = v.id
     return stage
