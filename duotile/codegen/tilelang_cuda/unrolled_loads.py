@@ -3,10 +3,13 @@ registers and folds it (``T.unroll``, which nvcc unrolls whole).
 
 Such a loop is a split reduction's combine: ``for s < SPLIT: out += part_o[s] * w[s]``. Emitted as
 ``T.serial`` it stays a loop in the PTX, each trip's loads issued only after the previous trip's
-adds, so a block waits one global-memory latency a trip (about a microsecond under load: 32 trips
-of a 64 x 128 FP32 tile took about 30 us of the V4 HCA decode's 69 us at batch 4, H100,
-2026-12-06). Unrolled, the loads carry no dependence on the adds (the tensors are ``__restrict__``
-and the loop writes only registers), so nvcc issues several trips' loads before their uses.
+adds, so a block waits one global-memory latency a trip. With V4's HCA decode at SPLIT 32 that is 32
+latencies in a grid of 4 blocks a query, which fits the about 37 us a call that does not scale with
+the rows (H100, 2026-12-06: 66.1 us at batch 1 against 94.7 us at SPLIT 16); the unrolled form has
+not yet been timed on a GPU. Unrolled, the loads carry no dependence on the adds (the tensors are
+``__restrict__`` and the loop writes only registers), so nvcc may issue several trips' loads before
+their uses (the PTX holds every trip's loads straight-line; ptxas: 255 registers, no spill, for the
+HCA combine's 32 trips of a 64 x 128 FP32 tile).
 
 The rule holds where the loop is sequential (not pipelined, no data-read stop), runs a constant
 number of trips up to ``MOST_TRIPS``, and its body is loads into registers and element-wise maps
