@@ -3,7 +3,8 @@
 
 Regression: a split reduction's combine (``for s < SPLIT: out += part_o[s] * w[s]``) was a
 ``T.serial`` loop that stayed a loop in the PTX, each trip's loads issued after the previous trip's
-adds: one global-memory latency a range (32 at V4's HCA SPLIT 32). Unrolled, the PTX holds every trip's loads, none behind a branch."""
+adds: one global-memory latency a range (32 at V4's HCA SPLIT 32). Unrolled,
+the PTX holds every trip's loads, none behind a branch."""
 
 from __future__ import annotations
 
