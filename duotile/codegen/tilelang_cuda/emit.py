@@ -107,8 +107,8 @@ class Emitter:
             handler = HANDLERS.get(op.name)
             if handler is None:
                 raise UnsupportedError(f"{self.arch.name}: no lowering for op {op.name}", op.loc)
-            if op.name != "gemm":
-                self.staged.clear()
+            if op.name != "gemm":  # before: a loop's body must not reuse a copy made before the loop;
+                self.staged.clear()  # after: what follows a loop must not reuse one made in its body
             handler(self, op)
             if op.name != "gemm":
                 self.staged.clear()
