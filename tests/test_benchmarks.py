@@ -292,3 +292,14 @@ def test_sass_loop_takes_the_loop_that_holds_the_tensor_core_instructions():
     assert len(body) == 8 and body[0].startswith("MOV")
     lines = sass_loop.describe("k_p1", fns["k_p1"], top=3)
     assert "main loop 8 a trip a thread (1 tensor-core instructions)" in lines[2]
+
+
+def test_config_grid_takes_every_combination_with_typed_values():
+    from benchmarks.config_grid import parse_grid
+
+    grid = parse_grid(["threads=32,256", "ROWS=1,4", "overlap=true"])
+    assert grid == [{"threads": 32, "ROWS": 1, "overlap": True}, {"threads": 32, "ROWS": 4, "overlap": True},
+                    {"threads": 256, "ROWS": 1, "overlap": True}, {"threads": 256, "ROWS": 4, "overlap": True}]
+    assert parse_grid(["warp_specialize=manual"]) == [{"warp_specialize": "manual"}]
+    with pytest.raises(ValueError, match="NAME=V1,V2"):
+        parse_grid(["threads"])

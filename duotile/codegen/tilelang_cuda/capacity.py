@@ -195,6 +195,17 @@ def check_fragment_layouts(module: Module, arch: Arch, threads: int) -> None:
                                f"change threads) (config {module.config})", op.loc)
 
 
+def check_warp_groups(module: Module, arch: Arch, knobs: dict) -> None:
+    """A gemm runs on whole warp groups (wgmma on sm90, the tcgen05 issue and its drain on sm100):
+    a block of one or two warps, which the ``threads`` knob allows a kernel without a gemm, is
+    refused at the first gemm's line."""
+    threads = int(knobs.get("threads", 128))
+    gemm = next((op for op in module.walk() if op.name == "gemm"), None)
+    if gemm is not None and threads % 128:
+        raise UnsupportedError(f"{arch.name}: a gemm needs whole warp groups of 128 threads; threads={threads} "
+                               f"suits only a kernel without a gemm (config {module.config})", gemm.loc)
+
+
 def check_warp_rows(module: Module, arch: Arch, knobs: dict) -> None:
     """On sm90 an accumulator that vector code reads row-wise is split by rows over every warp
     (TileLang's FullRow policy), 16 rows a warp; a tile with fewer rows than that cannot be laid

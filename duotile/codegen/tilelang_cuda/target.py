@@ -18,7 +18,7 @@ from ...passes.split_phases import split_phases
 from ..target import Artifact, Target, lowering_error, register_target
 from . import gather_pipeline, tma_store, toolchain
 from .arch import SM90, SM100, Arch
-from .capacity import check_capacity, check_tcgen05_atoms, check_warp_rows
+from .capacity import check_capacity, check_tcgen05_atoms, check_warp_groups, check_warp_rows
 from .emit import emit_module, ws_mode
 from .overlap import check_overlap
 from .persistent import check_persistent, shareable
@@ -35,6 +35,14 @@ _BLOCK_COUNT = (_count(1), "a block count >= 1")
 _WS_BOOLEANS = (lambda v: type(v) is bool, "True / False (older tables: auto / off)")
 
 
+# threads of a kernel without a gemm may be one or two warps, for a block whose work is a chain of
+# row reductions over one short row (a router's picks): a reduction over one warp is shuffles
+# alone, one over eight adds a shared-memory exchange and two barriers. A gemm keeps whole warp
+# groups (capacity.check_warp_groups).
+_SMALL_BLOCK = (lambda v: v in (32, 64), "32 or 64 for a kernel without a gemm")
+SMALL_BLOCKS = choice(256, 128, 512, 64, 32)
+
+
 class TileLangCuda(Target):
     stages = ("ir", "tilelang", "cuda", "ptx", "sass")
     runs_on = "cuda"
@@ -49,7 +57,7 @@ class TileLangCuda(Target):
         # (0: never); 128 is DeepGEMM's and CUTLASS's interval
         # ftz: fp32 denormals flushed to zero (nvcc --ftz=true), as FA3 and most LLM kernels build;
         # without it every exp2 is a range check and two predicated multiplies around MUFU.EX2
-        self.knobs = {"threads": choice(256, 128, 512), "raster": choice(0, 8, 16, also=_PANEL_ROWS),
+        self.knobs = {"threads": choice(256, 128, 512, also=_SMALL_BLOCK), "raster": choice(0, 8, 16, also=_PANEL_ROWS),
                       "ftz": choice(True, False)}
         if not arch.has_tmem:
             self.knobs["fp8_promote_k"] = choice(128, 256, 512, 0)
@@ -84,7 +92,10 @@ class TileLangCuda(Target):
         numerics choice, set by hand, never searched. A kernel of several phases (a K split and its
         combine) keeps the knobs any of its phases can use."""
         used = set().union(*(self._used_knobs(p) for p in split_phases(module)))
-        return {k: s for k, s in self.knobs.items() if k in used}
+        knobs = {k: s for k, s in self.knobs.items() if k in used}
+        if not any(op.name == "gemm" for op in module.walk()):
+            knobs["threads"] = SMALL_BLOCKS  # no warp group to keep whole
+        return knobs
 
     def _used_knobs(self, module: Module) -> set[str]:
         """The knobs that can change one phase's code."""
@@ -174,6 +185,7 @@ class TileLangCuda(Target):
         skip = gather_pipeline.has_gather if knobs.get("gather_pipeline") else None
         module = self._fused(prefetch_loads(module, skip=skip))
         check_capacity(module, self.arch, knobs)
+        check_warp_groups(module, self.arch, knobs)
         check_warp_rows(module, self.arch, knobs)
         check_tcgen05_atoms(module, self.arch)
         check_overlap(module, self.name, knobs, ws_mode(knobs))
