@@ -89,7 +89,8 @@ def test_sm90_without_a_gpu_names_the_compile_only_targets(capsys, no_sweep, mon
              "STAGES, SPLIT; sm100 knobs: threads, raster, ftz"),
     ("BM=7", "duotile tune: --pin BM=7: not one of [128, 64, 256]"),
     ("BM=big", "duotile tune: --pin BM=big: not one of [128, 64, 256]"),
-    ("threads=7", "duotile tune: --pin threads=7: not one of [256, 128, 512]"),
+    ("threads=7", "duotile tune: --pin threads=7: not one of [256, 128, 512], or 32 or 64 for a kernel "
+                  "without a gemm"),
 ])
 def test_pin_errors(capsys, no_sweep, pin, line):
     assert one_error_line(capsys, ["tune", "gemm", "--target", "sm100", "--case", "bf16_128", "--pin", pin]) == line

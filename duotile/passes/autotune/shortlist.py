@@ -23,9 +23,9 @@ front instead, which ``model_sweep`` builds for every shape at once in worker pr
 6. for a kernel without a gemm whose tunables span at most ``WHOLE`` configs (a norm's rows a
    block and tile alignment), every one of them, times each value of the target's knobs in the
    order the target declares them while the product stays within ``WHOLE`` (on sm90, the threads
-   a block); the list grows to hold them and two more of the above. A space that small costs
-   less to measure whole than to rank, and the model ranks memory-bound tiles least well (a
-   gemm's tiles it ranks well, and they build slowly).
+   a block, or as many of its leading values as fit); the list grows to hold them and two more of
+   the above. A space that small costs less to measure whole than to rank, and the model ranks
+   memory-bound tiles least well (a gemm's tiles it ranks well, and they build slowly).
 
 Every config on the list but those of (6) is one the target's checks accept. Those of (6) are, like
 a tune's start points, measured whatever the cost model's register estimate says (a 20,480-wide
@@ -87,19 +87,24 @@ def shortlist(spec, case: dict, target: str, size: int = 8) -> list[dict[str, An
 def whole_space(space: ConfigSpace, schedule: dict[str, Any]) -> list[dict[str, Any]]:
     """Every value of the free tunables, where they span at most ``WHOLE`` configs (else none),
     times the values of the free target knobs in declaration order while the product stays within
-    ``WHOLE``; the other knobs as in ``schedule``. The user's config (``schedule``) comes first."""
+    ``WHOLE`` (of the knob that would pass it, its leading values that fit, if two do: sm90's 256,
+    128 and 512 threads for 12 tunable configs, all five thread counts for 4); the other knobs as
+    in ``schedule``. The user's config (``schedule``) comes first."""
     import itertools
 
     free = space.free
-    names = [n for n in free if space.owners.get(n) == "kernel"]
-    if not names or math.prod(len(space.params[n].values()) for n in names) > WHOLE:
+    values = {n: space.params[n].values() for n in free if space.owners.get(n) == "kernel"}
+    if not values or math.prod(map(len, values.values())) > WHOLE:
         return []
     for knob in (n for n in free if space.owners.get(n) == "target"):
-        if math.prod(len(space.params[n].values()) for n in (*names, knob)) > WHOLE:
+        fit = WHOLE // math.prod(map(len, values.values()))
+        if fit < 2:
             break
-        names.append(knob)
-    combos = itertools.product(*(space.params[n].values() for n in names))
-    out = [{**schedule, **dict(zip(names, values))} for values in combos]
+        values[knob] = space.params[knob].values()[:fit]  # its leading values (the default first)
+        if fit < len(space.params[knob].values()):
+            break
+    combos = itertools.product(*values.values())
+    out = [{**schedule, **dict(zip(values, combo))} for combo in combos]
     return sorted(out, key=lambda c: c != schedule)
 
 

@@ -156,6 +156,17 @@ def test_a_small_space_of_tunables_is_shortlisted_whole():
     assert not cons.check({**got[0], "ROWS": 1, "ALIGN": 2048, "threads": 128}).ok  # the estimate's prune
 
 
+def test_a_router_is_shortlisted_at_every_thread_count_one_warp_included():
+    """The router's ROWS (4 values) times all five sm90 thread counts fit the whole list (20 configs):
+    its chain of row reductions is shuffles alone on one warp (codegen/tilelang_cuda/target.py)."""
+    from duotile.passes.autotune.shortlist import shortlist
+
+    spec = get("router")
+    got = shortlist(spec, spec.model_cases()["v41/e384_top6/decode1"], "sm90")
+    want = {(r, t) for r in spec.kernel.tunables["ROWS"].values() for t in (32, 64, 128, 256, 512)}
+    assert want <= {(c["ROWS"], c["threads"]) for c in got}
+
+
 def test_no_whole_space_for_a_gemm_or_a_large_space():
     from duotile.passes.autotune.shortlist import whole_space
     from duotile.passes.autotune.space import ConfigSpace
