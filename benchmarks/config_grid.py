@@ -62,11 +62,21 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--jobs", type=int, default=8, help="build threads (default: %(default)s)")
     p.add_argument("--name", help="results file stem (default: config_grid_SPEC)")
     args = p.parse_args(argv)
-    spec = load_all()[args.spec]
+    specs = load_all()
+    if args.spec not in specs:
+        p.error(f"no spec {args.spec!r}; the specs: {', '.join(sorted(specs))}")
+    try:
+        grid = parse_grid(args.grid)
+    except ValueError as err:
+        p.error(str(err))
+    spec = specs[args.spec]
     shapes = [s for s in spec.model_shapes if any(fnmatch.fnmatch(s, pat) for pat in args.shapes)]
     if not shapes:
         p.error(f"no model shape of {args.spec} matches {args.shapes}: {', '.join(spec.model_shapes)}")
-    configs: list[dict | None] = [*parse_grid(args.grid), None]  # None: the config a user gets
+    if not torch.cuda.is_available():
+        p.error("times sm90 builds on a CUDA GPU, and this machine has none (duotile show / build compile "
+                "them without one)")
+    configs: list[dict | None] = [*grid, None]  # None: the config a user gets
     dev = torch.device("cuda")
     inputs = {s: spec.make_inputs(spec.model_shapes[s], dev, 1) for s in shapes}
     refs = {s: spec.run_reference(inputs[s], spec.model_shapes[s]) for s in shapes}

@@ -303,3 +303,16 @@ def test_config_grid_takes_every_combination_with_typed_values():
     assert parse_grid(["warp_specialize=manual"]) == [{"warp_specialize": "manual"}]
     with pytest.raises(ValueError, match="NAME=V1,V2"):
         parse_grid(["threads"])
+
+
+@pytest.mark.parametrize("argv,words", [
+    (["nosuch", "--shapes", "*"], "no spec 'nosuch'; the specs: candidate_pool"),
+    (["router", "--shapes", "*", "--grid", "threads"], "--grid 'threads': expected NAME=V1,V2"),
+    (["router", "--shapes", "zzz"], "no model shape of router matches ['zzz']: v4/e256_top6/decode1"),
+])
+def test_config_grid_names_a_bad_argument(argv, words, capsys):
+    from benchmarks.config_grid import main
+
+    with pytest.raises(SystemExit) as exit_:
+        main(argv)
+    assert exit_.value.code == 2 and words in capsys.readouterr().err
