@@ -57,3 +57,20 @@ def test_other_block_sizes_are_still_refused_by_name():
     spec = SPECS["router"]
     with pytest.raises(ConfigValueError, match="threads=96 is not allowed.*32 or 64 for a kernel without a gemm"):
         codegen.compile(spec.kernel, "sm90", config={"threads": 96})
+
+
+def test_a_reduced_axis_not_a_power_of_two_is_padded_on_one_warp():
+    """Regression: hc_pre's 4 x 24 mix at 32 threads failed in TileLang's lowering ("XOR-butterfly
+    AllReduce requires logical_width ... a positive power of two, got 24"); its reduced axis is now
+    padded to 32 (plan.reduce_padding), and the kernel lowers to CUDA."""
+    from duotile.codegen.tilelang_cuda.plan import reduce_padding
+
+    assert reduce_padding([4, 24], 1, 32) == (4, 32)
+    assert reduce_padding([4, 24], 1, 256) == (4, 32)  # fewer elements than threads: the older rule
+    assert reduce_padding([64, 448], 1, 256) is None  # a warp group or more: laid out as measured
+    assert reduce_padding([1, 512], 1, 32) is None
+    spec = SPECS["hc_pre"]
+    case = spec.model_shapes["v4/site_d4096/decode1"]
+    k = codegen.compile(spec.kernel, "sm90", config={"threads": 32}, constants=spec.constants_of(case))
+    art = k.artifacts(**spec.meta_inputs(case))[0]
+    assert "AllReduce<tl::SumOp, 32" in art.stages["cuda"] and "threads=32" in art.stages["tilelang"]

@@ -49,7 +49,10 @@ Rules (each a target lowering rule any kernel can hit, never a kernel special ca
   covers 252, and where the result is read by all threads (broadcast back over the row) the
   lowering fails ("Inconsistent layouts between src and dst in ReduceOp"). At 256 threads a
   1 x N row summed and broadcast back fails for N = 3, 5, 6, 7, 12, 24, 31, 33, 48, 100 and 200,
-  and lowers for N = 1, 2, 4, 8, 16, 32, 64, 128 and 256.
+  and lowers for N = 1, 2, 4, 8, 16, 32, 64, 128 and 256. On one or two warps (``threads`` 32 or
+  64) a reduced axis that is not a power of two is padded to one whatever the tile's size:
+  hc_pre's 4 x 24 tile at 32 threads otherwise lays each row on 24 threads, which TileLang's
+  butterfly all-reduce refuses ("logical_width ... must be a power of two, got 24").
 - reductions of tiles of different shapes whose results meet in elementwise work (read at the
   same indices by one map, directly or through maps and the buffers they write) are laid out anew
   (``relayout``): each is reduced into a fragment of its own, copied to shared memory and read
@@ -184,11 +187,18 @@ def spreads_evenly(n: int, threads: int) -> bool:
     return threads % n == 0 or n % threads == 0
 
 
+SMALL_BLOCK = 128  # fewer threads than a warp group: a kernel without a gemm on one or two warps
+
+
 def reduce_padding(shape: list[int], axis: int, threads: int) -> tuple[int, ...] | None:
     """The shape a reduction's source is padded to along ``axis`` (the module docstring), or None
     where the tile needs none: it has at least as many elements as threads (laid out evenly, or
     refused by ``capacity.check_fragment_layouts``) or its elements divide the threads."""
     n = math.prod(shape)
+    if threads < SMALL_BLOCK and n >= threads and shape[axis] & (shape[axis] - 1):
+        # one or two warps: a 4 x 24 tile at 32 threads is laid out with each row on 24 threads,
+        # and TileLang's butterfly all-reduce needs a power of two ("logical_width ... got 24")
+        return tuple(1 << (d - 1).bit_length() if i == axis else d for i, d in enumerate(shape))
     if n >= threads or spreads_evenly(n, threads):
         return None
     rest = n // shape[axis]
