@@ -10,6 +10,9 @@
 #                                              # duotile tune KERNEL --model MODEL --shapes PATTERN
 #                                              # --budget shortlist --jobs 15 --ship: the shipped table
 #                                              # for those shapes (copied to $OUT/tuning.json)
+#   bash benchmarks/gpu_run.sh grid SPEC ARGS  # config_grid.py SPEC ARGS: configs x model shapes, each
+#                                              # checked and timed (e.g. router --shapes 'v41/*'
+#                                              # --grid threads=32,64,128,256 --grid ROWS=1,2)
 #   bash benchmarks/gpu_run.sh prebuild FILE   # duotile build --signatures FILE, 15 processes: the
 #                                              # builds a later phase meets (scripts/gpu_signatures.py
 #                                              # lists them), into $DUOTILE_CACHE and TileLang's cache
@@ -26,6 +29,7 @@ limit=${PHASE_LIMIT:-540}
 phase=${1:-tests}; shift || true
 tag=$phase; [ "$phase" = tune ] && tag="tune_${1:-gemm_fp8}"  # chained sweeps keep their own log and tables
 [ "$phase" = tune-model ] && tag="tune_${1:-gemm}_${2:-v41-flash}"
+[ "$phase" = grid ] && tag="grid_${1:-spec}"
 log="$WORK/$tag.log"
 { nvidia-smi --query-gpu=name,clocks.sm,clocks.mem --format=csv
   python3 -c "import torch, tilelang; print('torch', torch.__version__, 'tilelang', tilelang.__version__)"; } >"$log"
@@ -48,10 +52,13 @@ case "$phase" in
          timeout "$limit" python3 -m duotile tune "$kernel" --model "$model" "${pats[@]}" --budget shortlist \
            --jobs "${PREBUILD_JOBS:-15}" --ship --no-progress 2>&1 | grep -v "TileLang:\|ThreadSync" >>"$log"
          cp duotile/tuned/tuning.json "$OUT/" ;;
+  grid)  timeout "$limit" python3 benchmarks/config_grid.py --jobs "${PREBUILD_JOBS:-15}" "$@" 2>&1 \
+           | grep -v "TileLang:" >>"$log"
+         cp benchmarks/results/config_grid_*.md "$OUT/" 2>/dev/null ;;
   prebuild) timeout "$limit" python3 -m duotile build --signatures "$1" --target sm90 --jobs "${PREBUILD_JOBS:-15}" \
              2>&1 | grep -v "TileLang:\|Warning: \[ThreadSync\]" >>"$log" ;;
   *) echo "unknown phase $phase (tests | bench | tune NAMES | tune-model KERNEL MODEL [PATTERN ...] | profile [ARGS]" \
-          "| prebuild FILE)"; exit 2 ;;
+          "| grid SPEC [ARGS] | prebuild FILE)"; exit 2 ;;
 esac
 status=$?
 tail -n 45 "$log"
