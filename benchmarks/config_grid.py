@@ -4,7 +4,8 @@ defaults (pin them with a one-value ``--grid``), and the config a user gets, at 
 ``--shapes`` matches. Each
 config is built for every shape first (``--jobs`` threads); each cell is checked against the
 spec's reference (``!WRONG`` marks a mismatch) and timed (median of 20 calls, each after an L2
-flush, in microseconds). A config the toolchain or a capacity check refuses is a row that says so.
+flush, in microseconds). A config the space, a capacity check or the toolchain refuses is a row that
+says so.
 
     python3 benchmarks/config_grid.py router --shapes 'v41/*/decode*' --grid threads=32,64,128,256 \\
         --grid ROWS=1,4 [--jobs 8] [--name STEM]
@@ -52,6 +53,53 @@ def _value(text: str):
         return text
 
 
+def time_configs(spec, shapes: list[str], configs: list[dict | None], name: str, jobs: int = 8,
+                 target: str = "sm90", device: str = "cuda", timer=bench, write=write_results) -> list[dict]:
+    """One row a config (None: the config a user gets) and a cell a model shape: each built first
+    (``jobs`` threads), then checked against the reference and timed (``timer(fn, reps=20)``, ms);
+    the rows written (``write``: to ``results/NAME.{md,json}``) after each, so a run cut short
+    keeps them."""
+    dev = torch.device(device)
+    inputs = {s: spec.make_inputs(spec.model_shapes[s], dev, 1) for s in shapes}
+    refs = {s: spec.run_reference(inputs[s], spec.model_shapes[s]) for s in shapes}
+    consts = {s: spec.constants_of(spec.model_shapes[s]) for s in shapes}
+    kernels: dict = {}
+
+    def build(key):
+        i, s = key
+        try:  # a value the space refuses fails here, a config the target refuses in the build
+            kernels[key] = codegen.compile(spec.kernel, target, config=configs[i], constants=consts[s])
+            kernels[key].artifacts(**inputs[s])
+        except Exception as err:  # noqa: BLE001 - a refused config is a row that says so
+            return f"not built: {type(err).__name__}: {str(err).splitlines()[0][:100]}"
+        return None
+
+    keys = [(i, s) for i in range(len(configs)) for s in shapes]
+    with ThreadPoolExecutor(jobs) as pool:
+        errors = dict(zip(keys, pool.map(build, keys)))
+    rows = []
+    for i, config in enumerate(configs):
+        row = {"config": "user" if config is None else json.dumps(config)}
+        for s in shapes:
+            if errors[(i, s)]:
+                row[s] = errors[(i, s)]
+                continue
+            k = kernels[(i, s)]
+            if config is None:
+                row["config"] = f"user: {json.dumps(k.artifacts(**inputs[s])[0].meta.get('config'))}"
+            k(**inputs[s])
+            if dev.type == "cuda":
+                torch.cuda.synchronize()
+            bad = mismatch(spec, spec.model_shapes[s], inputs[s], refs[s])
+            us = timer(lambda k=k, s=s: k(**inputs[s]), reps=20) * 1000
+            row[s] = f"{us:.1f}{'' if bad is None else ' !WRONG'}"
+        rows.append(row)
+        print(row, flush=True)
+        write(name, rows, ["config", *shapes], quiet=True)
+    write(name, rows, ["config", *shapes])
+    return rows
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("spec", help="a kernel spec name (duotile list)")
@@ -76,43 +124,7 @@ def main(argv: list[str] | None = None) -> int:
     if not torch.cuda.is_available():
         p.error("times sm90 builds on a CUDA GPU, and this machine has none (duotile show / build compile "
                 "them without one)")
-    configs: list[dict | None] = [*grid, None]  # None: the config a user gets
-    dev = torch.device("cuda")
-    inputs = {s: spec.make_inputs(spec.model_shapes[s], dev, 1) for s in shapes}
-    refs = {s: spec.run_reference(inputs[s], spec.model_shapes[s]) for s in shapes}
-    consts = {s: spec.constants_of(spec.model_shapes[s]) for s in shapes}
-    kernels = {(i, s): codegen.compile(spec.kernel, "sm90", config=c, constants=consts[s])
-               for i, c in enumerate(configs) for s in shapes}
-
-    def build(key):
-        try:
-            kernels[key].artifacts(**inputs[key[1]])
-        except Exception as err:  # noqa: BLE001 - a refused config is a row that says so
-            return f"not built: {type(err).__name__}: {str(err).splitlines()[0][:100]}"
-        return None
-
-    with ThreadPoolExecutor(args.jobs) as pool:
-        errors = dict(zip(kernels, pool.map(build, kernels)))
-    name = args.name or f"config_grid_{args.spec}"
-    rows = []
-    for i, config in enumerate(configs):
-        row = {"config": "user" if config is None else json.dumps(config)}
-        for s in shapes:
-            k = kernels[(i, s)]
-            if errors[(i, s)]:
-                row[s] = errors[(i, s)]
-                continue
-            if config is None:
-                row["config"] = f"user: {json.dumps(k.artifacts(**inputs[s])[0].meta.get('config'))}"
-            k(**inputs[s])
-            torch.cuda.synchronize()
-            bad = mismatch(spec, spec.model_shapes[s], inputs[s], refs[s])
-            us = bench(lambda k=k, s=s: k(**inputs[s]), reps=20) * 1000
-            row[s] = f"{us:.1f}{'' if bad is None else ' !WRONG'}"
-        rows.append(row)
-        print(row, flush=True)
-        write_results(name, rows, ["config", *shapes], quiet=True)  # a run cut short keeps its rows
-    write_results(name, rows, ["config", *shapes])
+    time_configs(spec, shapes, [*grid, None], args.name or f"config_grid_{args.spec}", args.jobs)
     return 0
 
 

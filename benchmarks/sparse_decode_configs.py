@@ -21,16 +21,11 @@ from __future__ import annotations
 import argparse
 import fnmatch
 import sys
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-
-import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks.common import bench, write_results  # noqa: E402
-from duotile import codegen  # noqa: E402
-from duotile.kernels_spec.compare import mismatch  # noqa: E402
+from benchmarks.config_grid import time_configs  # noqa: E402
 from duotile.kernels_spec.registry import load_all  # noqa: E402
 
 
@@ -60,40 +55,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.gather_pipeline:  # each split again with the gather loop pipelined (the sm90 knob)
         configs += [{**c, "gather_pipeline": True} for c in list(configs)]
     configs.append(None)  # the config a user gets
-    kernels = [codegen.compile(spec.kernel, "sm90", config=c) for c in configs]
-    dev = torch.device("cuda")
-    inputs = {s: spec.make_inputs(spec.model_shapes[s], dev, 1) for s in shapes}
-    refs = {s: spec.run_reference(inputs[s], spec.model_shapes[s]) for s in shapes}
-
-    def build(k):
-        try:
-            for s in shapes:
-                k.artifacts(**inputs[s])
-        except Exception as err:  # noqa: BLE001 - a config the toolchain refuses is a row that says so
-            return f"{type(err).__name__}: {str(err).splitlines()[0][:120]}"
-        return None
-
-    with ThreadPoolExecutor(args.jobs) as pool:
-        failed = list(pool.map(build, kernels))
-    rows = []
     name = args.name or "sparse_decode_configs" + ("" if args.kernel == "sparse_mqa_decode" else "_" + args.kernel)
-    for config, k, error in zip(configs, kernels, failed):
-        if error is not None:
-            rows.append({"config": str(config) if config else "user", shapes[0]: f"not built: {error}"})
-            print(rows[-1], flush=True)
-            continue
-        row = {"config": "user: " + str(k.artifacts(**inputs[shapes[0]])[0].meta.get("config")) if config is None
-               else str(config)}
-        for s in shapes:
-            k(**inputs[s])
-            torch.cuda.synchronize()
-            bad = mismatch(spec, spec.model_shapes[s], inputs[s], refs[s])
-            us = bench(lambda k=k, s=s: k(**inputs[s]), reps=20) * 1000
-            row[s] = f"{us:.1f}{'' if bad is None else ' !WRONG'}"
-        rows.append(row)
-        print(row, flush=True)
-        write_results(name, rows, ["config", *shapes], quiet=True)  # a run cut short keeps its rows
-    write_results(name, rows, ["config", *shapes])
+    time_configs(spec, shapes, configs, name, args.jobs)
     return 0
 
 

@@ -316,3 +316,19 @@ def test_config_grid_names_a_bad_argument(argv, words, capsys):
     with pytest.raises(SystemExit) as exit_:
         main(argv)
     assert exit_.value.code == 2 and words in capsys.readouterr().err
+
+
+def test_config_grid_rows_check_time_and_name_each_config():
+    """The grid's loop on the interpreter: a row a config, the user's config named, a refused one a
+    cell that says so, every other cell checked against the reference and timed."""
+    from benchmarks.config_grid import time_configs
+
+    spec = load_all()["router"]
+    written = []
+    rows = time_configs(spec, ["v41/e384_top6/decode1"], [{"ROWS": 2}, {"ROWS": 3}, None], "t", jobs=1,
+                        target="interpret", device="cpu", timer=lambda fn, reps: (fn(), 0.002)[1],
+                        write=lambda name, rows, header, quiet=False: written.append(len(rows)))
+    cells = [r["v41/e384_top6/decode1"] for r in rows]
+    assert cells[0] == "2.0" and cells[1].startswith("not built: ") and cells[2] == "2.0"
+    assert rows[0]["config"] == '{"ROWS": 2}' and rows[2]["config"].startswith("user: ")
+    assert written == [1, 2, 3, 3]
