@@ -1,11 +1,10 @@
 """Any spec's configs against its model shapes on an sm90 GPU (H200 or H100): every combination of
 the ``--grid`` values (tunables or sm90 knobs), each with the kernel's other parameters at their
 defaults (pin them with a one-value ``--grid``), and the config a user gets, at the model shapes
-``--shapes`` matches. Each
-config is built for every shape first (``--jobs`` threads); each cell is checked against the
-spec's reference (``!WRONG`` marks a mismatch) and timed (median of 20 calls, each after an L2
-flush, in microseconds). A config the space, a capacity check or the toolchain refuses is a row that
-says so.
+``--shapes`` matches. Each config is built for every shape first (``--jobs`` threads); each cell
+is checked against the spec's reference (``!WRONG`` marks a mismatch) and timed (median of 20
+calls, each after an L2 flush, in microseconds). A config the space, a capacity check or the
+toolchain refuses is a cell that says so.
 
     python3 benchmarks/config_grid.py router --shapes 'v41/*/decode*' --grid threads=32,64,128,256 \\
         --grid ROWS=1,4 [--jobs 8] [--name STEM]
