@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+WARP_GROUP = 128  # threads that issue one wgmma (sm90) or drain one TMEM tile (sm100)
+
 
 @dataclass(frozen=True)
 class Arch:

@@ -24,7 +24,7 @@ import math
 from ...dsl.errors import CapacityError, UnsupportedError
 from ...dsl.ir import Module, Op
 from . import gather_pipeline
-from .arch import Arch
+from .arch import WARP_GROUP, Arch
 from .plan import make_plan
 
 
@@ -201,9 +201,10 @@ def check_warp_groups(module: Module, arch: Arch, knobs: dict) -> None:
     refused at the first gemm's line."""
     threads = int(knobs.get("threads", 128))
     gemm = next((op for op in module.walk() if op.name == "gemm"), None)
-    if gemm is not None and threads % 128:
-        raise UnsupportedError(f"{arch.name}: a gemm needs whole warp groups of 128 threads; threads={threads} "
-                               f"suits only a kernel without a gemm (config {module.config})", gemm.loc)
+    if gemm is not None and threads % WARP_GROUP:
+        raise UnsupportedError(f"{arch.name}: a gemm needs whole warp groups of {WARP_GROUP} threads; "
+                               f"threads={threads} suits only a kernel without a gemm (config {module.config})",
+                               gemm.loc)
 
 
 def check_warp_rows(module: Module, arch: Arch, knobs: dict) -> None:

@@ -72,7 +72,7 @@ import math
 from dataclasses import dataclass, field
 
 from ...dsl.ir import Module, Op, Role, Value
-from .arch import Arch
+from .arch import WARP_GROUP, Arch
 from .block_scaled import find_block_scaled, raw_values
 from .exprs import index
 
@@ -187,15 +187,12 @@ def spreads_evenly(n: int, threads: int) -> bool:
     return threads % n == 0 or n % threads == 0
 
 
-SMALL_BLOCK = 128  # fewer threads than a warp group: a kernel without a gemm on one or two warps
-
-
 def reduce_padding(shape: list[int], axis: int, threads: int) -> tuple[int, ...] | None:
     """The shape a reduction's source is padded to along ``axis`` (the module docstring), or None
     where the tile needs none: it has at least as many elements as threads (laid out evenly, or
     refused by ``capacity.check_fragment_layouts``) or its elements divide the threads."""
     n = math.prod(shape)
-    if threads < SMALL_BLOCK and n >= threads and shape[axis] & (shape[axis] - 1):
+    if threads < WARP_GROUP and n >= threads and shape[axis] & (shape[axis] - 1):
         # one or two warps: a 4 x 24 tile at 32 threads is laid out with each row on 24 threads,
         # and TileLang's butterfly all-reduce needs a power of two ("logical_width ... got 24")
         return tuple(1 << (d - 1).bit_length() if i == axis else d for i, d in enumerate(shape))

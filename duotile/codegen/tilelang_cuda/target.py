@@ -39,8 +39,9 @@ _WS_BOOLEANS = (lambda v: type(v) is bool, "True / False (older tables: auto / o
 # row reductions over one short row (a router's picks): a reduction over one warp is shuffles
 # alone, one over eight adds a shared-memory exchange and two barriers. A gemm keeps whole warp
 # groups (capacity.check_warp_groups).
-_SMALL_BLOCK = (lambda v: v in (32, 64), "32 or 64 for a kernel without a gemm")
-SMALL_BLOCKS = choice(256, 128, 512, 64, 32)
+_WARPS = (64, 32)  # one or two warps
+_SMALL_BLOCK = (lambda v: v in _WARPS, " or ".join(map(str, sorted(_WARPS))) + " for a kernel without a gemm")
+SMALL_BLOCKS = choice(256, 128, 512, *_WARPS)
 
 
 class TileLangCuda(Target):
@@ -57,8 +58,8 @@ class TileLangCuda(Target):
         # (0: never); 128 is DeepGEMM's and CUTLASS's interval
         # ftz: fp32 denormals flushed to zero (nvcc --ftz=true), as FA3 and most LLM kernels build;
         # without it every exp2 is a range check and two predicated multiplies around MUFU.EX2
-        self.knobs = {"threads": choice(256, 128, 512, also=_SMALL_BLOCK), "raster": choice(0, 8, 16, also=_PANEL_ROWS),
-                      "ftz": choice(True, False)}
+        self.knobs = {"threads": choice(256, 128, 512, also=_SMALL_BLOCK),
+                      "raster": choice(0, 8, 16, also=_PANEL_ROWS), "ftz": choice(True, False)}
         if not arch.has_tmem:
             self.knobs["fp8_promote_k"] = choice(128, 256, 512, 0)
             # overlap: run a dependent second gemm one iteration behind (FA3's schedule), see overlap.py
