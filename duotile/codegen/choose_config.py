@@ -365,17 +365,32 @@ def ranked_configs(kernel: KernelDef, target: str, sig: Signature | list[Signatu
             best = pick((best, *({**best, name: v} for v in space.params[name].values())))
         if config_key(best) == before:
             break
-    # the chosen config first if the target's own lowering and capacity checks accept it, then the
-    # others by the same order
+    # the chosen config first if the target's own lowering and capacity checks accept it (with the
+    # target's fitted knobs where it has any and no schedule was given), then the others by the
+    # same order
     ranked = sorted((k for k in scores if scores[k] < math.inf),
                     key=lambda k: (k != config_key(best), scores[k], away(seen[k])))
-    out = []
+    out = _fitted(tgt, cons, best) if knobs is None and scores[config_key(best)] < math.inf else []
     for k in ranked:
+        if len(out) >= count:
+            break
         if all(at.check(seen[k]).ok for at in cons):
             out.append(seen[k])
-            if len(out) == count:
-                break
     return out
+
+
+def _fitted(tgt, cons: list, best: dict[str, Any]) -> list[dict[str, Any]]:
+    """The first of the target's fitted knob values (``Target.fitted_knobs``, read from ``best``'s
+    bound phases) that every call accepts, on ``best``; empty where the target has none or every
+    one is refused (the ranked configs follow)."""
+    verdict = cons[0].check(best, full=False)
+    if not verdict.ok:
+        return []
+    for knobs in tgt.fitted_knobs(verdict.phases):
+        fitted = {**best, **{k: v for k, v in knobs.items() if k in best}}
+        if fitted != best and all(at.check(fitted).ok for at in cons):
+            return [fitted]
+    return []
 
 
 def _numeric(values: list) -> bool:

@@ -95,6 +95,12 @@ class Target:
         ``also_try``): schedules several knob steps away that a short search would not reach."""
         return []
 
+    def fitted_knobs(self, phases: list[Module]) -> list[dict[str, Any]]:
+        """Knob values the target's rules prefer over its defaults for these bound phases, best
+        first: the model's choice of a config tries each in turn before the defaults (a CUDA
+        block sized to its tiles, ``tilelang_cuda/fit_threads.py``). None by default."""
+        return []
+
     def default_knobs(self) -> dict[str, Any]:
         return {k: s.default for k, s in self.knobs.items()}
 

@@ -16,7 +16,7 @@ from ...passes.mark_short_loops import mark_short_loops, max_trips
 from ...passes.prefetch_loads import prefetch_loads
 from ...passes.split_phases import split_phases
 from ..target import Artifact, Target, lowering_error, register_target
-from . import gather_pipeline, tma_store, toolchain
+from . import fit_threads, gather_pipeline, tma_store, toolchain
 from .arch import SM90, SM100, Arch
 from .capacity import check_capacity, check_tcgen05_atoms, check_warp_groups, check_warp_rows
 from .emit import emit_module, ws_mode
@@ -97,6 +97,10 @@ class TileLangCuda(Target):
         if not any(op.name == "gemm" for op in module.walk()):
             knobs["threads"] = SMALL_BLOCKS  # no warp group to keep whole
         return knobs
+
+    def fitted_knobs(self, phases: list[Module]) -> list[dict]:
+        """A kernel without a gemm: a block no larger than its tiles fill (fit_threads.py)."""
+        return [{"threads": t} for t in fit_threads.thread_choices(phases, self.knobs["threads"].default)]
 
     def _used_knobs(self, module: Module) -> set[str]:
         """The knobs that can change one phase's code."""

@@ -1,0 +1,75 @@
+"""A CUDA kernel without a gemm gets a block its tiles fill when nothing chose its ``threads``
+(``codegen/tilelang_cuda/fit_threads.py``, applied by ``choose_config.ranked_configs``): V4.1's
+SwiGLU quantiser, a 16 x 32 tile a trip, runs on 64 threads with 16-byte loads instead of 256
+threads holding two elements each; a config that names ``threads`` keeps it, a gemm keeps its
+warp groups, and a value the target refuses falls back to the next larger one."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from duotile import codegen
+from duotile.codegen import choose_config
+from duotile.codegen.driver import _specialize
+from duotile.codegen.tilelang_cuda import fit_threads
+from duotile.kernels_spec.registry import load_all
+
+SPECS = load_all()
+V41_SWIGLU = "v41/experts_i2304/prefill4096"
+
+
+def _phases(name: str, shape: str, config: dict | None = None):
+    spec = SPECS[name]
+    phases, knobs, source, _ = _specialize(spec, spec.model_shapes[shape], "sm90", config, True)
+    return phases, knobs, source
+
+
+def test_a_small_tile_gets_a_small_block_and_a_full_one_keeps_256():
+    phases, _, _ = _phases("swiglu_quant", V41_SWIGLU, {"ROWS": 16, "BLOCKS": 16, "threads": 256})
+    assert fit_threads.largest_tile(phases) == 16 * 32
+    assert fit_threads.thread_choices(phases, 256) == [64, 128]
+    phases, _, _ = _phases("swiglu_quant", "v4/experts_i2048/prefill4096", {"ROWS": 16, "BLOCKS": 8, "threads": 256})
+    assert fit_threads.largest_tile(phases) == 16 * 128
+    assert fit_threads.thread_choices(phases, 256) == []
+
+
+def test_a_gemm_keeps_its_warp_groups():
+    phases, _, _ = _phases("gemm", "v41/shared_w2/decode64")
+    assert fit_threads.largest_tile(phases) is None
+    assert fit_threads.thread_choices(phases, 256) == []
+
+
+def test_the_config_a_user_gets_fits_and_a_named_threads_is_kept():
+    _, knobs, source = _phases("swiglu_quant", V41_SWIGLU)
+    assert (source, knobs["threads"]) == ("model", 64)
+    _, knobs, _ = _phases("swiglu_quant", V41_SWIGLU, {"threads": 256})
+    assert knobs["threads"] == 256
+    # the generated code: one 16-byte load of BF16 a thread, where 256 threads load 4 bytes
+    spec = SPECS["swiglu_quant"]
+    case = spec.model_shapes[V41_SWIGLU]
+    k = codegen.compile(spec.kernel, "sm90", constants=spec.constants_of(case))
+    cuda = k.artifacts(**spec.meta_inputs(case))[0].stages["cuda"]
+    assert "__launch_bounds__(64, 1)" in cuda
+    assert re.search(r"\*\(uint4\*\)\(h \+", cuda)
+
+
+def test_a_refused_value_falls_back_to_the_next(monkeypatch):
+    """hc_pre's 4 x 24 mix over 64 threads is refused by the target (a 96-element tile does not
+    split over two warps); the rule then takes 128."""
+    spec = SPECS["hc_pre"]
+    shape = next(s for s in spec.model_shapes if s.endswith("decode64"))
+    monkeypatch.setattr(fit_threads, "thread_choices", lambda phases, default: [64, 128])
+    choose_config._CHOICES.clear()
+    try:
+        _, knobs, source = _phases("hc_pre", shape)
+    finally:
+        choose_config._CHOICES.clear()
+    assert (source, knobs["threads"]) == ("model", 128)
+
+
+@pytest.mark.parametrize("most, expected", [(512, [64, 128]), (2048, []), (8, [32, 64, 128]), (1024, [128])])
+def test_the_rule_on_tile_sizes(monkeypatch, most, expected):
+    monkeypatch.setattr(fit_threads, "largest_tile", lambda phases: most)
+    assert fit_threads.thread_choices([], 256) == expected
