@@ -388,7 +388,9 @@ def _fitted(tgt, cons: list, best: dict[str, Any]) -> list[dict[str, Any]]:
         return []
     for knobs in tgt.fitted_knobs(verdict.phases):
         fitted = {**best, **{k: v for k, v in knobs.items() if k in best}}
-        if fitted != best and all(at.check(fitted).ok for at in cons):
+        if fitted == best:
+            return []  # the search chose it already (a modelled target moves knobs too)
+        if all(at.check(fitted).ok for at in cons):
             return [fitted]
     return []
 

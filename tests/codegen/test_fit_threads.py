@@ -73,3 +73,29 @@ def test_a_refused_value_falls_back_to_the_next(monkeypatch):
 def test_the_rule_on_tile_sizes(monkeypatch, most, expected):
     monkeypatch.setattr(fit_threads, "largest_tile", lambda phases: most)
     assert fit_threads.thread_choices([], 256) == expected
+
+
+class _Target:
+    def fitted_knobs(self, phases):
+        return [{"threads": 64}, {"threads": 128}]
+
+
+class _Calls:
+    """A call's checks: every config accepted but those with a refused ``threads``."""
+
+    def __init__(self, refused=()):
+        self.refused = refused
+
+    def check(self, config, full=True):
+        from types import SimpleNamespace
+
+        return SimpleNamespace(ok=config["threads"] not in self.refused, phases=[])
+
+
+def test_fitting_keeps_a_choice_already_fitted_and_skips_refused_values():
+    best = {"ROWS": 4, "threads": 256}
+    assert choose_config._fitted(_Target(), [_Calls()], best) == [{"ROWS": 4, "threads": 64}]
+    assert choose_config._fitted(_Target(), [_Calls(), _Calls(refused=(64,))], best) == [{"ROWS": 4, "threads": 128}]
+    assert choose_config._fitted(_Target(), [_Calls(refused=(64, 128))], best) == []
+    # a search that moves knobs (a modelled target) chose the fitted block already: kept, not moved on
+    assert choose_config._fitted(_Target(), [_Calls()], {"ROWS": 4, "threads": 64}) == []
