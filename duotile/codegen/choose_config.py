@@ -386,13 +386,26 @@ def _fitted(tgt, cons: list, best: dict[str, Any]) -> list[dict[str, Any]]:
     verdict = cons[0].check(best, full=False)
     if not verdict.ok:
         return []
-    for knobs in tgt.fitted_knobs(verdict.phases):
+    for knobs in tgt.fitted_knobs(verdict.phases, _programs(cons, best)):
         fitted = {**best, **{k: v for k, v in knobs.items() if k in best}}
         if fitted == best:
             return []  # the search chose it already (a modelled target moves knobs too)
         if all(at.check(fitted).ok for at in cons):
             return [fitted]
     return []
+
+
+def _programs(cons: list, best: dict[str, Any]) -> int | None:
+    """The most programs a launch of ``best`` runs over the calls of ``cons``, where the build is
+    specialised to its sizes (static, or a bucket of them); None where it serves every value of a
+    dynamic size (a decode step's batch and a prefill chunk's tokens alike)."""
+    most = 0
+    for at in cons:
+        if any(d not in at.sig.bucketed for d in at.sig.dynamic):
+            return None
+        for phase in at.check(best, full=False).phases:
+            most = max(most, math.prod(int(e) for e in phase.grid.attrs["extents"]))
+    return most
 
 
 def _numeric(values: list) -> bool:

@@ -95,10 +95,12 @@ class Target:
         ``also_try``): schedules several knob steps away that a short search would not reach."""
         return []
 
-    def fitted_knobs(self, phases: list[Module]) -> list[dict[str, Any]]:
+    def fitted_knobs(self, phases: list[Module], programs: int | None) -> list[dict[str, Any]]:
         """Knob values the target's rules prefer over its defaults for these bound phases, best
         first: the model's choice of a config tries each in turn before the defaults (a CUDA
-        block sized to its tiles, ``tilelang_cuda/fit_threads.py``). None by default."""
+        block sized to its tiles, ``tilelang_cuda/fit_threads.py``). ``programs``: the most
+        programs a launch runs where the build's sizes are fixed, None where a dynamic size
+        leaves it open. None by default."""
         return []
 
     def default_knobs(self) -> dict[str, Any]:

@@ -35,6 +35,20 @@ def test_a_small_tile_gets_a_small_block_and_a_full_one_keeps_256():
     assert fit_threads.thread_choices(phases, 256) == []
 
 
+def test_a_fixed_launch_the_default_block_runs_in_one_wave_keeps_it():
+    """V4.1's SwiGLU at 64 decode tokens (384 routed rows, a bucket of its own): 864 programs of an
+    8 x 32 tile, one wave of 256-thread blocks on 132 SMs, ran slower on one warp each (measured,
+    fit_threads.py); its prefill bucket and a dynamic build (kv_round) take the fitted block."""
+    _, knobs, source = _phases("swiglu_quant", "v41/experts_i2304/decode64")
+    assert (source, knobs["threads"]) == ("model", 256)
+    phases, _, _ = _phases("swiglu_quant", "v41/experts_i2304/decode64", {"ROWS": 8, "BLOCKS": 4, "threads": 256})
+    assert fit_threads.thread_choices(phases, 256) == [32, 64, 128]  # a dynamic build's answer
+    assert fit_threads.thread_choices(phases, 256, programs=864, sms=132) == []
+    assert fit_threads.thread_choices(phases, 256, programs=1057, sms=132) == [32, 64, 128]
+    _, knobs, _ = _phases("kv_round", "v41/window_fp8_32_d512/decode1")
+    assert knobs["threads"] == 32
+
+
 def test_a_gemm_keeps_its_warp_groups():
     phases, _, _ = _phases("gemm", "v41/shared_w2/decode64")
     assert fit_threads.largest_tile(phases) is None
@@ -60,7 +74,7 @@ def test_a_refused_value_falls_back_to_the_next(monkeypatch):
     split over two warps); the rule then takes 128."""
     spec = SPECS["hc_pre"]
     shape = next(s for s in spec.model_shapes if s.endswith("decode64"))
-    monkeypatch.setattr(fit_threads, "thread_choices", lambda phases, default: [64, 128])
+    monkeypatch.setattr(fit_threads, "thread_choices", lambda *args: [64, 128])
     choose_config._CHOICES.clear()
     try:
         _, knobs, source = _phases("hc_pre", shape)
@@ -76,7 +90,8 @@ def test_the_rule_on_tile_sizes(monkeypatch, most, expected):
 
 
 class _Target:
-    def fitted_knobs(self, phases):
+    def fitted_knobs(self, phases, programs):
+        assert programs is None  # the calls below serve a dynamic batch
         return [{"threads": 64}, {"threads": 128}]
 
 
@@ -84,7 +99,10 @@ class _Calls:
     """A call's checks: every config accepted but those with a refused ``threads``."""
 
     def __init__(self, refused=()):
+        from types import SimpleNamespace
+
         self.refused = refused
+        self.sig = SimpleNamespace(dynamic=("T",), bucketed=())
 
     def check(self, config, full=True):
         from types import SimpleNamespace

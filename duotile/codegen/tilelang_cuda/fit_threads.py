@@ -13,9 +13,30 @@ The rule: the largest block of ``CHOICES`` (at most the target's default, 256) w
 hold at least ``PER_THREAD`` elements of the phase's largest tile, else one warp; the values above
 it follow as fallbacks, in case the target's checks refuse one (a reduction over 96 elements does
 not split over 64 threads). A kernel with a gemm keeps its warp groups, and a kernel whose tiles
-fill 256 threads keeps 256. Bits do not change: a reduction's order is the tile's, not the
-block's (TileLang reduces a row within a thread first, then across threads by a fixed butterfly;
-``check_batch_invariance`` holds for every value).
+fill 256 threads keeps 256. So does a launch of fixed size (a bucketed batch) that the default
+block already runs in one wave (programs x 256 threads within the SMs' ``THREADS_PER_SM``): such a
+launch is a latency chain, which more threads with fewer elements each shorten. V4.1's SwiGLU at
+64 decode tokens (384 routed rows) is 864 programs of an 8 x 32 tile: 221,184 threads at 256, one
+wave on 132 SMs; on one warp each it ran 1.3x slower (below). A build that serves every value of a
+dynamic size (a decode step's batch and a prefill chunk's tokens alike) takes the rule as a
+prefill chunk would, where its time goes; at a decode step's few rows it is unmeasured.
+
+Measured (H100, 2026-12-07, ``benchmarks/ab_checkouts.py`` against the code before the rule, one
+round, 15 calls each after an L2 flush, outputs checked against the references; the one-wave
+condition was added after it, from its last row):
+
+| shape | 256 threads | fitted | |
+|---|---|---|---|
+| swiglu_quant v41/experts_i2304/prefill4096 | 177.0 us | 161.0 us (64) | 1.10x |
+| quantize v41/k5120/prefill4096 | 47.2 us | 40.7 us (64) | 1.16x |
+| kv_round v41/window_fp8_32_d512/prefill4096 | 34.6 us | 14.1 us (32) | 2.45x |
+| rope v41/q_h64_d512/prefill4096 | 349.1 us | 324.5 us (64) | 1.08x |
+| hc_post v41/site_d5120/prefill4096 | 151.6 us | 130.7 us (128) | 1.16x |
+| swiglu_quant v41/experts_i2304/decode64 | 7.9 us | 10.3 us (32) | 0.77x: now kept at 256 |
+
+Bits do not change: a reduction's order is the tile's, not the block's (TileLang reduces a row
+within a thread first, then across threads by a fixed butterfly; ``check_batch_invariance`` holds
+for every value).
 """
 
 from __future__ import annotations
@@ -26,6 +47,7 @@ from ...dsl.ir import Module
 
 PER_THREAD = 8  # elements of the largest tile a thread holds at least: 16 bytes of BF16
 CHOICES = (256, 128, 64, 32)  # threads per block, largest first; 32: one warp
+THREADS_PER_SM = 2048  # resident threads an SM holds at most (sm90 and sm100)
 
 
 def largest_tile(phases: list[Module]) -> int | None:
@@ -46,14 +68,16 @@ def largest_tile(phases: list[Module]) -> int | None:
     return most
 
 
-def thread_choices(phases: list[Module], default: int) -> list[int]:
+def thread_choices(phases: list[Module], default: int, programs: int | None = None, sms: int = 0) -> list[int]:
     """``threads`` values to try for these bound phases, preferred first; empty where the rule
-    keeps ``default`` (a gemm, or tiles that fill ``default`` threads)."""
+    keeps ``default`` (a gemm, tiles that fill ``default`` threads, or a launch of ``programs``
+    blocks, known where the build's sizes are fixed, that ``sms`` SMs hold in one wave of
+    ``default``-thread blocks)."""
     most = largest_tile(phases)
     if not most:
         return []
     fits = [t for t in CHOICES if t <= default and most >= PER_THREAD * t]
     best = fits[0] if fits else CHOICES[-1]
-    if best >= default:
+    if best >= default or (programs is not None and programs * default <= THREADS_PER_SM * sms):
         return []
     return [t for t in reversed(CHOICES) if best <= t < default]

@@ -98,9 +98,11 @@ class TileLangCuda(Target):
             knobs["threads"] = SMALL_BLOCKS  # no warp group to keep whole
         return knobs
 
-    def fitted_knobs(self, phases: list[Module]) -> list[dict]:
-        """A kernel without a gemm: a block no larger than its tiles fill (fit_threads.py)."""
-        return [{"threads": t} for t in fit_threads.thread_choices(phases, self.knobs["threads"].default)]
+    def fitted_knobs(self, phases: list[Module], programs: int | None) -> list[dict]:
+        """A kernel without a gemm: a block no larger than its tiles fill, unless a fixed grid
+        then leaves the SMs short of warps (fit_threads.py)."""
+        return [{"threads": t} for t in fit_threads.thread_choices(phases, self.knobs["threads"].default, programs,
+                                                                   self.arch.sms)]
 
     def _used_knobs(self, module: Module) -> set[str]:
         """The knobs that can change one phase's code."""
