@@ -174,6 +174,31 @@ def test_ab_checkouts_child_imports_the_checkout_it_measures(tmp_path):
     assert "imported the base checkout" in out.stderr
 
 
+def test_ab_checkouts_cut_short_prints_what_it_measured_and_stops_its_builds(tmp_path):
+    """A phase's ``timeout`` (SIGTERM) during the builds: the run says so, prints its table (empty
+    rows) and leaves no build process behind; it does not wait for the builds."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    (tmp_path / "duotile").mkdir()
+    (tmp_path / "duotile" / "__init__.py").write_text("import time\ntime.sleep(60)\n")  # a build that hangs
+    proc = subprocess.Popen([sys.executable, "benchmarks/ab_checkouts.py", "--base", str(tmp_path), "--jobs", "2",
+                             "gemm:v41/wq_b/decode1"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env={**os.environ, "PYTHONPATH": ""})
+    time.sleep(4)  # the two build processes are running (the base one sleeps)
+    start = time.monotonic()
+    proc.send_signal(signal.SIGTERM)
+    out, _ = proc.communicate(timeout=30)
+    assert time.monotonic() - start < 20
+    assert "stopped (SIGTERM) after 0 measurements" in out
+    assert "| gemm:v41/wq_b/decode1 | - | - | - |" in out
+    left = subprocess.run(["pgrep", "-f", f"--child {tmp_path}"], capture_output=True, text=True).stdout
+    assert left == "", "a build process outlived the run"
+
+
 def test_ab_checkouts_table_takes_medians_over_rounds_and_says_each_check():
     from benchmarks.ab_checkouts import HERE, table
 
