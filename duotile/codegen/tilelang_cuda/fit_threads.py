@@ -61,9 +61,9 @@ def largest_tile(phases: list[Module]) -> int | None:
             if op.name == "gemm":
                 return None
             value = op.result if op.result is not None else (op.args[0] if op.name in ("store", "scatter") else None)
-            if value is None or not hasattr(value.type, "shape"):
+            if value is None:
                 continue
-            size = sympy.sympify(sympy.Mul(*value.type.shape))
+            size = sympy.sympify(value.type.numel())
             if not size.is_Integer:
                 return None
             most = max(most, int(size))

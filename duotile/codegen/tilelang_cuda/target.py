@@ -99,8 +99,8 @@ class TileLangCuda(Target):
         return knobs
 
     def fitted_knobs(self, phases: list[Module], programs: int | None) -> list[dict]:
-        """A kernel without a gemm: a block no larger than its tiles fill, unless a fixed grid
-        then leaves the SMs short of warps (fit_threads.py)."""
+        """A kernel without a gemm: a block no larger than its tiles fill, unless its launch has a
+        fixed size that the default block runs in one wave (fit_threads.py)."""
         return [{"threads": t} for t in fit_threads.thread_choices(phases, self.knobs["threads"].default, programs,
                                                                    self.arch.sms)]
 
