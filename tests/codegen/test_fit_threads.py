@@ -43,8 +43,8 @@ def test_a_fixed_launch_the_default_block_runs_in_one_wave_keeps_it():
     assert (source, knobs["threads"]) == ("model", 256)
     phases, _, _ = _phases("swiglu_quant", "v41/experts_i2304/decode64", {"ROWS": 8, "BLOCKS": 4, "threads": 256})
     assert fit_threads.thread_choices(phases, 256) == [32, 64, 128]  # a dynamic build's answer
-    assert fit_threads.thread_choices(phases, 256, programs=864, sms=132) == []
-    assert fit_threads.thread_choices(phases, 256, programs=1057, sms=132) == [32, 64, 128]
+    assert fit_threads.thread_choices(phases, 256, programs=864, resident_threads=132 * 2048) == []
+    assert fit_threads.thread_choices(phases, 256, programs=1057, resident_threads=132 * 2048) == [32, 64, 128]
     _, knobs, _ = _phases("kv_round", "v41/window_fp8_32_d512/decode1")
     assert knobs["threads"] == 32
 

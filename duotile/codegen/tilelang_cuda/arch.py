@@ -19,6 +19,12 @@ class Arch:
     sms: int = 0  # streaming multiprocessors: the block count of a persistent grid
     least_tile: int = 64  # rows of the least tile every MMA form takes (tcgen05's 64-row form needs N % 64)
     block_scaled_mma: bool = False  # tensor cores that apply UE8M0 block scales (block_scaled.py)
+    threads_per_sm: int = 2048  # resident threads an SM holds at most (sm90 and sm100)
+
+    @property
+    def resident_threads(self) -> int:
+        """Threads the whole chip holds at once: one wave of a launch."""
+        return self.sms * self.threads_per_sm
 
     @property
     def has_tmem(self) -> bool:

@@ -14,12 +14,13 @@ hold at least ``PER_THREAD`` elements of the phase's largest tile, else one warp
 it follow as fallbacks, in case the target's checks refuse one (a reduction over 96 elements does
 not split over 64 threads). A kernel with a gemm keeps its warp groups, and a kernel whose tiles
 fill 256 threads keeps 256. So does a launch of fixed size (a bucketed batch) that the default
-block already runs in one wave (programs x 256 threads within the SMs' ``THREADS_PER_SM``): such a
-launch is a latency chain, which more threads with fewer elements each shorten. V4.1's SwiGLU at
-64 decode tokens (384 routed rows) is 864 programs of an 8 x 32 tile: 221,184 threads at 256, one
-wave on 132 SMs; on one warp each it ran 1.3x slower (below). A build that serves every value of a
-dynamic size (a decode step's batch and a prefill chunk's tokens alike) takes the rule as a
-prefill chunk would, where its time goes; at a decode step's few rows it is unmeasured.
+block already runs in one wave (programs x 256 threads within what the SMs hold at once,
+``Arch.resident_threads``): such a launch is a latency chain, which more threads with fewer
+elements each shorten. V4.1's SwiGLU at 64 decode tokens (384 routed rows) is 864 programs of an
+8 x 32 tile: 221,184 threads at 256, one wave on 132 SMs; on one warp each it ran 1.3x slower
+(below). A build that serves every value of a dynamic size (a decode step's batch and a prefill
+chunk's tokens alike) takes the rule as a prefill chunk would, where its time goes; at a decode
+step's few rows it is unmeasured.
 
 Measured (H100, 2026-12-07, ``benchmarks/ab_checkouts.py`` against the code before the rule, one
 round, 15 calls each after an L2 flush, outputs checked against the references; the one-wave
@@ -49,7 +50,6 @@ from ...dsl.ir import Module
 
 PER_THREAD = 8  # elements of the largest tile a thread holds at least: 16 bytes of BF16
 CHOICES = (256, 128, 64, 32)  # threads per block, largest first; 32: one warp
-THREADS_PER_SM = 2048  # resident threads an SM holds at most (sm90 and sm100)
 
 
 def largest_tile(phases: list[Module]) -> int | None:
@@ -70,16 +70,17 @@ def largest_tile(phases: list[Module]) -> int | None:
     return most
 
 
-def thread_choices(phases: list[Module], default: int, programs: int | None = None, sms: int = 0) -> list[int]:
+def thread_choices(phases: list[Module], default: int, programs: int | None = None,
+                   resident_threads: int = 0) -> list[int]:
     """``threads`` values to try for these bound phases, preferred first; empty where the rule
     keeps ``default`` (a gemm, tiles that fill ``default`` threads, or a launch of ``programs``
-    blocks, known where the build's sizes are fixed, that ``sms`` SMs hold in one wave of
-    ``default``-thread blocks)."""
+    blocks, known where the build's sizes are fixed, that a chip holding ``resident_threads``
+    threads at once runs in one wave of ``default``-thread blocks)."""
     most = largest_tile(phases)
     if not most:
         return []
     fits = [t for t in CHOICES if t <= default and most >= PER_THREAD * t]
     best = fits[0] if fits else CHOICES[-1]
-    if best >= default or (programs is not None and programs * default <= THREADS_PER_SM * sms):
+    if best >= default or (programs is not None and programs * default <= resident_threads):
         return []
     return [t for t in reversed(CHOICES) if best <= t < default]

@@ -101,8 +101,9 @@ class TileLangCuda(Target):
     def fitted_knobs(self, phases: list[Module], programs: int | None) -> list[dict]:
         """A kernel without a gemm: a block no larger than its tiles fill, unless its launch has a
         fixed size that the default block runs in one wave (fit_threads.py)."""
-        return [{"threads": t} for t in fit_threads.thread_choices(phases, self.knobs["threads"].default, programs,
-                                                                   self.arch.sms)]
+        default = self.knobs["threads"].default
+        return [{"threads": t}
+                for t in fit_threads.thread_choices(phases, default, programs, self.arch.resident_threads)]
 
     def _used_knobs(self, module: Module) -> set[str]:
         """The knobs that can change one phase's code."""

@@ -19,7 +19,7 @@ import sympy
 from ...dsl.ir import Role
 from ...passes.autotune.cost_model import Machine
 from ...passes.autotune.usage import REG_OVERHEAD, Limit, TileUsage, threads_of
-from .arch import Arch
+from .arch import SM90, SM100, Arch
 
 
 def cuda_limits(arch: Arch, u: TileUsage, knobs: dict[str, Any]) -> list[Limit]:
@@ -47,8 +47,9 @@ MACHINES = {
                     128 * 1.83e9, 228 * 1024, 65536, 32, 1.3e-6, 0.3e-6, 64,
                     "wgmma m64 per warpgroup; smem 128 B/clk/SM at 1.83 GHz, 15% L2 miss: assumptions; "
                     "1.3 us a pipeline step's wait under load: measured (a decode GEMM, 2026-12-01)",
-                    pipelined_resident=1),
+                    pipelined_resident=1, threads_per_unit=SM90.threads_per_sm),
     "sm100": Machine("B200", 148, {16: 2250e12, 8: 4500e12, 32: 80e12}, 80e12, 8.0e12,
                      128 * 1.9e9, 228 * 1024, 65536, 32, 0.7e-6, 0.3e-6, 128,
-                     "tcgen05 m128; vector rate, smem bandwidth, latency: assumptions", acc_in_registers=False),
+                     "tcgen05 m128; vector rate, smem bandwidth, latency: assumptions", acc_in_registers=False,
+                     threads_per_unit=SM100.threads_per_sm),
 }

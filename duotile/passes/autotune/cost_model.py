@@ -67,6 +67,7 @@ class Machine:
     # such cap). TileLang's warp-specialised sm90 form takes the register file for one program:
     # ``setmaxnreg`` 240 for 256 consumer threads and 24 for the 128 producers (64,512 of 65,536).
     pipelined_resident: int = 0
+    threads_per_unit: int = 0  # resident threads a unit holds at most (0: no such limit)
 
 
 L2_MISS = 0.15  # share of re-read tile traffic that misses L2 (assumption)
@@ -216,4 +217,5 @@ def _resident(m: Machine, usage: TileUsage, knobs: dict) -> int:
     reg_bytes = usage.peak[Role.VECTOR] + (usage.peak[Role.ACCUMULATOR] if m.acc_in_registers else 0)
     regs = (math.ceil(reg_bytes / 4 / threads) + 32) * threads
     by_regs = m.regs_per_unit // regs if m.regs_per_unit else m.max_resident
-    return max(1, min(m.max_resident, by_smem, by_regs, 2048 // threads))
+    by_threads = m.threads_per_unit // threads if m.threads_per_unit else m.max_resident
+    return max(1, min(m.max_resident, by_smem, by_regs, by_threads))
