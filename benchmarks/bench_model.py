@@ -6,7 +6,9 @@ few layers (real widths and expert counts, random weights), duotile's runtime ag
 Systems (``--runs``), each on the same random weights (`runtime/random_weights.py`, drawn on the GPU):
 
 * ``generated``: duotile's runtime on its generated kernels (sm90 builds, no config given), built
-  ahead in parallel processes (`runtime/generated/ahead.py`) before anything is timed;
+  ahead in parallel processes (`runtime/generated/ahead.py`) before anything is timed; each layer's
+  FFN half of a decode step replays from a CUDA graph (`runtime/graphs.py`);
+* ``generated-eager``: the same with every kernel launched from Python (``--eager``);
 * ``reference``: the same runtime on its PyTorch reference ops (dequantised weights where they fit
   in half the GPU's memory, else the released codes dequantised at each use: the label says which);
 * ``transformers``: Hugging Face transformers' ``DeepseekV4ForCausalLM`` (V4 only), eager attention,
@@ -52,14 +54,16 @@ CHUNK = 4096  # prompt tokens a prefill step takes at most, when a batch's promp
 class Ours:
     """duotile's runtime: one `Model`, requests as `StepSeq`s over their caches."""
 
-    def __init__(self, ckpt, kernels: str, dequantised: bool, device: str):
+    def __init__(self, ckpt, kernels: str, dequantised: bool, device: str, graphs: bool | None = None):
         from duotile.runtime.reference import Model
 
-        self.model = Model(ckpt, device=device, kernels=kernels, packed_only=not dequantised)
+        self.model = Model(ckpt, device=device, kernels=kernels, packed_only=not dequantised, graphs=graphs)
         if kernels == "reference" and not dequantised:
             self.label = "reference (codes dequantised at each use)"
+        elif self.model.ctx.sections is not None:
+            self.label = f"{kernels} (FFN halves from CUDA graphs)"
         else:
-            self.label = kernels
+            self.label = kernels + (" (every kernel launched from Python)" if kernels == "generated" else "")
 
     def prefill(self, prompts: list[torch.Tensor]) -> tuple[list, list[int]]:
         caches = [self.model.new_cache() for _ in prompts]
@@ -191,8 +195,9 @@ def build(name: str, cfg, ckpt, args, log):
 
     memory = torch.cuda.mem_get_info()[1] if args.device == "cuda" else float("inf")
     dequantised = name == "reference" and sum(weight_bytes(cfg).values()) < 0.5 * memory
-    system = Ours(ckpt, name, dequantised, args.device)
-    if name == "generated":
+    kernels = "generated" if name.startswith("generated") else name
+    system = Ours(ckpt, kernels, dequantised, args.device, graphs=False if name == "generated-eager" else None)
+    if kernels == "generated":
         from duotile.codegen import prebuild
         from duotile.runtime.generated.ahead import build_ahead
 
@@ -246,11 +251,14 @@ def run(args) -> None:
             log(f"{name}: {row}")
             Path(args.out).write_text(json.dumps(out, indent=1))
 
-        before = system.model.ctx.tally.snapshot() if name == "generated" else None
+        generated = name.startswith("generated")
+        before = system.model.ctx.tally.snapshot() if generated else None
         workload(system, cfg, args, record)
-        if name == "generated":  # which ops of the workload ran where, and the builds in all (ahead, at calls)
+        if generated:  # which ops of the workload ran where, and the builds in all (ahead, at calls)
             entry["ops"] = system.model.ctx.tally.since(before)
             entry["builds"] = system.model.ctx.ops.builds()
+            if system.model.ctx.sections is not None:
+                entry["graphs"] = system.model.ctx.sections.report()
             Path(args.out).write_text(json.dumps(out, indent=1))
         if args.profile:
             profile_step(system, cfg, args)

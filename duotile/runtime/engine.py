@@ -68,7 +68,8 @@ class LLMEngine:
     def __init__(self, model: str | os.PathLike | None = None, *, dtype: torch.dtype = torch.bfloat16,
                  batch_invariant: bool = False, quant: bool = True, max_num_seqs: int = 16,
                  max_num_batched_tokens: int = 256, prefill_chunk_size: int | None = None,
-                 device: str = "cpu", seed: int = 0, kernels: str = "reference", fp8_wo_a: bool = False):
+                 device: str = "cpu", seed: int = 0, kernels: str = "reference", fp8_wo_a: bool = False,
+                 graphs: bool | None = None):
         check_dtype(dtype)
         device = resolve_device(device)
         self.checkpoint = open_model(model or DEFAULT_PRESET)
@@ -76,7 +77,7 @@ class LLMEngine:
         check_fits(self.config, device=device, dtype=dtype, max_num_seqs=max_num_seqs,
                    max_num_batched_tokens=max_num_batched_tokens, batch_invariant=batch_invariant)
         self.model = Model(self.checkpoint, dtype=dtype, quant=quant, batch_invariant=batch_invariant,
-                           device=device, kernels=kernels, fp8_wo_a=fp8_wo_a)
+                           device=device, kernels=kernels, fp8_wo_a=fp8_wo_a, graphs=graphs)
         self.scheduler = Scheduler(max_num_seqs, max_num_batched_tokens, prefill_chunk_size)
         self._rng = random.Random(seed)
         self.last_stats: GenerateStats | None = None

@@ -67,6 +67,17 @@ class Tally:
     def snapshot(self) -> dict[str, tuple[int, int]]:
         return {k: (g, r) for k, (g, r) in self.calls.items()}
 
+    def restore(self, before: dict[str, tuple[int, int]]) -> None:
+        """Back to ``before`` (a ``snapshot``): calls recorded but never run (a graph's capture)."""
+        self.calls = {k: [g, r] for k, (g, r) in before.items()}
+
+    def add(self, calls: dict[str, tuple[int, int]]) -> None:
+        """Count ``calls`` (per op: generated, reference) once more: a graph's replay."""
+        for k, (g, r) in calls.items():
+            row = self.calls.setdefault(k, [0, 0])
+            row[0] += g
+            row[1] += r
+
     def since(self, before: dict[str, tuple[int, int]]) -> dict[str, tuple[int, int]]:
         """The calls made after ``before`` (a ``snapshot``), per op: (generated, reference)."""
         out = {}

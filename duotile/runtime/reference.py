@@ -15,6 +15,7 @@ import torch
 from .cache import SequenceCache
 from .config import ModelConfig
 from .device import resolve_device, ship
+from .graphs import Sections
 from .layers.attention_v4 import AttentionV4
 from .layers.attention_v41 import AttentionV41
 from .layers.common import Ctx, WeightSource, rms_norm
@@ -94,9 +95,7 @@ class Block:
         pre, post, comb = self.hc_attn.mixes(ctx, x)
         a = self.attn(ctx, self._norm(ctx, collapse(ctx, x, pre), self.attn_norm), step)
         x = expand(ctx, a, x, post, comb)
-        pre, post, comb = self.hc_ffn.mixes(ctx, x)
-        f = self.moe(ctx, self._norm(ctx, collapse(ctx, x, pre), self.ffn_norm), step.tokens)
-        return expand(ctx, f, x, post, comb)
+        return self._ffn(ctx, x, None, step)[0]
 
     def single_pass(self, ctx: Ctx, x: torch.Tensor, pre_prev: torch.Tensor, step: Step):
         """V4.1: each site collapses with the `pre` of the previous site; returns (X, pre for the next)."""
@@ -106,9 +105,22 @@ class Block:
         pre_a, post, comb = self.hc_attn.mixes(ctx, x)
         a = self.attn(ctx, self._norm(ctx, collapse(ctx, x, pre_prev), self.attn_norm), step)
         x = expand(ctx, a, x, post, comb)
-        pre_f, post, comb = self.hc_ffn.mixes(ctx, x)
-        f = self.moe(ctx, self._norm(ctx, collapse(ctx, x, pre_a), self.ffn_norm), step.tokens)
-        return expand(ctx, f, x, post, comb), pre_f
+        return self._ffn(ctx, x, pre_a, step)
+
+    def _ffn(self, ctx: Ctx, x: torch.Tensor, pre_in: torch.Tensor | None, step: Step):
+        """The FFN half: (X after it, this site's pre). It collapses with ``pre_in`` (V4.1: the
+        attention site's), or with the pre it computes (V4). Its shapes are the step's token count's
+        alone: it runs from a CUDA graph where the model keeps them (graphs.py)."""
+        def half(x: torch.Tensor, tokens: torch.Tensor, *pre_in: torch.Tensor):
+            pre_f, post, comb = self.hc_ffn.mixes(ctx, x)
+            f = self.moe(ctx, self._norm(ctx, collapse(ctx, x, pre_in[0] if pre_in else pre_f), self.ffn_norm),
+                         tokens)
+            return expand(ctx, f, x, post, comb), pre_f
+
+        inputs = (x, step.device_tokens(x.device), *(() if pre_in is None else (pre_in,)))
+        if ctx.sections is None:
+            return half(*inputs)
+        return ctx.sections.run(ctx.tally, ("ffn", self.layer), half, *inputs)
 
 
 @model_op("embed")
@@ -148,12 +160,16 @@ def make_ops(batch_invariant: bool, kernels: str = "reference"):
     return ops
 
 
+GRAPH_TOKENS = 64  # the most tokens of a step whose sections replay from graphs: model.md's decode batches
+
+
 class Model:
     """The reference model built from a validated checkpoint."""
 
     def __init__(self, checkpoint: Checkpoint, *, dtype: torch.dtype = torch.bfloat16, quant: bool = True,
                  batch_invariant: bool = False, device: torch.device | str = "cpu", kernels: str = "reference",
-                 packed_only: bool | None = None, stored_rows: bool | None = None, fp8_wo_a: bool = False):
+                 packed_only: bool | None = None, stored_rows: bool | None = None, fp8_wo_a: bool = False,
+                 graphs: bool | None = None):
         """``packed_only``: keep the quantised weights as released codes alone, each dequantised at
         its use on the reference path (a quarter or an eighth of the dequantised bytes); by default
         so with the generated kernels (they read the codes), never with the reference ops.
@@ -163,7 +179,9 @@ class Model:
         dequantised cache held. ``fp8_wo_a``: run the grouped ``wo_a`` as engines do, its input
         quantised to FP8 like every other FP8 projection's, on the weight's codes, rather than in
         BF16 on its dequantised value as the released reference does (model.md 2.10); needs
-        ``quant``. Off by default: the reference's numerics."""
+        ``quant``. Off by default: the reference's numerics. ``graphs``: replay each layer's FFN
+        half of a step of at most ``GRAPH_TOKENS`` tokens from a CUDA graph (graphs.py); by default
+        so with the generated kernels on a CUDA device."""
         check_dtype(dtype)
         device = resolve_device(device)
         cfg = self.config = checkpoint.config
@@ -179,8 +197,13 @@ class Model:
         if self.stored_rows and not cfg.is_v41 and cfg.qk_rope_head_dim != NOPE_ROPE:
             raise ValueError(f"stored_rows: V4's rows keep {NOPE_ROPE} rope channels in BF16; this configuration has "
                              f"qk_rope_head_dim = {cfg.qk_rope_head_dim}")
+        if graphs and (kernels != "generated" or device.type != "cuda"):
+            raise ValueError(f"graphs: CUDA graphs replay generated kernels on a CUDA device; this model runs "
+                             f"{kernels} ops on {device}")
+        graphs = kernels == "generated" and device.type == "cuda" if graphs is None else graphs
         self.ctx = Ctx(make_ops(batch_invariant, kernels), dtype, quant,
-                       fp8_wo_a=(cfg.o_groups, ws.act_block) if fp8_wo_a else None)
+                       fp8_wo_a=(cfg.o_groups, ws.act_block) if fp8_wo_a else None,
+                       sections=Sections(GRAPH_TOKENS) if graphs else None)
         self.embed, self.norm, self.head = ws.t("embed.weight"), ws.t("norm.weight"), ws.t("head.weight")
         self.blocks = [Block(cfg, ws, layer) for layer in range(cfg.num_hidden_layers)]
         self.weight_bytes = ws.device_bytes  # on the device, as kept: packed codes, or dequantised values

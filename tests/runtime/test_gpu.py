@@ -93,6 +93,20 @@ def test_generated_kernels_keep_batch_invariance_at_batch_64_on_cuda(ckpt_dir, n
     assert te._same(mixed, alone)
 
 
+@pytest.mark.parametrize("name", ["v41-tiny", "v4-tiny"])
+def test_ffn_halves_replayed_from_cuda_graphs_match_eager_launches_bitwise(ckpt_dir, name):
+    """The watched request among 15 others (mix 3 of test_engine.py): with each layer's FFN half
+    replayed from a CUDA graph (the default) and with every kernel launched from Python (eager),
+    the same tokens, bitwise the same logits and the same op report; graphs did replay."""
+    eager = built_ahead(LLM(ckpt_dir(name), device="cuda", kernels="generated", graphs=False), te._alone)
+    want = te._mixed(eager, 3)
+    graphed = LLM(ckpt_dir(name), device="cuda", kernels="generated")
+    got = te._mixed(graphed, 3)
+    assert te._same(got, want) and graphed.last_stats.ops == eager.last_stats.ops
+    sections = graphed.model.ctx.sections
+    assert sections.replays > 0 and not sections.eager, sections.report()
+
+
 def _sync_sites(fn) -> list[str]:
     """``fn()`` under torch's sync debug mode set to warn: one entry per call that waited for the
     GPU, with the last frames of its stack outside Python's and torch's own, so that a failure

@@ -16,6 +16,7 @@ import torch
 from .. import quant
 from ..config import ModelConfig
 from ..device import ship
+from ..graphs import Sections
 from ..model_ops import Tally, model_op
 from ..ops import FastOps
 from ..stored import decode_rows
@@ -30,6 +31,8 @@ class Ctx:
     # the grouped wo_a's (groups, FP8 block) where it runs as engines run it, on FP8 activations (a
     # decode kernel may write them with its output); None: in BF16, as the reference (model.md 2.10)
     fp8_wo_a: tuple[int, int] | None = None
+    sections: Sections | None = None  # CUDA graphs of the shape-static sections (graphs.py); None: eager
+
 
     def act(self, t: torch.Tensor) -> torch.Tensor:
         """Round to the activation dtype, where the reference stores a BF16 tensor."""

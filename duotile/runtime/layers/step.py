@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 import torch
 
 from ..cache import SequenceCache
+from ..device import ship
 
 
 @dataclass
@@ -29,7 +30,14 @@ class Step:
     positions: torch.Tensor = field(init=False)
     slices: list[slice] = field(init=False)
 
+    def device_tokens(self, device: torch.device) -> torch.Tensor:
+        """The step's tokens on ``device``, shipped once a step (the hash-routed layers read them)."""
+        if self._device_tokens is None or self._device_tokens.device != device:
+            self._device_tokens = ship(self.tokens, device)
+        return self._device_tokens
+
     def __post_init__(self) -> None:
+        self._device_tokens = None
         self.tokens = torch.cat([s.tokens.long().cpu() for s in self.seqs])
         self.positions = torch.cat([torch.arange(s.start, s.start + len(s.tokens)) for s in self.seqs])
         self.slices, at = [], 0

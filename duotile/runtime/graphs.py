@@ -1,0 +1,110 @@
+"""CUDA graphs of a step's shape-static sections: each layer's FFN half, replayed as one launch.
+
+A decode step of the generated model is mostly host time: every kernel call is a Python call, a
+few output allocations and a launch, hundreds of them a step. The FFN half of a decoder layer (the
+mHC mixes of its site, the collapse, the norm, the router, the experts and the expand) has shapes
+fixed by the step's token count alone and reads nothing from the host, so it can be recorded once
+as a CUDA graph and replayed: one launch instead of a dozen Python kernel calls.
+
+``Sections`` keeps one graph per (section, input shapes). A section met for the first time runs
+eagerly (its kernels build then, and the run shows which model ops served it); met again with the
+same shapes, and if every op it ran was a generated kernel, it is captured into a graph and
+replayed from then on. A section that ran a reference op (PyTorch code that may wait on the GPU
+or read a value back) stays eager while it does, and ``eager`` says why. A step of more than ``max_tokens``
+tokens (a prefill chunk) runs eagerly: its launches are long beside their host time.
+
+The graph's inputs and outputs are fixed tensors: a replay copies the call's inputs into the
+graph's own and returns the graph's outputs, which hold until the same section replays at the
+same shapes (the next step's same layer). The kernels are the ones the eager run launches, with
+the same configs, so a replay's result is bitwise the eager one. The call counts of the model ops
+inside (``ctx.tally``) are added at each replay, as if the section had run.
+
+Attention stays eager: its index lists, cache rows and lengths change every step.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+
+from .model_ops import Tally
+
+Outputs = tuple[torch.Tensor, ...]
+
+
+@dataclass
+class _Graph:
+    graph: object  # torch.cuda.CUDAGraph, or a stand-in with .replay() (tests)
+    inputs: tuple[torch.Tensor, ...]
+    outputs: Outputs
+    calls: dict[str, tuple[int, int]]  # the model op calls one run of the section makes
+
+
+class Sections:
+    """Graphs of sections by (name, input shapes); see the module docstring."""
+
+    def __init__(self, max_tokens: int, capture: Callable | None = None):
+        self.max_tokens = max_tokens
+        self._capture = capture or _cuda_capture
+        self._pool = None
+        self._graphs: dict[tuple, _Graph] = {}
+        self._warm: set[tuple] = set()
+        self.eager: dict[tuple, str] = {}  # sections kept eager: key -> why
+        self.replays = 0
+
+    def run(self, tally: Tally, name: tuple, fn: Callable[..., Outputs], *inputs: torch.Tensor) -> Outputs:
+        """``fn(*inputs)``, from the section's graph where it has one (``inputs`` are tensors on
+        one CUDA device, their first dimension the step's tokens)."""
+        key = (name, *((tuple(t.shape), t.dtype) for t in inputs))
+        hit = self._graphs.get(key)
+        if hit is not None:
+            return self._replay(tally, hit, inputs)
+        if inputs[0].shape[0] > self.max_tokens:
+            return fn(*inputs)
+        if key not in self._warm:
+            before = tally.snapshot()
+            out = fn(*inputs)
+            reference = sorted(op for op, (_, r) in tally.since(before).items() if r)
+            if reference:  # tried again at its next call: a build made ahead may serve it then
+                self.eager[key] = f"ran reference ops: {', '.join(reference)}"
+            else:
+                self.eager.pop(key, None)
+                self._warm.add(key)
+            return out
+        hit = self._graphs[key] = self._record(tally, fn, inputs)
+        return self._replay(tally, hit, inputs)
+
+    def _record(self, tally: Tally, fn: Callable[..., Outputs], inputs: tuple) -> _Graph:
+        own = tuple(t.clone() for t in inputs)
+        before = tally.snapshot()
+        graph, outputs, self._pool = self._capture(fn, own, self._pool)
+        calls = tally.since(before)
+        tally.restore(before)  # the capture ran no kernel: the replays count the calls
+        return _Graph(graph, own, tuple(outputs), calls)
+
+    def _replay(self, tally: Tally, hit: _Graph, inputs: tuple) -> Outputs:
+        for own, new in zip(hit.inputs, inputs):
+            own.copy_(new)
+        hit.graph.replay()
+        tally.add(hit.calls)
+        self.replays += 1
+        return hit.outputs
+
+    def report(self) -> str:
+        """One line: graphs held, replays made, sections kept eager and why."""
+        why = sorted(set(self.eager.values()))
+        kept = f"; {len(self.eager)} section shape(s) eager ({'; '.join(why)})" if why else ""
+        return f"CUDA graphs: {len(self._graphs)} captured, {self.replays} replays{kept}"
+
+
+def _cuda_capture(fn: Callable[..., Outputs], inputs: tuple, pool):
+    """Record ``fn(*inputs)`` as a CUDA graph in the sections' shared memory pool (the graphs replay
+    one at a time, so their scratch memory may overlap)."""
+    pool = torch.cuda.graph_pool_handle() if pool is None else pool
+    graph = torch.cuda.CUDAGraph()
+    torch.cuda.synchronize()
+    with torch.cuda.graph(graph, pool=pool):
+        outputs = fn(*inputs)
+    return graph, outputs, pool

@@ -1,0 +1,135 @@
+"""CUDA graphs of a step's shape-static sections (runtime/graphs.py): when a section is captured,
+what a replay returns and counts. On the CPU a stand-in graph replays by running the section again
+on the graph's own inputs into its own outputs, which is what a CUDA graph's replay does; the GPU
+test (test_gpu.py) runs the real graphs."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from duotile.runtime.engine import LLM
+from duotile.runtime.graphs import Sections
+from duotile.runtime.model_ops import Tally
+from duotile.runtime.reference import Model
+from duotile.runtime.sampler import SamplingParams
+
+
+class StandIn:
+    """A graph's replay on the CPU: the section run again, its results written into the outputs
+    the capture returned, its op calls counted nowhere (the replay adds the captured ones)."""
+
+    def __init__(self, holder, fn, inputs):
+        self.holder, self.fn, self.inputs = holder, fn, inputs
+        self.outputs = tuple(fn(*inputs))  # counted in the tally, as a capture's Python run is
+        self.replayed = 0
+
+    def replay(self):
+        saved, self.holder.tally = self.holder.tally, Tally()
+        for own, new in zip(self.outputs, self.fn(*self.inputs)):
+            own.copy_(new)
+        self.holder.tally = saved
+        self.replayed += 1
+
+
+def stand_in_capture(holder):
+    made = []
+
+    def capture(fn, inputs, pool):
+        graph = StandIn(holder, fn, inputs)
+        made.append(graph)
+        return graph, graph.outputs, pool
+
+    return capture, made
+
+
+class Holder:
+    def __init__(self):
+        self.tally = Tally()
+
+
+def _section(holder, reference_calls: list[bool]):
+    """y = 2x + 1 and the row sums, counted as a generated 'hc_post' call (a reference one while
+    ``reference_calls`` says so)."""
+    def fn(x):
+        holder.tally.count("hc_post", not (reference_calls and reference_calls.pop(0)))
+        return 2 * x + 1, x.sum(-1)
+    return fn
+
+
+def test_a_section_runs_eagerly_once_then_replays_its_graph_with_the_new_inputs():
+    holder = Holder()
+    capture, made = stand_in_capture(holder)
+    sections = Sections(max_tokens=8, capture=capture)
+    fn = _section(holder, [])
+    outs = []
+    for i in range(4):
+        x = torch.full((3, 5), float(i))
+        outs.append(sections.run(holder.tally, ("ffn", 0), fn, x))
+        torch.testing.assert_close(outs[-1][0], 2 * x + 1, rtol=0, atol=0)
+        torch.testing.assert_close(outs[-1][1], x.sum(-1), rtol=0, atol=0)
+    assert len(made) == 1 and made[0].replayed == 3 and sections.replays == 3
+    assert outs[1][0] is outs[3][0]  # a replay returns the graph's own outputs
+    assert holder.tally.snapshot() == {"hc_post": (4, 0)}  # once a call, captured or not
+    assert sections.report() == "CUDA graphs: 1 captured, 3 replays"
+
+
+def test_each_shape_and_section_has_its_own_graph_and_long_steps_stay_eager():
+    holder = Holder()
+    capture, made = stand_in_capture(holder)
+    sections = Sections(max_tokens=4, capture=capture)
+    fn = _section(holder, [])
+    for _ in range(3):
+        for layer, rows in ((0, 2), (1, 2), (0, 3), (0, 9)):
+            x = torch.randn(rows, 5)
+            assert torch.equal(sections.run(holder.tally, ("ffn", layer), fn, x)[0], 2 * x + 1)
+    assert len(made) == 3  # (0, 2 rows), (1, 2 rows), (0, 3 rows); 9 rows > max_tokens
+    assert holder.tally.snapshot() == {"hc_post": (12, 0)}
+
+
+def test_a_section_that_ran_a_reference_op_is_captured_only_once_it_runs_on_kernels():
+    holder = Holder()
+    capture, made = stand_in_capture(holder)
+    sections = Sections(max_tokens=8, capture=capture)
+    fn = _section(holder, [True, True])  # the first two runs fall back to the reference
+    x = torch.ones(2, 5)
+    sections.run(holder.tally, ("ffn", 0), fn, x)
+    sections.run(holder.tally, ("ffn", 0), fn, x)
+    assert not made and "ran reference ops: hc_post" in sections.report()
+    for _ in range(3):
+        sections.run(holder.tally, ("ffn", 0), fn, x)
+    assert len(made) == 1 and made[0].replayed == 2 and sections.eager == {}
+    assert holder.tally.snapshot() == {"hc_post": (3, 2)}
+
+
+def test_graphs_need_generated_kernels_on_a_cuda_device(ckpt_dir):
+    from duotile.runtime.weights import Checkpoint
+
+    ckpt = Checkpoint.open(ckpt_dir("v41-tiny"))
+    with pytest.raises(ValueError, match="CUDA graphs replay generated kernels on a CUDA device"):
+        Model(ckpt, kernels="generated", graphs=True)
+    assert Model(ckpt, kernels="generated").ctx.sections is None  # the default on a CPU: eager
+
+
+@pytest.mark.parametrize("name", ["v41-tiny", "v4-tiny"])
+def test_the_ffn_halves_from_graphs_give_the_eager_tokens_logits_and_op_counts(ckpt_dir, name):
+    """Tiny V4.1 (single-pass mHC, the attention site's pre into the FFN's collapse) and V4 (two
+    pass, hash-routed layers reading the step's tokens): two requests, three tokens each, with each
+    layer's FFN half from a stand-in graph from its second call at a shape on; the same tokens,
+    bitwise the same logits and the same op report as eager."""
+    params = [SamplingParams(max_tokens=3, ignore_eos=True, return_logits=True),
+              SamplingParams(max_tokens=3, temperature=0.8, seed=5, ignore_eos=True, return_logits=True)]
+    prompts = [[3, 1, 4, 1], [2, 7]]
+    eager = LLM(ckpt_dir(name), kernels="generated")
+    want = eager.generate(prompts, params)
+    graphed = LLM(ckpt_dir(name), kernels="generated")
+    ctx = graphed.model.ctx
+    capture, made = stand_in_capture(ctx)
+    ctx.sections = Sections(max_tokens=64, capture=capture)
+    got = graphed.generate(prompts, params)
+    for a, b in zip(want, got):
+        assert a.token_ids == b.token_ids and all(torch.equal(x, y) for x, y in zip(a.logits, b.logits))
+    assert graphed.last_stats.ops == eager.last_stats.ops
+    layers = graphed.config.num_hidden_layers
+    assert len(made) == layers and sum(g.replayed for g in made) == layers  # decode steps of 2, then 1, token
+    assert ctx.sections.replays == layers
