@@ -7,7 +7,7 @@ Systems (``--runs``), each on the same random weights (`runtime/random_weights.p
 
 * ``generated``: duotile's runtime on its generated kernels (sm90 builds, no config given), built
   ahead in parallel processes (`runtime/generated/ahead.py`) before anything is timed; each layer's
-  FFN half of a decode step replays from a CUDA graph (`runtime/graphs.py`);
+  attention projections and FFN half of a decode step replay from CUDA graphs (`runtime/graphs.py`);
 * ``generated-eager``: the same with every kernel launched from Python (``--eager``);
 * ``reference``: the same runtime on its PyTorch reference ops (dequantised weights where they fit
   in half the GPU's memory, else the released codes dequantised at each use: the label says which);
@@ -61,7 +61,7 @@ class Ours:
         if kernels == "reference" and not dequantised:
             self.label = "reference (codes dequantised at each use)"
         elif self.model.ctx.sections is not None:
-            self.label = f"{kernels} (FFN halves from CUDA graphs)"
+            self.label = f"{kernels} (layer sections from CUDA graphs)"
         else:
             self.label = kernels + (" (every kernel launched from Python)" if kernels == "generated" else "")
 

@@ -81,7 +81,8 @@ def _register_generate(subparsers: argparse._SubParsersAction) -> None:
                         "reference does (default: off, the reference's numerics)")
     p.add_argument("--eager", action="store_true",
                    help="with --kernels generated on a GPU: launch every kernel from Python (default: each "
-                        "layer's FFN half of a step of up to 64 tokens replays from a CUDA graph)")
+                        "layer's attention projections and FFN half of a step of up to 64 tokens replay "
+                        "from CUDA graphs)")
     p.add_argument("--device", default="cpu", help="cpu, cuda[:N], npu[:N] (needs torch_npu) or mps "
                    "(default: %(default)s)")
     p.add_argument("--threads", type=int, default=1,

@@ -1,10 +1,18 @@
-"""CUDA graphs of a step's shape-static sections: each layer's FFN half, replayed as one launch.
+"""CUDA graphs of a step's shape-static sections: two a decoder layer, each replayed as one launch.
 
 A decode step of the generated model is mostly host time: every kernel call is a Python call, a
-few output allocations and a launch, hundreds of them a step. The FFN half of a decoder layer (the
-mHC mixes of its site, the collapse, the norm, the router, the experts and the expand) has shapes
-fixed by the step's token count alone and reads nothing from the host, so it can be recorded once
-as a CUDA graph and replayed: one launch instead of a dozen Python kernel calls.
+few output allocations and a launch, hundreds of them a step. Two parts of each decoder layer have
+shapes fixed by the step's token count alone and read nothing from the host:
+
+* ``attention``: the attention site's mHC mixes, the collapse, the norm and the projections of
+  the rows (the queries, the window KV, the index queries and head weights: everything before a
+  position or a cache is read, ``Attention.project``);
+* ``ffn``: the FFN site's mixes, the collapse, the norm, the router, the experts and the expand.
+
+Each can be recorded once as a CUDA graph and replayed: one launch instead of a dozen Python
+kernel calls. The rest of the attention half (rope at the step's positions, the cache writes, the
+compressors, the indexer and top-k, attention itself and its output projections) runs as it comes:
+its index lists, cache rows and lengths change every step.
 
 ``Sections`` keeps one graph per (section, input shapes). A section met for the first time runs
 eagerly (its kernels build then, and the run shows which model ops served it); met again with the
@@ -18,8 +26,6 @@ graph's own and returns the graph's outputs, which hold until the same section r
 same shapes (the next step's same layer). The kernels are the ones the eager run launches, with
 the same configs, so a replay's result is bitwise the eager one. The call counts of the model ops
 inside (``ctx.tally``) are added at each replay, as if the section had run.
-
-Attention stays eager: its index lists, cache rows and lengths change every step.
 """
 
 from __future__ import annotations

@@ -92,9 +92,7 @@ class Block:
 
     def two_pass(self, ctx: Ctx, x: torch.Tensor, step: Step) -> torch.Tensor:
         """V4: each site collapses with the `pre` it computes from the current streams."""
-        pre, post, comb = self.hc_attn.mixes(ctx, x)
-        a = self.attn(ctx, self._norm(ctx, collapse(ctx, x, pre), self.attn_norm), step)
-        x = expand(ctx, a, x, post, comb)
+        x = self._attention(ctx, x, None, step)[0]
         return self._ffn(ctx, x, None, step)[0]
 
     def single_pass(self, ctx: Ctx, x: torch.Tensor, pre_prev: torch.Tensor, step: Step):
@@ -102,25 +100,41 @@ class Block:
         if self.engram is not None:
             ids = torch.cat([self.engram.rows_of(ctx, s.cache.engram_history, s.tokens) for s in step.seqs])
             x = self.engram(ctx, x, ids)
-        pre_a, post, comb = self.hc_attn.mixes(ctx, x)
-        a = self.attn(ctx, self._norm(ctx, collapse(ctx, x, pre_prev), self.attn_norm), step)
-        x = expand(ctx, a, x, post, comb)
+        x, pre_a = self._attention(ctx, x, pre_prev, step)
         return self._ffn(ctx, x, pre_a, step)
 
+    def _attention(self, ctx: Ctx, x: torch.Tensor, pre_in: torch.Tensor | None, step: Step):
+        """The attention half: (X after it, this site's pre). It collapses with ``pre_in`` (V4.1:
+        the previous site's), or with the pre it computes (V4). Its first part, the site's mixes,
+        the collapse, the norm and the projections of the rows, has the step's token count's
+        shapes alone: it runs from a CUDA graph where the model keeps them (graphs.py); the rest
+        (rope at the step's positions, the caches, the selection, attention) runs as it comes."""
+        def projections(x: torch.Tensor, *pre_in: torch.Tensor):
+            pre, post, comb = self.hc_attn.mixes(ctx, x)
+            a_in = self._norm(ctx, collapse(ctx, x, pre_in[0] if pre_in else pre), self.attn_norm)
+            return pre, post, comb, a_in, *self.attn.project(ctx, a_in)
+
+        pre, post, comb, a_in, *projected = self._section(ctx, "attention", projections, x,
+                                                          *(() if pre_in is None else (pre_in,)))
+        a = self.attn(ctx, a_in, step, tuple(projected))
+        return expand(ctx, a, x, post, comb), pre
+
     def _ffn(self, ctx: Ctx, x: torch.Tensor, pre_in: torch.Tensor | None, step: Step):
-        """The FFN half: (X after it, this site's pre). It collapses with ``pre_in`` (V4.1: the
-        attention site's), or with the pre it computes (V4). Its shapes are the step's token count's
-        alone: it runs from a CUDA graph where the model keeps them (graphs.py)."""
+        """The FFN half: (X after it, this site's pre), collapsed as ``_attention`` does. Its shapes
+        are the step's token count's alone: it runs from a CUDA graph where the model keeps them."""
         def half(x: torch.Tensor, tokens: torch.Tensor, *pre_in: torch.Tensor):
             pre_f, post, comb = self.hc_ffn.mixes(ctx, x)
             f = self.moe(ctx, self._norm(ctx, collapse(ctx, x, pre_in[0] if pre_in else pre_f), self.ffn_norm),
                          tokens)
             return expand(ctx, f, x, post, comb), pre_f
 
-        inputs = (x, step.device_tokens(x.device), *(() if pre_in is None else (pre_in,)))
+        return self._section(ctx, "ffn", half, x, step.device_tokens(x.device),
+                             *(() if pre_in is None else (pre_in,)))
+
+    def _section(self, ctx: Ctx, name: str, fn, *inputs: torch.Tensor) -> tuple[torch.Tensor, ...]:
         if ctx.sections is None:
-            return half(*inputs)
-        return ctx.sections.run(ctx.tally, ("ffn", self.layer), half, *inputs)
+            return fn(*inputs)
+        return ctx.sections.run(ctx.tally, (name, self.layer), fn, *inputs)
 
 
 @model_op("embed")
@@ -179,9 +193,9 @@ class Model:
         dequantised cache held. ``fp8_wo_a``: run the grouped ``wo_a`` as engines do, its input
         quantised to FP8 like every other FP8 projection's, on the weight's codes, rather than in
         BF16 on its dequantised value as the released reference does (model.md 2.10); needs
-        ``quant``. Off by default: the reference's numerics. ``graphs``: replay each layer's FFN
-        half of a step of at most ``GRAPH_TOKENS`` tokens from a CUDA graph (graphs.py); by default
-        so with the generated kernels on a CUDA device."""
+        ``quant``. Off by default: the reference's numerics. ``graphs``: replay each layer's attention
+        projections and FFN half of a step of at most ``GRAPH_TOKENS`` tokens from CUDA graphs
+        (graphs.py); by default so with the generated kernels on a CUDA device."""
         check_dtype(dtype)
         device = resolve_device(device)
         cfg = self.config = checkpoint.config

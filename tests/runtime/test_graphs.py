@@ -112,11 +112,11 @@ def test_graphs_need_generated_kernels_on_a_cuda_device(ckpt_dir):
 
 
 @pytest.mark.parametrize("name", ["v41-tiny", "v4-tiny"])
-def test_the_ffn_halves_from_graphs_give_the_eager_tokens_logits_and_op_counts(ckpt_dir, name):
-    """Tiny V4.1 (single-pass mHC, the attention site's pre into the FFN's collapse) and V4 (two
-    pass, hash-routed layers reading the step's tokens): two requests, three tokens each, with each
-    layer's FFN half from a stand-in graph from its second call at a shape on; the same tokens,
-    bitwise the same logits and the same op report as eager."""
+def test_sections_from_graphs_give_the_eager_tokens_logits_and_op_counts(ckpt_dir, name):
+    """Tiny V4.1 (single-pass mHC, each site's pre into the next site's collapse) and V4 (two pass,
+    hash-routed layers reading the step's tokens): two requests, three tokens each, with each
+    layer's attention projections and FFN half from stand-in graphs from their second call at a
+    shape on; the same tokens, bitwise the same logits and the same op report as eager."""
     params = [SamplingParams(max_tokens=3, ignore_eos=True, return_logits=True),
               SamplingParams(max_tokens=3, temperature=0.8, seed=5, ignore_eos=True, return_logits=True)]
     prompts = [[3, 1, 4, 1], [2, 7]]
@@ -131,5 +131,7 @@ def test_the_ffn_halves_from_graphs_give_the_eager_tokens_logits_and_op_counts(c
         assert a.token_ids == b.token_ids and all(torch.equal(x, y) for x, y in zip(a.logits, b.logits))
     assert graphed.last_stats.ops == eager.last_stats.ops
     layers = graphed.config.num_hidden_layers
-    assert len(made) == layers and sum(g.replayed for g in made) == layers  # decode steps of 2, then 1, token
-    assert ctx.sections.replays == layers
+    # two sections a layer, warmed by the first decode step (2 tokens), captured and replayed by the second
+    assert len(made) == 2 * layers and sum(g.replayed for g in made) == 2 * layers == ctx.sections.replays
+    assert {key[0] for key in ctx.sections._graphs} == {(part, layer) for part in ("attention", "ffn")
+                                                        for layer in range(layers)}

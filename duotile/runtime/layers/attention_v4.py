@@ -121,22 +121,35 @@ class AttentionV4:
                   for lc, (_, sl) in zip(layers, seqs)]
         return list(topk(ctx, pad_cat(scores, float("-inf")), cfg.index_topk).split([len(s) for s in scores]))
 
-    def __call__(self, ctx: Ctx, x: torch.Tensor, step: Step) -> torch.Tensor:
-        cfg, pos = self.cfg, step.positions
-        t, h, d = x.shape[0], cfg.num_attention_heads, cfg.head_dim
+    def project(self, ctx: Ctx, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        """The step's projections of its rows alone (no position, no cache): the queries, normed
+        per head, before their rope, the window KV projection and, on a CSA layer, the index
+        queries before their rope and the index head weights."""
+        cfg, t = self.cfg, x.shape[0]
         qr = ctx.act(rms_norm(ctx, self.wq_a(ctx, x), self.q_norm, cfg.rms_norm_eps))
-        q = ctx.act(self.wq_b(ctx, qr)).view(t, h, d)
+        q = ctx.act(self.wq_b(ctx, qr)).view(t, cfg.num_attention_heads, cfg.head_dim)
         q = ctx.act(rms_norm(ctx, q, None, cfg.rms_norm_eps))
+        kvw = self.wkv(ctx, x)
+        if self.kind != "csa":
+            return q, kvw
+        qi = ctx.act(self.idx_wq_b(ctx, qr)).view(t, cfg.index_n_heads, cfg.index_head_dim)
+        wts = matmul(ctx, x, self.idx_proj) * (cfg.index_head_dim**-0.5 * cfg.index_n_heads**-0.5)
+        return q, kvw, qi, wts
+
+    def __call__(self, ctx: Ctx, x: torch.Tensor, step: Step, projected: tuple | None = None) -> torch.Tensor:
+        """The attention output of the step's rows ``x``; ``projected``: ``project(ctx, x)``, made
+        already (a graph's)."""
+        cfg, pos, d = self.cfg, step.positions, self.cfg.head_dim
+        q, kvw, *index = projected if projected is not None else self.project(ctx, x)
         q = ctx.act(rope(ctx, self.rope, q, pos))
         seqs = list(zip(step.seqs, step.slices))
-        kv, encoded = window_kv(ctx, self, x, pos, seqs, "fp8_nope")
+        kv, encoded = window_kv(ctx, self, kvw, pos, seqs, "fp8_nope")
         if self.ratio:
             c, z = self.comp.project(ctx, x, pos)
         if self.kind == "csa":
             ci, zi = self.idx_comp.project(ctx, x, pos)
-            qi = ctx.act(self.idx_wq_b(ctx, qr)).view(t, cfg.index_n_heads, cfg.index_head_dim)
+            qi, wts = index
             qi = self._index_round(ctx, ctx.act(rope(ctx, self.rope, qi, pos)))
-            wts = matmul(ctx, x, self.idx_proj) * (cfg.index_head_dim**-0.5 * cfg.index_n_heads**-0.5)
         compressed = None
         if self.ratio:
             sel = self._compress(ctx, seqs, c, z, (ci, zi, qi, wts) if self.kind == "csa" else None, pos)

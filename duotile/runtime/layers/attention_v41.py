@@ -222,20 +222,34 @@ class AttentionV41:
             seq.scratch[("topk", self.layer)] = sel
         return list(sels)
 
-    def __call__(self, ctx: Ctx, x: torch.Tensor, step: Step) -> torch.Tensor:
-        cfg, pos = self.cfg, step.positions
-        t, h, d = x.shape[0], cfg.num_attention_heads, cfg.head_dim
+    def project(self, ctx: Ctx, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        """The step's projections of its rows alone (no position, no cache): the queries before
+        their rope, the window KV projection and, on an indexer layer, the index queries before
+        their rope and the index head weights."""
+        cfg, t = self.cfg, x.shape[0]
         qr = ctx.act(rms_norm(ctx, self.wq_a(ctx, x), self.q_norm, cfg.rms_norm_eps))
-        q = ctx.act(rope(ctx, self.rope, ctx.act(self.wq_b(ctx, qr)).view(t, h, d), pos))
+        q = ctx.act(self.wq_b(ctx, qr)).view(t, cfg.num_attention_heads, cfg.head_dim)
+        kvw = self.wkv(ctx, x)
+        if self.kind not in ("full", "reindex"):
+            return q, kvw
+        qi = ctx.act(self.idx_wq_b(ctx, qr)).view(t, cfg.index_n_heads, cfg.index_head_dim)
+        wts = matmul(ctx, x, self.idx_proj) * (cfg.index_head_dim**-0.5 * cfg.index_n_heads**-0.5)
+        return q, kvw, qi, wts
+
+    def __call__(self, ctx: Ctx, x: torch.Tensor, step: Step, projected: tuple | None = None) -> torch.Tensor:
+        """The attention output of the step's rows ``x``; ``projected``: ``project(ctx, x)``, made
+        already (a graph's)."""
+        cfg, pos, d = self.cfg, step.positions, self.cfg.head_dim
+        q, kvw, *index = projected if projected is not None else self.project(ctx, x)
+        q = ctx.act(rope(ctx, self.rope, q, pos))
         seqs = list(zip(step.seqs, step.slices))
-        kv, encoded = window_kv(ctx, self, x, pos, seqs, "fp8/32")
+        kv, encoded = window_kv(ctx, self, kvw, pos, seqs, "fp8/32")
         qi = wts = None
-        if self.kind in ("full", "reindex"):
-            qi = ctx.act(self.idx_wq_b(ctx, qr)).view(t, cfg.index_n_heads, cfg.index_head_dim)
+        if index:
+            qi, wts = index
             qi = ctx.act(rope(ctx, self.rope, qi, pos))
             if ctx.quant:
                 qi = ctx.act(round_rows(ctx, qi, "mxfp4"))
-            wts = matmul(ctx, x, self.idx_proj) * (cfg.index_head_dim**-0.5 * cfg.index_n_heads**-0.5)
         if self.kind == "full":
             self._publish(ctx, seqs, x)
         sels = self._select(ctx, seqs, qi, wts, pos) if self.ratio else None

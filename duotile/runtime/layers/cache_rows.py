@@ -328,9 +328,10 @@ def write_ring(ring, start: int, new_rows: torch.Tensor, encoded: torch.Tensor |
         ring[slots] = new_rows[s - keep :].to(ring.dtype)
 
 
-def window_kv(ctx: Ctx, attn, x: torch.Tensor, pos: torch.Tensor, seqs: list, fmt: str):
-    """A step's window rows of layer ``attn`` (its ``wkv``, ``kv_norm``, rotary and cache layer),
-    normed, rotated and rounded to the rings' format ``fmt``, and, over rings as stored, their
+def window_kv(ctx: Ctx, attn, kvw: torch.Tensor, pos: torch.Tensor, seqs: list, fmt: str):
+    """A step's window rows of layer ``attn`` (its ``kv_norm``, rotary and cache layer) from their
+    projection ``kvw`` (``wkv`` of the step's rows), normed, rotated and rounded to the rings'
+    format ``fmt``, and, over rings as stored, their
     bytes; a decode step over rings as stored writes them into the rings at once (``kv_insert``)
     and returns neither (its attention reads the rings)."""
     from ..stacked import stack_attr
@@ -338,9 +339,9 @@ def window_kv(ctx: Ctx, attn, x: torch.Tensor, pos: torch.Tensor, seqs: list, fm
     eps, rings = attn.cfg.rms_norm_eps, [seq.cache.layers[attn.layer].ring for seq, _ in seqs]
     stored = ctx.quant and isinstance(rings[0], StoredRing)
     if stored and one_token_each(seqs):
-        kv_insert(ctx, attn.rope, attn.wkv(ctx, x), attn.kv_norm, eps, pos, stack_attr(rings, "rows"), fmt=fmt)
+        kv_insert(ctx, attn.rope, kvw, attn.kv_norm, eps, pos, stack_attr(rings, "rows"), fmt=fmt)
         return None, None
-    kv = ctx.act(rms_norm(ctx, attn.wkv(ctx, x), attn.kv_norm, eps))
+    kv = ctx.act(rms_norm(ctx, kvw, attn.kv_norm, eps))
     kv = ctx.act(rope(ctx, attn.rope, kv, pos))
     if not ctx.quant:
         return kv, None
