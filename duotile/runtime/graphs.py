@@ -7,12 +7,13 @@ shapes fixed by the step's token count alone and read nothing from the host:
 * ``attention``: the attention site's mHC mixes, the collapse, the norm and the projections of
   the rows (the queries, the window KV, the index queries and head weights: everything before a
   position or a cache is read, ``Attention.project``);
-* ``ffn``: the FFN site's mixes, the collapse, the norm, the router, the experts and the expand.
+* ``ffn``: the attention's output projection and expand, then the FFN site's mixes, the
+  collapse, the norm, the router, the experts and the expand.
 
-Each can be recorded once as a CUDA graph and replayed: one launch instead of a dozen Python
+Each can be recorded once as a CUDA graph and replayed: one launch instead of dozens of Python
 kernel calls. The rest of the attention half (rope at the step's positions, the cache writes, the
-compressors, the indexer and top-k, attention itself and its output projections) runs as it comes:
-its index lists, cache rows and lengths change every step.
+compressors, the indexer and top-k, attention itself) runs as it comes: its index lists, cache
+rows and lengths change every step.
 
 ``Sections`` keeps one graph per (section, input shapes). A section met for the first time runs
 eagerly (its kernels build then, and the run shows which model ops served it); met again with the

@@ -92,23 +92,24 @@ class Block:
 
     def two_pass(self, ctx: Ctx, x: torch.Tensor, step: Step) -> torch.Tensor:
         """V4: each site collapses with the `pre` it computes from the current streams."""
-        x = self._attention(ctx, x, None, step)[0]
-        return self._ffn(ctx, x, None, step)[0]
+        *heads, _ = self._attention(ctx, x, None, step)
+        return self._ffn(ctx, *heads, None, step)[0]
 
     def single_pass(self, ctx: Ctx, x: torch.Tensor, pre_prev: torch.Tensor, step: Step):
         """V4.1: each site collapses with the `pre` of the previous site; returns (X, pre for the next)."""
         if self.engram is not None:
             ids = torch.cat([self.engram.rows_of(ctx, s.cache.engram_history, s.tokens) for s in step.seqs])
             x = self.engram(ctx, x, ids)
-        x, pre_a = self._attention(ctx, x, pre_prev, step)
-        return self._ffn(ctx, x, pre_a, step)
+        *heads, pre_a = self._attention(ctx, x, pre_prev, step)
+        return self._ffn(ctx, *heads, pre_a, step)
 
     def _attention(self, ctx: Ctx, x: torch.Tensor, pre_in: torch.Tensor | None, step: Step):
-        """The attention half: (X after it, this site's pre). It collapses with ``pre_in`` (V4.1:
-        the previous site's), or with the pre it computes (V4). Its first part, the site's mixes,
-        the collapse, the norm and the projections of the rows, has the step's token count's
-        shapes alone: it runs from a CUDA graph where the model keeps them (graphs.py); the rest
-        (rope at the step's positions, the caches, the selection, attention) runs as it comes."""
+        """The attention site up to its heads' outputs: (the outputs, the streams, post, comb, the
+        site's pre). It collapses with ``pre_in`` (V4.1: the previous site's), or with the pre it
+        computes (V4). Its first part, the site's mixes, the collapse, the norm and the row-only
+        projections, has the step's token count's shapes alone: it runs from a CUDA graph where
+        the model keeps them (graphs.py); the rest (rope at the step's positions, the caches, the
+        selection, attention) runs as it comes."""
         def projections(x: torch.Tensor, *pre_in: torch.Tensor):
             pre, post, comb = self.hc_attn.mixes(ctx, x)
             a_in = self._norm(ctx, collapse(ctx, x, pre_in[0] if pre_in else pre), self.attn_norm)
@@ -116,19 +117,26 @@ class Block:
 
         pre, post, comb, a_in, *projected = self._section(ctx, "attention", projections, x,
                                                           *(() if pre_in is None else (pre_in,)))
-        a = self.attn(ctx, a_in, step, tuple(projected))
-        return expand(ctx, a, x, post, comb), pre
+        return self.attn.heads(ctx, a_in, step, tuple(projected)), x, post, comb, pre
 
-    def _ffn(self, ctx: Ctx, x: torch.Tensor, pre_in: torch.Tensor | None, step: Step):
-        """The FFN half: (X after it, this site's pre), collapsed as ``_attention`` does. Its shapes
-        are the step's token count's alone: it runs from a CUDA graph where the model keeps them."""
-        def half(x: torch.Tensor, tokens: torch.Tensor, *pre_in: torch.Tensor):
+    def _ffn(self, ctx: Ctx, o: torch.Tensor, x: torch.Tensor, post: torch.Tensor, comb: torch.Tensor,
+             pre_in: torch.Tensor | None, step: Step):
+        """The attention's output projection and expand, then the FFN half: (X after them, the FFN
+        site's pre), collapsed as ``_attention`` does. Their shapes are the step's token count's
+        alone: they run from a CUDA graph where the model keeps them. With ``ctx.fp8_wo_a`` the
+        output projection runs before the graph: its FP8 input may come from the attention
+        kernel beside ``o`` (generated/attention.py), which a graph's copy of ``o`` is not."""
+        def half(x: torch.Tensor, tokens: torch.Tensor, o: torch.Tensor, post: torch.Tensor, comb: torch.Tensor,
+                 *pre_in: torch.Tensor):
+            x = expand(ctx, o if ctx.fp8_wo_a else self.attn.output(ctx, o), x, post, comb)
             pre_f, post, comb = self.hc_ffn.mixes(ctx, x)
             f = self.moe(ctx, self._norm(ctx, collapse(ctx, x, pre_in[0] if pre_in else pre_f), self.ffn_norm),
                          tokens)
             return expand(ctx, f, x, post, comb), pre_f
 
-        return self._section(ctx, "ffn", half, x, step.device_tokens(x.device),
+        if ctx.fp8_wo_a:
+            o = self.attn.output(ctx, o)
+        return self._section(ctx, "ffn", half, x, step.device_tokens(x.device), o, post, comb,
                              *(() if pre_in is None else (pre_in,)))
 
     def _section(self, ctx: Ctx, name: str, fn, *inputs: torch.Tensor) -> tuple[torch.Tensor, ...]:

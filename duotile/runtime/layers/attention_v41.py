@@ -237,9 +237,17 @@ class AttentionV41:
         return q, kvw, qi, wts
 
     def __call__(self, ctx: Ctx, x: torch.Tensor, step: Step, projected: tuple | None = None) -> torch.Tensor:
-        """The attention output of the step's rows ``x``; ``projected``: ``project(ctx, x)``, made
-        already (a graph's)."""
-        cfg, pos, d = self.cfg, step.positions, self.cfg.head_dim
+        """The attention output of the step's rows ``x``, projected (``output``)."""
+        return self.output(ctx, self.heads(ctx, x, step, projected))
+
+    def output(self, ctx: Ctx, o: torch.Tensor) -> torch.Tensor:
+        """The grouped low-rank output projection of the heads' outputs ``o`` [T, H, d]."""
+        return grouped_output(ctx, o.flatten(1), self.wo_a, self.wo_b, self.cfg.o_groups)
+
+    def heads(self, ctx: Ctx, x: torch.Tensor, step: Step, projected: tuple | None = None) -> torch.Tensor:
+        """The heads' outputs [T, H, d] for the step's rows ``x``; ``projected``: ``project(ctx, x)``,
+        made already (a graph's)."""
+        pos, d = step.positions, self.cfg.head_dim
         q, kvw, *index = projected if projected is not None else self.project(ctx, x)
         q = ctx.act(rope(ctx, self.rope, q, pos))
         seqs = list(zip(step.seqs, step.slices))
@@ -257,4 +265,4 @@ class AttentionV41:
         compressed = Selected([seq.cache.layers[self.kv_src].comp for seq, _ in seqs], sels) if self.ratio else None
         # rotated by -P: in the decode kernel's epilogue over rings as stored, else by the rope op
         o = attend(ctx, seqs, self.layer, q, kv, compressed, self.sink, d**-0.5, encoded, self.rope, pos)
-        return grouped_output(ctx, o.flatten(1), self.wo_a, self.wo_b, cfg.o_groups)
+        return o
