@@ -19,8 +19,10 @@ rows and lengths change every step.
 eagerly (its kernels build then, and the run shows which model ops served it); met again with the
 same shapes, and if every op it ran was a generated kernel, it is captured into a graph and
 replayed from then on. A section that ran a reference op (PyTorch code that may wait on the GPU
-or read a value back) stays eager while it does, and ``eager`` says why. A step of more than ``max_tokens``
-tokens (a prefill chunk) runs eagerly: its launches are long beside their host time.
+or read a value back) stays eager while it does, and ``eager`` says why; one whose capture raised
+stays eager from then on, and ``failed`` holds the error (``report`` prints both). A step of
+more than ``max_tokens`` tokens (a prefill chunk) runs eagerly: its launches are long beside
+their host time.
 
 The graph's inputs and outputs are fixed tensors: a replay copies the call's inputs into the
 graph's own and returns the graph's outputs, which hold until the same section replays at the
@@ -58,7 +60,8 @@ class Sections:
         self._pool = None
         self._graphs: dict[tuple, _Graph] = {}
         self._warm: set[tuple] = set()
-        self.eager: dict[tuple, str] = {}  # sections kept eager: key -> why
+        self.eager: dict[tuple, str] = {}  # sections kept eager while they run reference ops: key -> which
+        self.failed: dict[tuple, str] = {}  # sections whose capture raised, eager from then on: key -> the error
         self.replays = 0
 
     def run(self, tally: Tally, name: tuple, fn: Callable[..., Outputs], *inputs: torch.Tensor) -> Outputs:
@@ -68,7 +71,7 @@ class Sections:
         hit = self._graphs.get(key)
         if hit is not None:
             return self._replay(tally, hit, inputs)
-        if inputs[0].shape[0] > self.max_tokens:
+        if inputs[0].shape[0] > self.max_tokens or key in self.failed:
             return fn(*inputs)
         if key not in self._warm:
             before = tally.snapshot()
@@ -80,15 +83,22 @@ class Sections:
                 self.eager.pop(key, None)
                 self._warm.add(key)
             return out
-        hit = self._graphs[key] = self._record(tally, fn, inputs)
+        try:
+            hit = self._record(tally, fn, inputs)
+        except Exception as err:  # noqa: BLE001 - any failed capture leaves the section eager, said so
+            self.failed[key] = f"capture failed: {type(err).__name__}: {str(err).splitlines()[0][:200]}"
+            return fn(*inputs)
+        self._graphs[key] = hit
         return self._replay(tally, hit, inputs)
 
     def _record(self, tally: Tally, fn: Callable[..., Outputs], inputs: tuple) -> _Graph:
         own = tuple(t.clone() for t in inputs)
         before = tally.snapshot()
-        graph, outputs, self._pool = self._capture(fn, own, self._pool)
-        calls = tally.since(before)
-        tally.restore(before)  # the capture ran no kernel: the replays count the calls
+        try:
+            graph, outputs, self._pool = self._capture(fn, own, self._pool)
+        finally:
+            calls = tally.since(before)
+            tally.restore(before)  # the capture ran no kernel: the replays count the calls
         return _Graph(graph, own, tuple(outputs), calls)
 
     def _replay(self, tally: Tally, hit: _Graph, inputs: tuple) -> Outputs:
@@ -101,8 +111,9 @@ class Sections:
 
     def report(self) -> str:
         """One line: graphs held, replays made, sections kept eager and why."""
-        why = sorted(set(self.eager.values()))
-        kept = f"; {len(self.eager)} section shape(s) eager ({'; '.join(why)})" if why else ""
+        kept = {**self.eager, **self.failed}
+        why = sorted(set(kept.values()))
+        kept = f"; {len(kept)} section shape(s) eager ({'; '.join(why)})" if why else ""
         return f"CUDA graphs: {len(self._graphs)} captured, {self.replays} replays{kept}"
 
 

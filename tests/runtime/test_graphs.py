@@ -102,6 +102,23 @@ def test_a_section_that_ran_a_reference_op_is_captured_only_once_it_runs_on_kern
     assert holder.tally.snapshot() == {"hc_post": (3, 2)}
 
 
+def test_a_capture_that_raises_leaves_its_section_eager_and_says_why():
+    holder = Holder()
+
+    def capture(fn, inputs, pool):
+        fn(*inputs)  # the Python run, counted, then the capture fails
+        raise RuntimeError("operation not permitted when stream is capturing\nmore")
+
+    sections = Sections(max_tokens=8, capture=capture)
+    fn = _section(holder, [])
+    for i in range(4):
+        x = torch.full((2, 3), float(i))
+        assert torch.equal(sections.run(holder.tally, ("ffn", 0), fn, x)[0], 2 * x + 1)
+    assert holder.tally.snapshot() == {"hc_post": (4, 0)}  # the failed capture's run is not counted
+    assert sections.report() == ("CUDA graphs: 0 captured, 0 replays; 1 section shape(s) eager (capture failed: "
+                                 "RuntimeError: operation not permitted when stream is capturing)")
+
+
 def test_graphs_need_generated_kernels_on_a_cuda_device(ckpt_dir):
     from duotile.runtime.weights import Checkpoint
 
