@@ -6,9 +6,9 @@ few layers (real widths and expert counts, random weights), duotile's runtime ag
 Systems (``--runs``), each on the same random weights (`runtime/random_weights.py`, drawn on the GPU):
 
 * ``generated``: duotile's runtime on its generated kernels (sm90 builds, no config given), built
-  ahead in parallel processes (`runtime/generated/ahead.py`) before anything is timed; each layer's
-  attention projections and FFN half of a decode step replay from CUDA graphs (`runtime/graphs.py`);
-* ``generated-eager``: the same with every kernel launched from Python (``--eager``);
+  ahead in parallel processes (`runtime/generated/ahead.py`) before anything is timed;
+* ``generated-graphs``: the same with each layer's attention projections and FFN half of a decode
+  step replayed from CUDA graphs (`runtime/graphs.py`, ``duotile generate --graphs``);
 * ``reference``: the same runtime on its PyTorch reference ops (dequantised weights where they fit
   in half the GPU's memory, else the released codes dequantised at each use: the label says which);
 * ``transformers``: Hugging Face transformers' ``DeepseekV4ForCausalLM`` (V4 only), eager attention,
@@ -54,7 +54,7 @@ CHUNK = 4096  # prompt tokens a prefill step takes at most, when a batch's promp
 class Ours:
     """duotile's runtime: one `Model`, requests as `StepSeq`s over their caches."""
 
-    def __init__(self, ckpt, kernels: str, dequantised: bool, device: str, graphs: bool | None = None):
+    def __init__(self, ckpt, kernels: str, dequantised: bool, device: str, graphs: bool = False):
         from duotile.runtime.reference import Model
 
         self.model = Model(ckpt, device=device, kernels=kernels, packed_only=not dequantised, graphs=graphs)
@@ -63,7 +63,7 @@ class Ours:
         elif self.model.ctx.sections is not None:
             self.label = f"{kernels} (layer sections from CUDA graphs)"
         else:
-            self.label = kernels + (" (every kernel launched from Python)" if kernels == "generated" else "")
+            self.label = kernels
 
     def prefill(self, prompts: list[torch.Tensor]) -> tuple[list, list[int]]:
         caches = [self.model.new_cache() for _ in prompts]
@@ -196,7 +196,7 @@ def build(name: str, cfg, ckpt, args, log):
     memory = torch.cuda.mem_get_info()[1] if args.device == "cuda" else float("inf")
     dequantised = name == "reference" and sum(weight_bytes(cfg).values()) < 0.5 * memory
     kernels = "generated" if name.startswith("generated") else name
-    system = Ours(ckpt, kernels, dequantised, args.device, graphs=False if name == "generated-eager" else None)
+    system = Ours(ckpt, kernels, dequantised, args.device, graphs=name == "generated-graphs")
     if kernels == "generated":
         from duotile.codegen import prebuild
         from duotile.runtime.generated.ahead import build_ahead

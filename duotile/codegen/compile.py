@@ -112,11 +112,20 @@ def build_phases(kernel: KernelDef, phases: list[Module], target: Target, knobs:
 
 class PhasedCall:
     """The loaded phases of one build, called in order with the same tensors; each workspace is
-    allocated once per call signature (on the first tensor's device) and reused."""
+    allocated once per call signature (on the first tensor's device) and reused.
+
+    A workspace outgrown by a larger call is replaced, never freed: a CUDA graph captured with a
+    kernel call (``runtime/graphs.py``) holds the workspace's address, and a freed one would be
+    handed to other tensors while the graph still writes and reads it (on an H100, 2026-12-07,
+    tiny V4.1's logits turned NaN a few steps after an eager call of the same kernel at another
+    size outgrew a workspace that the layers' graphs held). The replaced ones are kept in
+    ``retired``; new ones are sized to a power of two, so that a growing size replaces a workspace
+    a logarithmic number of times."""
 
     def __init__(self, phases: list[Module], fns: list):
         self.phases, self.fns = phases, fns
         self.workspaces: dict[str, Any] | None = None
+        self.retired: list[dict[str, Any]] = []  # outgrown workspaces, kept alive (class docstring)
         self._shapes: dict[tuple, dict[str, tuple[int, ...]]] = {}  # workspace shapes by dynamic sizes
         self._views: dict[tuple, dict[str, Any]] = {}  # views of the current workspaces by sizes and device
         self._ws = phases[0].workspaces  # a property that walks the params: read once
@@ -152,7 +161,9 @@ class PhasedCall:
         shapes = self._workspace_shapes(sizes)
         have = self.workspaces or {}
         if any(n not in have or have[n].numel() < _numel(s) or have[n].device != device for n, s in shapes.items()):
-            self.workspaces = {p.name: torch.empty(_numel(shapes[p.name]), dtype=p.dtype.torch, device=device)
+            if self.workspaces:
+                self.retired.append(self.workspaces)
+            self.workspaces = {p.name: torch.empty(_pow2(_numel(shapes[p.name])), dtype=p.dtype.torch, device=device)
                                for p in self._ws}
             self._views.clear()  # views of the old workspaces
         return {n: self.workspaces[n][:_numel(s)].view(s) for n, s in shapes.items()}
@@ -242,6 +253,11 @@ def compile(kernel: KernelDef, target: str = "interpret", config: dict[str, Any]
     if config:
         check_config(kernel, tgt, config)  # and on a config it or the kernel refuses
     return CompiledKernel(kernel, target, config, constants, workdir)
+
+
+def _pow2(n: int) -> int:
+    """The least power of two >= n (1 for 0)."""
+    return 1 << max(0, n - 1).bit_length()
 
 
 def _numel(shape: tuple[int, ...]) -> int:

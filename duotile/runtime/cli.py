@@ -79,10 +79,10 @@ def _register_generate(subparsers: argparse._SubParsersAction) -> None:
                    help="run the grouped output projection wo_a as engines do, its input quantised to FP8 "
                         "and its FP8 codes read, not in BF16 on its dequantised value as the released "
                         "reference does (default: off, the reference's numerics)")
-    p.add_argument("--eager", action="store_true",
-                   help="with --kernels generated on a GPU: launch every kernel from Python (default: each "
-                        "layer's attention projections and FFN half of a step of up to 64 tokens replay "
-                        "from CUDA graphs)")
+    p.add_argument("--graphs", action="store_true",
+                   help="with --kernels generated on a GPU: replay each layer's attention projections and FFN "
+                        "half of a step of up to 64 tokens from CUDA graphs (experimental: not yet seen right on "
+                        "a GPU; default: every kernel launched from Python)")
     p.add_argument("--device", default="cpu", help="cpu, cuda[:N], npu[:N] (needs torch_npu) or mps "
                    "(default: %(default)s)")
     p.add_argument("--threads", type=int, default=1,
@@ -109,7 +109,7 @@ def run(args: argparse.Namespace) -> int:
         print("note: --seed has no effect with --temperature 0 (greedy decoding picks the most likely token)",
               file=sys.stderr)
     for flag, value in (("--save-builds", args.save_builds), ("--build-ahead", args.build_ahead),
-                        ("--eager", args.eager)):
+                        ("--graphs", args.graphs)):
         if value and args.kernels != "generated":
             return fail(args, ValueError(f"{flag} needs --kernels generated (the reference ops build nothing)"))
     if args.layers is not None:
@@ -127,7 +127,7 @@ def run(args: argparse.Namespace) -> int:
         params = SamplingParams(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
                                 max_tokens=args.max_tokens, seed=args.seed)
         llm = LLM(args.model, dtype=getattr(torch, args.dtype), batch_invariant=args.batch_invariant,
-                  device=device, kernels=args.kernels, fp8_wo_a=args.fp8_wo_a, graphs=False if args.eager else None)
+                  device=device, kernels=args.kernels, fp8_wo_a=args.fp8_wo_a, graphs=args.graphs)
         show = not args.no_progress and args.max_tokens >= PROGRESS_MIN_TOKENS
         if args.build_ahead:
             _build_ahead(llm, args, params)

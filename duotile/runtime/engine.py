@@ -69,7 +69,7 @@ class LLMEngine:
                  batch_invariant: bool = False, quant: bool = True, max_num_seqs: int = 16,
                  max_num_batched_tokens: int = 256, prefill_chunk_size: int | None = None,
                  device: str = "cpu", seed: int = 0, kernels: str = "reference", fp8_wo_a: bool = False,
-                 graphs: bool | None = None):
+                 graphs: bool = False):
         check_dtype(dtype)
         device = resolve_device(device)
         self.checkpoint = open_model(model or DEFAULT_PRESET)

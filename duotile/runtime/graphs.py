@@ -1,5 +1,8 @@
 """CUDA graphs of a step's shape-static sections: two a decoder layer, each replayed as one launch.
 
+Opt-in (``Model(graphs=True)``, ``duotile generate --graphs``): not yet seen right on a GPU
+(docs/runtime.md, "CUDA graphs of a step's sections", says what its one run showed).
+
 A decode step of the generated model is mostly host time: every kernel call is a Python call, a
 few output allocations and a launch, hundreds of them a step. Two parts of each decoder layer have
 shapes fixed by the step's token count alone and read nothing from the host:

@@ -191,7 +191,7 @@ class Model:
     def __init__(self, checkpoint: Checkpoint, *, dtype: torch.dtype = torch.bfloat16, quant: bool = True,
                  batch_invariant: bool = False, device: torch.device | str = "cpu", kernels: str = "reference",
                  packed_only: bool | None = None, stored_rows: bool | None = None, fp8_wo_a: bool = False,
-                 graphs: bool | None = None):
+                 graphs: bool = False):
         """``packed_only``: keep the quantised weights as released codes alone, each dequantised at
         its use on the reference path (a quarter or an eighth of the dequantised bytes); by default
         so with the generated kernels (they read the codes), never with the reference ops.
@@ -203,7 +203,8 @@ class Model:
         BF16 on its dequantised value as the released reference does (model.md 2.10); needs
         ``quant``. Off by default: the reference's numerics. ``graphs``: replay each layer's attention
         projections and FFN half of a step of at most ``GRAPH_TOKENS`` tokens from CUDA graphs
-        (graphs.py); by default so with the generated kernels on a CUDA device."""
+        (graphs.py); needs the generated kernels on a CUDA device. Off by default: not yet seen
+        right on a GPU (docs/runtime.md)."""
         check_dtype(dtype)
         device = resolve_device(device)
         cfg = self.config = checkpoint.config
@@ -222,7 +223,6 @@ class Model:
         if graphs and (kernels != "generated" or device.type != "cuda"):
             raise ValueError(f"graphs: CUDA graphs replay generated kernels on a CUDA device; this model runs "
                              f"{kernels} ops on {device}")
-        graphs = kernels == "generated" and device.type == "cuda" if graphs is None else graphs
         self.ctx = Ctx(make_ops(batch_invariant, kernels), dtype, quant,
                        fp8_wo_a=(cfg.o_groups, ws.act_block) if fp8_wo_a else None,
                        sections=Sections(GRAPH_TOKENS) if graphs else None)

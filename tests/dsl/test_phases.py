@@ -51,6 +51,29 @@ def test_phases_run_in_order_on_the_interpreter():
     assert call.workspaces["sums"] is ws and torch.equal(y, 6 * x.sum(1))
 
 
+def test_an_outgrown_workspace_is_kept_alive_for_the_graphs_that_hold_its_address():
+    """A CUDA graph captured with a call holds its workspace's address: a larger call of the same
+    build must not free it (tiny V4.1's logits turned NaN on an H100 when it did). The outgrown
+    workspace stays referenced in ``retired``; new ones are a power of two long."""
+    import weakref
+
+    kernel = codegen.compile(row_sums_twice_dynamic, "interpret", config={"BN": 4})
+    g = torch.Generator().manual_seed(0)
+    for n in (5, 40, 3, 70):
+        x = torch.randint(-8, 9, (n, 3), generator=g).float()
+        y = torch.zeros(n)
+        kernel(x=x, y=y)
+        assert torch.equal(y, 2 * x.sum(1)), n
+        if n == 5:
+            (call,) = {id(c): c for c in kernel._calls.values()}.values()
+            first = call.workspaces["sums"]
+            held, address = weakref.ref(first), first.data_ptr()
+            del first
+    assert len({id(c) for c in kernel._calls.values()}) == 1 and call.workspaces["sums"].numel() == 128  # 70 -> 128
+    assert [w["sums"].numel() for w in call.retired] == [8, 64]  # 5 -> 8, then 40 -> 64; 3 fit in 64
+    assert held() is not None and held().data_ptr() == address  # the first is alive at its address
+
+
 def test_specialize_names_the_multi_phase_kernel():
     sig = row_sums_twice.bind({"x": torch.zeros(8, 2), "y": torch.zeros(8)})
     phases, _ = specialize_phases(row_sums_twice, sig)
@@ -154,7 +177,7 @@ def test_a_dynamic_workspace_grows_and_its_views_follow_it():
         assert torch.equal(y, 2 * x.sum(1)), n
     (call,) = {id(c): c for c in kernel._calls.values()}.values()  # one build served every size
     ws = call.workspaces["sums"]
-    assert ws.numel() == 20
+    assert ws.numel() == 32  # 20 rounded up to a power of two
     assert all(v["sums"].untyped_storage().data_ptr() == ws.untyped_storage().data_ptr()
                for v in call._views.values())
 

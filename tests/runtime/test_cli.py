@@ -62,3 +62,12 @@ def test_generate_build_ahead_runs_a_short_form_of_the_requests_in_rounds(ckpt_d
     assert "build ahead: 0 builds in 1 rounds" in out.err and len(out.out.splitlines()[0].split()) == 4
     assert main(["generate", "--prompt-ids", "1", "--build-ahead", "2"]) == 2
     assert "--build-ahead needs --kernels generated" in capsys.readouterr().err
+
+
+def test_graphs_need_the_generated_kernels_and_a_cuda_device(ckpt_dir, capsys):
+    assert main(["generate", "--prompt-ids", "1", "--graphs"]) == 2
+    assert "--graphs needs --kernels generated" in capsys.readouterr().err
+    args = ["generate", "--model", ckpt_dir("v41-tiny"), "--prompt-ids", "1", "--kernels", "generated", "--graphs"]
+    assert main(args) == 2
+    assert "CUDA graphs replay generated kernels on a CUDA device; this model runs generated ops on cpu" in \
+        capsys.readouterr().err

@@ -125,7 +125,7 @@ def test_graphs_need_generated_kernels_on_a_cuda_device(ckpt_dir):
     ckpt = Checkpoint.open(ckpt_dir("v41-tiny"))
     with pytest.raises(ValueError, match="CUDA graphs replay generated kernels on a CUDA device"):
         Model(ckpt, kernels="generated", graphs=True)
-    assert Model(ckpt, kernels="generated").ctx.sections is None  # the default on a CPU: eager
+    assert Model(ckpt, kernels="generated").ctx.sections is None  # the default: eager
 
 
 @pytest.mark.parametrize("name", ["v41-tiny", "v4-tiny"])
