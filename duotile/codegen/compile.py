@@ -116,11 +116,9 @@ class PhasedCall:
 
     A workspace outgrown by a larger call is replaced, never freed: a CUDA graph captured with a
     kernel call (``runtime/graphs.py``) holds the workspace's address, and a freed one would be
-    handed to other tensors while the graph still writes and reads it (on an H100, 2026-12-07,
-    tiny V4.1's logits turned NaN a few steps after an eager call of the same kernel at another
-    size outgrew a workspace that the layers' graphs held). The replaced ones are kept in
-    ``retired``; new ones are sized to a power of two, so that a growing size replaces a workspace
-    a logarithmic number of times."""
+    handed to other tensors while the graph still writes and reads it. The replaced ones are kept
+    in ``retired``; new ones are sized to a power of two, so that a growing size replaces a
+    workspace a logarithmic number of times."""
 
     def __init__(self, phases: list[Module], fns: list):
         self.phases, self.fns = phases, fns
