@@ -57,8 +57,11 @@ class _Graph:
 class Sections:
     """Graphs of sections by (name, input shapes); see the module docstring."""
 
-    def __init__(self, max_tokens: int, capture: Callable | None = None):
-        self.max_tokens = max_tokens
+    def __init__(self, max_tokens: int, capture: Callable | None = None, check: bool = False):
+        """``check``: after each replay, run the section eagerly on the same inputs as well and
+        raise ``ReplayMismatch`` where an output differs in a bit (a debugging mode: each section
+        runs twice)."""
+        self.max_tokens, self.check = max_tokens, check
         self._capture = capture or _cuda_capture
         self._pool = None
         self._graphs: dict[tuple, _Graph] = {}
@@ -73,7 +76,7 @@ class Sections:
         key = (name, *((tuple(t.shape), t.dtype) for t in inputs))
         hit = self._graphs.get(key)
         if hit is not None:
-            return self._replay(tally, hit, inputs)
+            return self._checked(tally, key, fn, self._replay(tally, hit, inputs), inputs)
         if inputs[0].shape[0] > self.max_tokens or key in self.failed:
             return fn(*inputs)
         if key not in self._warm:
@@ -92,7 +95,21 @@ class Sections:
             self.failed[key] = f"capture failed: {type(err).__name__}: {str(err).splitlines()[0][:200]}"
             return fn(*inputs)
         self._graphs[key] = hit
-        return self._replay(tally, hit, inputs)
+        return self._checked(tally, key, fn, self._replay(tally, hit, inputs), inputs)
+
+    def _checked(self, tally: Tally, key: tuple, fn: Callable[..., Outputs], got: Outputs, inputs: tuple) -> Outputs:
+        """``got`` (a replay's outputs), compared bit for bit with an eager run where ``check`` is on."""
+        if not self.check:
+            return got
+        before = tally.snapshot()
+        want = fn(*inputs)
+        tally.restore(before)  # the check's run is not the model's
+        for i, (g, w) in enumerate(zip(got, want)):
+            if g.shape != w.shape or g.dtype != w.dtype or not torch.equal(_bits(g), _bits(w)):
+                raise ReplayMismatch(f"CUDA graph of section {key[0]} at input shapes "
+                                     f"{[shape for shape, _ in key[1:]]}: replay {self.replays} output {i} differs "
+                                     f"from the eager run ({_difference(g, w)})")
+        return got
 
     def _record(self, tally: Tally, fn: Callable[..., Outputs], inputs: tuple) -> _Graph:
         own = tuple(t.clone() for t in inputs)
@@ -118,6 +135,25 @@ class Sections:
         why = sorted(set(kept.values()))
         kept = f"; {len(kept)} section shape(s) eager ({'; '.join(why)})" if why else ""
         return f"CUDA graphs: {len(self._graphs)} captured, {self.replays} replays{kept}"
+
+
+class ReplayMismatch(RuntimeError):
+    """A graph's replay gave other bits than the same section run eagerly (``Sections(check=True)``)."""
+
+
+def _bits(t: torch.Tensor) -> torch.Tensor:
+    """``t``'s values as integers of its width: NaNs compare equal to themselves, -0 apart from 0."""
+    by_size = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
+    return t.contiguous().view(by_size[t.element_size()]) if t.is_floating_point() else t
+
+
+def _difference(got: torch.Tensor, want: torch.Tensor) -> str:
+    if got.shape != want.shape or got.dtype != want.dtype:
+        return f"{tuple(got.shape)} {got.dtype} against {tuple(want.shape)} {want.dtype}"
+    g, w = got.double(), want.double()
+    apart = int((_bits(got) != _bits(want)).sum())
+    return (f"{apart} of {got.numel()} elements; NaN: {int(g.isnan().sum())} replayed, {int(w.isnan().sum())} eager; "
+            f"largest finite difference {float((g - w).nan_to_num(0.0).abs().max()):.3g}")
 
 
 def _cuda_capture(fn: Callable[..., Outputs], inputs: tuple, pool):

@@ -10,6 +10,8 @@ replay - model.md 3.5).
 
 from __future__ import annotations
 
+import os
+
 import torch
 
 from .cache import SequenceCache
@@ -204,7 +206,8 @@ class Model:
         ``quant``. Off by default: the reference's numerics. ``graphs``: replay each layer's attention
         projections and FFN half of a step of at most ``GRAPH_TOKENS`` tokens from CUDA graphs
         (graphs.py); needs the generated kernels on a CUDA device. Off by default: not yet seen
-        right on a GPU (docs/runtime.md)."""
+        right on a GPU (docs/runtime.md). ``DUOTILE_GRAPHS_CHECK=1`` also runs each replayed
+        section eagerly and raises where a bit differs (``graphs.ReplayMismatch``)."""
         check_dtype(dtype)
         device = resolve_device(device)
         cfg = self.config = checkpoint.config
@@ -225,7 +228,8 @@ class Model:
                              f"{kernels} ops on {device}")
         self.ctx = Ctx(make_ops(batch_invariant, kernels), dtype, quant,
                        fp8_wo_a=(cfg.o_groups, ws.act_block) if fp8_wo_a else None,
-                       sections=Sections(GRAPH_TOKENS) if graphs else None)
+                       sections=Sections(GRAPH_TOKENS, check=os.environ.get("DUOTILE_GRAPHS_CHECK") == "1")
+                       if graphs else None)
         self.embed, self.norm, self.head = ws.t("embed.weight"), ws.t("norm.weight"), ws.t("head.weight")
         self.blocks = [Block(cfg, ws, layer) for layer in range(cfg.num_hidden_layers)]
         self.weight_bytes = ws.device_bytes  # on the device, as kept: packed codes, or dequantised values

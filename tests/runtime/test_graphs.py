@@ -119,6 +119,43 @@ def test_a_capture_that_raises_leaves_its_section_eager_and_says_why():
                                  "RuntimeError: operation not permitted when stream is capturing)")
 
 
+class StaleStandIn(StandIn):
+    """A faulty graph: its replays leave the outputs of its capture as they were."""
+
+    def replay(self):
+        self.replayed += 1
+
+
+def test_the_check_mode_names_the_section_whose_replay_differs_from_eager():
+    from duotile.runtime.graphs import ReplayMismatch
+
+    holder = Holder()
+    made = []
+
+    def capture(fn, inputs, pool):
+        graph = StaleStandIn(holder, fn, inputs)
+        made.append(graph)
+        return graph, graph.outputs, pool
+
+    checked = Sections(max_tokens=8, capture=capture, check=True)
+    fn = _section(holder, [])
+    for i in range(2):
+        checked.run(holder.tally, ("ffn", 3), fn, torch.full((2, 3), float(i)))
+    with pytest.raises(ReplayMismatch, match=r"section \('ffn', 3\) at input shapes \[\(2, 3\)\]: replay 2 "
+                                             r"output 0 differs from the eager run \(6 of 6 elements"):
+        checked.run(holder.tally, ("ffn", 3), fn, torch.full((2, 3), 2.0))
+    # a right replay passes the check, and the check's eager runs are not counted
+    holder = Holder()
+    capture, _ = stand_in_capture(holder)
+    checked = Sections(max_tokens=8, capture=capture, check=True)
+    fn = _section(holder, [])
+    for i in range(4):
+        x = torch.full((2, 3), float(i))
+        x[0, 0] = float("nan")  # NaN in and out: equal bits
+        assert torch.equal(checked.run(holder.tally, ("ffn", 0), fn, x)[1].isnan(), torch.tensor([True, False]))
+    assert holder.tally.snapshot() == {"hc_post": (4, 0)} and checked.replays == 3
+
+
 def test_graphs_need_generated_kernels_on_a_cuda_device(ckpt_dir):
     from duotile.runtime.weights import Checkpoint
 
