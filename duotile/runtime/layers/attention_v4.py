@@ -10,12 +10,12 @@ from ..config import ModelConfig
 from ..device import ship
 from ..stacked import stack_attr
 from ..stored import PackedRows
+from .attention_site import AttentionSite
 from .cache_rows import Selected, Visible, attend, kv_encode, round_kv, window_kv
 from .common import (
     Ctx,
     Rotary,
     WeightSource,
-    grouped_output,
     index_scores,
     matmul,
     pad_cat,
@@ -67,7 +67,9 @@ def round_kv_nope(ctx: Ctx, kv: torch.Tensor) -> torch.Tensor:
     return round_kv(ctx, kv, "fp8_nope") if ctx.quant else kv
 
 
-class AttentionV4:
+class AttentionV4(AttentionSite):
+    per_head_norm = True
+
     def __init__(self, cfg: ModelConfig, ws: WeightSource, layer: int):
         p = f"layers.{layer}.attn."
         self.cfg, self.layer, self.kind, self.ratio = cfg, layer, cfg.attention_kind(layer), cfg.ratio(layer)
@@ -121,28 +123,9 @@ class AttentionV4:
                   for lc, (_, sl) in zip(layers, seqs)]
         return list(topk(ctx, pad_cat(scores, float("-inf")), cfg.index_topk).split([len(s) for s in scores]))
 
-    def project(self, ctx: Ctx, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
-        """The step's projections of its rows alone (no position, no cache): the queries, normed
-        per head, before their rope, the window KV projection and, on a CSA layer, the index
-        queries before their rope and the index head weights."""
-        cfg, t = self.cfg, x.shape[0]
-        qr = ctx.act(rms_norm(ctx, self.wq_a(ctx, x), self.q_norm, cfg.rms_norm_eps))
-        q = ctx.act(self.wq_b(ctx, qr)).view(t, cfg.num_attention_heads, cfg.head_dim)
-        q = ctx.act(rms_norm(ctx, q, None, cfg.rms_norm_eps))
-        kvw = self.wkv(ctx, x)
-        if self.kind != "csa":
-            return q, kvw
-        qi = ctx.act(self.idx_wq_b(ctx, qr)).view(t, cfg.index_n_heads, cfg.index_head_dim)
-        wts = matmul(ctx, x, self.idx_proj) * (cfg.index_head_dim**-0.5 * cfg.index_n_heads**-0.5)
-        return q, kvw, qi, wts
-
-    def __call__(self, ctx: Ctx, x: torch.Tensor, step: Step, projected: tuple | None = None) -> torch.Tensor:
-        """The attention output of the step's rows ``x``, projected (``output``)."""
-        return self.output(ctx, self.heads(ctx, x, step, projected))
-
-    def output(self, ctx: Ctx, o: torch.Tensor) -> torch.Tensor:
-        """The grouped low-rank output projection of the heads' outputs ``o`` [T, H, d]."""
-        return grouped_output(ctx, o.flatten(1), self.wo_a, self.wo_b, self.cfg.o_groups)
+    @property
+    def indexed(self) -> bool:
+        return self.kind == "csa"
 
     def heads(self, ctx: Ctx, x: torch.Tensor, step: Step, projected: tuple | None = None) -> torch.Tensor:
         """The heads' outputs [T, H, d] for the step's rows ``x``; ``projected``: ``project(ctx, x)``,
