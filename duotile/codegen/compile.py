@@ -7,7 +7,7 @@ from typing import Any
 
 from ..dsl.errors import DslError
 from ..dsl.ir import Module
-from ..dsl.kernel import KernelDef, Signature
+from ..dsl.kernel import KernelDef, Signature, bucket
 from ..dsl.tunables import ConfigValueError, same_value
 from ..passes.bind_shapes import bind_shapes, check_dynamic_requires
 from ..passes.check_batch_invariance import check_batch_invariance
@@ -161,7 +161,7 @@ class PhasedCall:
         if any(n not in have or have[n].numel() < _numel(s) or have[n].device != device for n, s in shapes.items()):
             if self.workspaces:
                 self.retired.append(self.workspaces)
-            self.workspaces = {p.name: torch.empty(_pow2(_numel(shapes[p.name])), dtype=p.dtype.torch, device=device)
+            self.workspaces = {p.name: torch.empty(bucket(_numel(shapes[p.name])), dtype=p.dtype.torch, device=device)
                                for p in self._ws}
             self._views.clear()  # views of the old workspaces
         return {n: self.workspaces[n][:_numel(s)].view(s) for n, s in shapes.items()}
@@ -251,11 +251,6 @@ def compile(kernel: KernelDef, target: str = "interpret", config: dict[str, Any]
     if config:
         check_config(kernel, tgt, config)  # and on a config it or the kernel refuses
     return CompiledKernel(kernel, target, config, constants, workdir)
-
-
-def _pow2(n: int) -> int:
-    """The least power of two >= n (1 for 0)."""
-    return 1 << max(0, n - 1).bit_length()
 
 
 def _numel(shape: tuple[int, ...]) -> int:

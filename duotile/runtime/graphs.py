@@ -131,10 +131,10 @@ class Sections:
 
     def report(self) -> str:
         """One line: graphs held, replays made, sections kept eager and why."""
-        kept = {**self.eager, **self.failed}
-        why = sorted(set(kept.values()))
-        kept = f"; {len(kept)} section shape(s) eager ({'; '.join(why)})" if why else ""
-        return f"CUDA graphs: {len(self._graphs)} captured, {self.replays} replays{kept}"
+        eager = {**self.eager, **self.failed}
+        why = "; ".join(sorted(set(eager.values())))
+        tail = f"; {len(eager)} section shape(s) eager ({why})" if eager else ""
+        return f"CUDA graphs: {len(self._graphs)} captured, {self.replays} replays{tail}"
 
 
 class ReplayMismatch(RuntimeError):
@@ -158,10 +158,10 @@ def _difference(got: torch.Tensor, want: torch.Tensor) -> str:
 
 def _cuda_capture(fn: Callable[..., Outputs], inputs: tuple, pool):
     """Record ``fn(*inputs)`` as a CUDA graph in the sections' shared memory pool (the graphs replay
-    one at a time, so their scratch memory may overlap)."""
+    one at a time, so their scratch memory may overlap); ``torch.cuda.graph`` waits for the work
+    queued before it."""
     pool = torch.cuda.graph_pool_handle() if pool is None else pool
     graph = torch.cuda.CUDAGraph()
-    torch.cuda.synchronize()
     with torch.cuda.graph(graph, pool=pool):
         outputs = fn(*inputs)
     return graph, outputs, pool
