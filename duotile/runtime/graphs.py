@@ -36,6 +36,7 @@ inside (``ctx.tally``) are added at each replay, as if the section had run.
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -52,16 +53,22 @@ class _Graph:
     inputs: tuple[torch.Tensor, ...]
     outputs: Outputs
     calls: dict[str, tuple[int, int]]  # the model op calls one run of the section makes
+    held: tuple[torch.Tensor, ...] = ()  # what its launches read and write, kept alive (``hold``)
 
 
 class Sections:
     """Graphs of sections by (name, input shapes); see the module docstring."""
 
-    def __init__(self, max_tokens: int, capture: Callable | None = None, check: bool = False):
+    def __init__(self, max_tokens: int, capture: Callable | None = None, check: bool = False,
+                 hold: Callable | None = None):
         """``check``: after each replay, run the section eagerly on the same inputs as well and
         raise ``ReplayMismatch`` where an output differs in a bit (a debugging mode: each section
-        runs twice)."""
+        runs twice). ``hold``: a context manager yielding a list that collects the tensors the
+        kernels launched inside it take (``GeneratedOps.holding``); each graph keeps those of its
+        capture alive, since its replays read them at their addresses, whatever the caches that
+        made them have dropped since."""
         self.max_tokens, self.check = max_tokens, check
+        self._hold = hold or (lambda: contextlib.nullcontext(()))
         self._capture = capture or _cuda_capture
         self._pool = None
         self._graphs: dict[tuple, _Graph] = {}
@@ -115,11 +122,12 @@ class Sections:
         own = tuple(t.clone() for t in inputs)
         before = tally.snapshot()
         try:
-            graph, outputs, self._pool = self._capture(fn, own, self._pool)
+            with self._hold() as held:
+                graph, outputs, self._pool = self._capture(fn, own, self._pool)
         finally:
             calls = tally.since(before)
             tally.restore(before)  # the capture ran no kernel: the replays count the calls
-        return _Graph(graph, own, tuple(outputs), calls)
+        return _Graph(graph, own, tuple(outputs), calls, tuple(held))
 
     def _replay(self, tally: Tally, hit: _Graph, inputs: tuple) -> Outputs:
         for own, new in zip(hit.inputs, inputs):

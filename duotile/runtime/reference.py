@@ -226,10 +226,10 @@ class Model:
         if graphs and (kernels != "generated" or device.type != "cuda"):
             raise ValueError(f"graphs: CUDA graphs replay generated kernels on a CUDA device; this model runs "
                              f"{kernels} ops on {device}")
-        self.ctx = Ctx(make_ops(batch_invariant, kernels), dtype, quant,
-                       fp8_wo_a=(cfg.o_groups, ws.act_block) if fp8_wo_a else None,
-                       sections=Sections(GRAPH_TOKENS, check=os.environ.get("DUOTILE_GRAPHS_CHECK") == "1")
-                       if graphs else None)
+        ops = make_ops(batch_invariant, kernels)
+        self.ctx = Ctx(ops, dtype, quant, fp8_wo_a=(cfg.o_groups, ws.act_block) if fp8_wo_a else None,
+                       sections=Sections(GRAPH_TOKENS, check=os.environ.get("DUOTILE_GRAPHS_CHECK") == "1",
+                                         hold=ops.holding) if graphs else None)
         self.embed, self.norm, self.head = ws.t("embed.weight"), ws.t("norm.weight"), ws.t("head.weight")
         self.blocks = [Block(cfg, ws, layer) for layer in range(cfg.num_hidden_layers)]
         self.weight_bytes = ws.device_bytes  # on the device, as kept: packed codes, or dequantised values

@@ -40,3 +40,25 @@ def test_the_choice_reads_no_activation_values(monkeypatch):
         matmul(ctx, torch.ones(rows, 16, dtype=torch.bfloat16), w)
         matmul(ctx, torch.ones(rows, 16), w)
     assert seen == []
+
+
+def test_a_capture_holds_the_weight_copies_and_tensors_its_launches_take():
+    """A CUDA graph reads a cached BF16 weight copy at its address at every replay; a replay runs no
+    Python, so it does not keep the copy recent in the ops' cache, which may drop it (the most
+    recent BF16_KEPT). `holding` gives the graph every tensor its launches took, the copy among
+    them, so its memory is never handed to another tensor while the graph lives."""
+    ctx = Ctx(GeneratedOps(FastOps()))
+    w = torch.randn(6, 16).to(torch.bfloat16).float()  # 6 rows: a padded copy is made for the launch
+    x = torch.randn(3, 16).to(torch.bfloat16)
+    with ctx.ops.holding() as held:
+        y = matmul(ctx, x, w)
+    assert ctx.ops._held is None  # only while capturing
+    (_, _, copy), = ctx.ops._bf16.values()
+    assert copy is not None and any(t is copy for t in held)
+    assert any(t.data_ptr() == x.data_ptr() for t in held) and any(t.shape == (3, 8) for t in held)  # x, the C
+    ctx.ops._bf16.clear()  # dropped by the cache: still held
+    assert any(t is copy for t in held)
+    count = len(held)
+    matmul(ctx, x, w)
+    assert len(held) == count  # nothing is added outside the block
+    torch.testing.assert_close(y, x.float() @ w.T, rtol=1e-6, atol=1e-6)

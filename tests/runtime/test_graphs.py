@@ -189,3 +189,38 @@ def test_sections_from_graphs_give_the_eager_tokens_logits_and_op_counts(ckpt_di
     assert len(made) == 2 * layers and sum(g.replayed for g in made) == 2 * layers == ctx.sections.replays
     assert {key[0] for key in ctx.sections._graphs} == {(part, layer) for part in ("attention", "ffn")
                                                         for layer in range(layers)}
+
+
+def test_a_graph_keeps_alive_what_its_capture_held_after_the_cache_that_made_it_drops_it():
+    """A graph's replays read the tensors its launches took at their capture's addresses; the
+    sections keep those the ``hold`` collected with the graph (a dropped cache entry's memory would
+    otherwise go to another tensor while the graph still reads it)."""
+    import contextlib
+    import weakref
+
+    holder, cache = Holder(), {"copy": torch.ones(5)}
+    collecting: list = []
+
+    @contextlib.contextmanager
+    def hold():
+        collecting.append([])
+        try:
+            yield collecting[-1]
+        finally:
+            collecting.pop()
+
+    def fn(x):
+        holder.tally.count("hc_post", True)
+        w = cache["copy"]
+        if collecting:
+            collecting[-1].append(w)  # what a kernel launch inside a capture adds
+        return (x * w,)
+
+    capture, made = stand_in_capture(holder)
+    sections = Sections(max_tokens=8, capture=capture, hold=hold)
+    for _ in range(2):
+        sections.run(holder.tally, ("ffn", 0), fn, torch.full((2, 5), 3.0))
+    gone = weakref.ref(cache.pop("copy"))
+    assert gone() is not None and len(made) == 1
+    (graph,) = sections._graphs.values()
+    assert len(graph.held) == 1 and graph.held[0] is gone()

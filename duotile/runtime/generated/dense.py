@@ -90,6 +90,8 @@ class DenseKernels:
             while len(self._bf16) > BF16_KEPT:
                 self._bf16.popitem(last=False)
         self._bf16.move_to_end(key)
+        if self._held is not None and hit[2] is not None:  # a graph may read it in a PyTorch op too (a padded copy)
+            self._held.append(hit[2])
         return hit[2]
 
     def _linear(self, ctx, x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
