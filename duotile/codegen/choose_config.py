@@ -383,10 +383,10 @@ def _fitted(tgt, cons: list, best: dict[str, Any]) -> list[dict[str, Any]]:
     """The first of the target's fitted knob values (``Target.fitted_knobs``, read from ``best``'s
     bound phases) that every call accepts, on ``best``; empty where the target has none or every
     one is refused (the ranked configs follow)."""
-    verdict = cons[0].check(best, full=False)
-    if not verdict.ok:
+    verdicts = [at.check(best, full=False) for at in cons]
+    if not verdicts[0].ok:
         return []
-    for knobs in tgt.fitted_knobs(verdict.phases, _programs(cons, best)):
+    for knobs in tgt.fitted_knobs(verdicts[0].phases, _programs(cons, verdicts)):
         fitted = {**best, **{k: v for k, v in knobs.items() if k in best}}
         if fitted == best:
             return []  # the search chose it already (a modelled target moves knobs too)
@@ -395,17 +395,15 @@ def _fitted(tgt, cons: list, best: dict[str, Any]) -> list[dict[str, Any]]:
     return []
 
 
-def _programs(cons: list, best: dict[str, Any]) -> int | None:
-    """The most programs a launch of ``best`` runs over the calls of ``cons``, where the build is
-    specialised to its sizes (static, or a bucket of them); None where it serves every value of a
-    dynamic size (a decode step's batch and a prefill chunk's tokens alike)."""
-    most = 0
-    for at in cons:
-        if any(d not in at.sig.bucketed for d in at.sig.dynamic):
-            return None
-        for phase in at.check(best, full=False).phases:
-            most = max(most, math.prod(int(e) for e in phase.grid.attrs["extents"]))
-    return most
+def _programs(cons: list, verdicts: list) -> int | None:
+    """The most programs a launch runs over the calls of ``cons`` (``verdicts``: each call's check
+    of the config), where the build is specialised to its sizes (static, or a bucket of them); None
+    where it serves every value of a dynamic size (a decode step's batch and a prefill chunk's
+    tokens alike)."""
+    if any(d not in at.sig.bucketed for at in cons for d in at.sig.dynamic):
+        return None
+    return max((math.prod(int(e) for e in phase.grid.attrs["extents"])
+                for verdict in verdicts for phase in verdict.phases), default=0)
 
 
 def _numeric(values: list) -> bool:
