@@ -179,7 +179,7 @@ def test_sections_from_graphs_give_the_eager_tokens_logits_and_op_counts(ckpt_di
     graphed = LLM(ckpt_dir(name), kernels="generated")
     ctx = graphed.model.ctx
     capture, made = stand_in_capture(ctx)
-    ctx.sections = Sections(max_tokens=64, capture=capture)
+    ctx.sections = Sections(max_tokens=64, capture=capture, hold=ctx.ops.holding)
     got = graphed.generate(prompts, params)
     for a, b in zip(want, got):
         assert a.token_ids == b.token_ids and all(torch.equal(x, y) for x, y in zip(a.logits, b.logits))
@@ -189,6 +189,8 @@ def test_sections_from_graphs_give_the_eager_tokens_logits_and_op_counts(ckpt_di
     assert len(made) == 2 * layers and sum(g.replayed for g in made) == 2 * layers == ctx.sections.replays
     assert {key[0] for key in ctx.sections._graphs} == {(part, layer) for part in ("attention", "ffn")
                                                         for layer in range(layers)}
+    # each graph keeps the tensors its launches took: at least two a generated call (a kernel reads one, writes one)
+    assert all(len(g.held) >= 2 * sum(n for n, _ in g.calls.values()) > 0 for g in ctx.sections._graphs.values())
 
 
 def test_a_graph_keeps_alive_what_its_capture_held_after_the_cache_that_made_it_drops_it():
