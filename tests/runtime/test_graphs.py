@@ -165,34 +165,6 @@ def test_graphs_need_generated_kernels_on_a_cuda_device(ckpt_dir):
     assert Model(ckpt, kernels="generated").ctx.sections is None  # the default: eager
 
 
-@pytest.mark.parametrize("name", ["v41-tiny", "v4-tiny"])
-def test_sections_from_graphs_give_the_eager_tokens_logits_and_op_counts(ckpt_dir, name):
-    """Tiny V4.1 (single-pass mHC, each site's pre into the next site's collapse) and V4 (two pass,
-    hash-routed layers reading the step's tokens): two requests, three tokens each, with each
-    layer's attention projections and FFN half from stand-in graphs from their second call at a
-    shape on; the same tokens, bitwise the same logits and the same op report as eager."""
-    params = [SamplingParams(max_tokens=3, ignore_eos=True, return_logits=True),
-              SamplingParams(max_tokens=3, temperature=0.8, seed=5, ignore_eos=True, return_logits=True)]
-    prompts = [[3, 1, 4, 1], [2, 7]]
-    eager = LLM(ckpt_dir(name), kernels="generated")
-    want = eager.generate(prompts, params)
-    graphed = LLM(ckpt_dir(name), kernels="generated")
-    ctx = graphed.model.ctx
-    capture, made = stand_in_capture(ctx)
-    ctx.sections = Sections(max_tokens=64, capture=capture, hold=ctx.ops.holding)
-    got = graphed.generate(prompts, params)
-    for a, b in zip(want, got):
-        assert a.token_ids == b.token_ids and all(torch.equal(x, y) for x, y in zip(a.logits, b.logits))
-    assert graphed.last_stats.ops == eager.last_stats.ops
-    layers = graphed.config.num_hidden_layers
-    # two sections a layer, warmed by the first decode step (2 tokens), captured and replayed by the second
-    assert len(made) == 2 * layers and sum(g.replayed for g in made) == 2 * layers == ctx.sections.replays
-    assert {key[0] for key in ctx.sections._graphs} == {(part, layer) for part in ("attention", "ffn")
-                                                        for layer in range(layers)}
-    # each graph keeps the tensors its launches took: at least two a generated call (a kernel reads one, writes one)
-    assert all(len(g.held) >= 2 * sum(n for n, _ in g.calls.values()) > 0 for g in ctx.sections._graphs.values())
-
-
 def test_a_graph_keeps_alive_what_its_capture_held_after_the_cache_that_made_it_drops_it():
     """A graph's replays read the tensors its launches took at their capture's addresses; the
     sections keep those the ``hold`` collected with the graph (a dropped cache entry's memory would
@@ -226,3 +198,61 @@ def test_a_graph_keeps_alive_what_its_capture_held_after_the_cache_that_made_it_
     assert gone() is not None and len(made) == 1
     (graph,) = sections._graphs.values()
     assert len(graph.held) == 1 and graph.held[0] is gone()
+
+
+@pytest.mark.parametrize("name", ["v41-tiny", "v4-tiny"])
+def test_sections_from_graphs_give_the_eager_tokens_logits_and_op_counts(ckpt_dir, name):
+    """Tiny V4.1 (single-pass mHC, each site's pre into the next site's collapse) and V4 (two pass,
+    hash-routed layers reading the step's tokens): two requests of three and six tokens, with each
+    layer's attention projections and FFN half from emulated graphs (``replayed.Recorded``: the
+    capture's kernel launches and PyTorch ops run again on its tensors, no Python of the section)
+    from their second call at a shape on, at two requests and then at one; the same tokens,
+    bitwise the same logits and the same op report as eager."""
+    from .replayed import recorded_capture
+
+    params = [SamplingParams(max_tokens=3, ignore_eos=True, return_logits=True),
+              SamplingParams(max_tokens=6, temperature=0.8, seed=5, ignore_eos=True, return_logits=True)]
+    prompts = [[3, 1, 4, 1], [2, 7]]
+    eager = LLM(ckpt_dir(name), kernels="generated")
+    want = eager.generate(prompts, params)
+    graphed = LLM(ckpt_dir(name), kernels="generated")
+    ctx = graphed.model.ctx
+    capture, made = recorded_capture()
+    ctx.sections = Sections(max_tokens=64, capture=capture, hold=ctx.ops.holding)
+    got = graphed.generate(prompts, params)
+    for a, b in zip(want, got):
+        assert a.token_ids == b.token_ids and all(torch.equal(x, y) for x, y in zip(a.logits, b.logits))
+    assert graphed.last_stats.ops == eager.last_stats.ops
+    layers = graphed.config.num_hidden_layers
+    # two sections a layer at each batch: two decode steps of two requests (warm, captured), three of
+    # one (warm, captured, replayed)
+    assert len(made) == 2 * 2 * layers and sum(g.replayed for g in made) == 3 * 2 * layers == ctx.sections.replays
+    assert {(part, layer) for (part, layer), *_ in ctx.sections._graphs} == {
+        (part, layer) for part in ("attention", "ffn") for layer in range(layers)}
+    # each graph keeps the tensors its launches took: at least two a generated call (a kernel reads one, writes one)
+    assert all(len(g.held) >= 2 * sum(n for n, _ in g.calls.values()) > 0 for g in ctx.sections._graphs.values())
+
+
+def test_the_emulated_graph_replays_the_captured_ops_on_their_tensors_and_no_python():
+    """``replayed.Recorded``, the CPU emulation the model test runs: a replay runs the capture's
+    PyTorch ops again on the capture's tensors (new inputs copied in, results in the same output
+    tensors) and none of the section's Python; a host read during the capture raises, as a CUDA
+    capture refuses a sync."""
+    from .replayed import HostRead, Recorded
+
+    runs = []
+
+    def fn(x):
+        runs.append(1)
+        y = x * 2 + 1
+        return y, y.sum(-1)
+
+    own = torch.ones(2, 3)
+    graph = Recorded(fn, (own,))
+    y, s = graph.outputs
+    own.copy_(torch.full((2, 3), 4.0))
+    graph.replay()
+    assert runs == [1] and graph.outputs[0] is y and torch.equal(y, torch.full((2, 3), 9.0))
+    assert torch.equal(s, torch.full((2,), 27.0))
+    with pytest.raises(HostRead, match="returned a host value inside a captured section"):
+        Recorded(lambda x: (x * float(x.sum()),), (torch.ones(2),))
