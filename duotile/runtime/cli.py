@@ -108,6 +108,10 @@ def run(args: argparse.Namespace) -> int:
     if args.seed is not None and args.temperature == 0:
         print("note: --seed has no effect with --temperature 0 (greedy decoding picks the most likely token)",
               file=sys.stderr)
+    if args.graphs:
+        print("note: --graphs is experimental: on its one GPU workload it gave NaN logits a few steps after the "
+              "batch shrank to one request (docs/runtime.md, \"CUDA graphs of a step's sections\"); a request "
+              "whose logits are not finite is failed, not sampled", file=sys.stderr)
     for flag, value in (("--save-builds", args.save_builds), ("--build-ahead", args.build_ahead),
                         ("--graphs", args.graphs)):
         if value and args.kernels != "generated":
