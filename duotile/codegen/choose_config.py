@@ -22,6 +22,7 @@ In order:
 
 from __future__ import annotations
 
+import itertools
 import json
 import math
 import warnings
@@ -383,10 +384,11 @@ def _fitted(tgt, cons: list, best: dict[str, Any]) -> list[dict[str, Any]]:
     """The first of the target's fitted knob values (``Target.fitted_knobs``, read from ``best``'s
     bound phases) that every call accepts, on ``best``; empty where the target has none or every
     one is refused (the ranked configs follow)."""
-    verdicts = [at.check(best, full=False) for at in cons]
-    if not verdicts[0].ok:
+    verdict = cons[0].check(best, full=False)
+    if not verdict.ok:
         return []
-    for knobs in tgt.fitted_knobs(verdicts[0].phases, _programs(cons, verdicts)):
+    others = (at.check(best, full=False) for at in cons[1:])  # checked only where _programs reads them
+    for knobs in tgt.fitted_knobs(verdict.phases, _programs(cons, [verdict], others)):
         fitted = {**best, **{k: v for k, v in knobs.items() if k in best}}
         if fitted == best:
             return []  # the search chose it already (a modelled target moves knobs too)
@@ -395,15 +397,15 @@ def _fitted(tgt, cons: list, best: dict[str, Any]) -> list[dict[str, Any]]:
     return []
 
 
-def _programs(cons: list, verdicts: list) -> int | None:
+def _programs(cons: list, *verdicts) -> int | None:
     """The most programs a launch runs over the calls of ``cons`` (``verdicts``: each call's check
-    of the config), where the build is specialised to its sizes (static, or a bucket of them); None
-    where it serves every value of a dynamic size (a decode step's batch and a prefill chunk's
-    tokens alike)."""
+    of the config, in iterables read only here), where the build is specialised to its sizes
+    (static, or a bucket of them); None where it serves every value of a dynamic size (a decode
+    step's batch and a prefill chunk's tokens alike)."""
     if any(d not in at.sig.bucketed for at in cons for d in at.sig.dynamic):
         return None
     return max((math.prod(int(e) for e in phase.grid.attrs["extents"])
-                for verdict in verdicts for phase in verdict.phases), default=0)
+                for verdict in itertools.chain(*verdicts) for phase in verdict.phases), default=0)
 
 
 def _numeric(values: list) -> bool:
