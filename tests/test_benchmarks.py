@@ -357,3 +357,33 @@ def test_config_grid_rows_check_time_and_name_each_config():
     assert cells[0] == "2.0" and cells[1].startswith("not built: ") and cells[2] == "2.0"
     assert rows[0]["config"] == '{"ROWS": 2}' and rows[2]["config"].startswith("user: ")
     assert written == [1, 2, 3, 3]
+
+
+def test_graphs_variants_copy_the_outputs_a_variant_names_and_no_other(monkeypatch):
+    """graphs_variants.py's ``clone:SECTION:I`` hands out a copy of output I of that section's
+    replays and the graph's own tensors otherwise; ``alias`` new tensor objects on the same memory."""
+    from benchmarks import graphs_variants
+    from duotile.runtime import graphs
+    from tests.runtime.test_graphs import Holder, stand_in_capture
+
+    original = graphs.Sections._replay
+    monkeypatch.setattr(graphs.Sections, "_replay", original)  # put back after the test
+    graphs_variants._patch_replay(graphs, torch, "clone:ffn:1")
+    holder = Holder()
+    capture, _ = stand_in_capture(holder)
+    sections = graphs.Sections(max_tokens=8, capture=capture)
+
+    def fn(x):
+        holder.tally.count("hc_post", True)
+        return x + 1, x * 2
+
+    outs = {name: [sections.run(holder.tally, (name, 0), fn, torch.ones(2, 3)) for _ in range(3)]
+            for name in ("ffn", "attention")}
+    own = {name: sections._graphs[((name, 0), ((2, 3), torch.float32))].outputs for name in outs}
+    assert outs["ffn"][2][0] is own["ffn"][0] and outs["ffn"][2][1] is not own["ffn"][1]
+    assert torch.equal(outs["ffn"][2][1], own["ffn"][1])
+    assert all(a is b for a, b in zip(outs["attention"][2], own["attention"]))
+    graphs.Sections._replay = original
+    graphs_variants._patch_replay(graphs, torch, "alias")
+    got = sections.run(holder.tally, ("ffn", 0), fn, torch.ones(2, 3))
+    assert all(a is not b and a.data_ptr() == b.data_ptr() for a, b in zip(got, own["ffn"]))

@@ -1,0 +1,134 @@
+"""The CUDA graphs of a step's sections (`runtime/graphs.py`) against eager launches, in variants
+that tell a fault's kind apart: a generation on the generated kernels, each variant in a process
+of its own, and per request whether it completed and where its logits first stopped being finite.
+
+    python3 benchmarks/graphs_variants.py                      # every variant, one after another
+    python3 benchmarks/graphs_variants.py --variant clone:attention:3
+
+Variants (``--variant``; all by default, each in a subprocess):
+
+* ``eager``: every kernel launched from Python (the tokens the others are compared with);
+* ``graphs``: the sections replayed from CUDA graphs, as ``duotile generate --graphs`` runs them;
+* ``poison``: eager, every floating CUDA tensor made by ``torch.empty`` filled with NaN and every
+  integer one with -1 (a kernel reading an output it did not write shows);
+* ``ownpool``: graphs, each in a memory pool of its own rather than one shared pool;
+* ``clone``: graphs, each replay's outputs copied before the model reads them;
+* ``clone:SECTION[:I,J]``: graphs, only outputs I, J of sections named SECTION (``attention``,
+  ``ffn``) copied (every output where no index is given);
+* ``alias``: graphs, each replay's outputs handed out as new tensor objects on the same memory;
+* ``check``: graphs with ``DUOTILE_GRAPHS_CHECK=1`` (each replay compared bit for bit with the
+  section run eagerly).
+
+The workload, by default, is the one whose graphs gave NaN logits on an H100 (2026-12-07; the
+table in docs/runtime.md, "CUDA graphs of a step's sections"): tiny V4.1, the prompt 1 2 3 4 5,
+four requests of 8, 16, 24 and 32 greedy tokens (the batch shrinks from four to one). Needs a
+CUDA GPU; prebuild the workload's kernels first (`duotile generate ... --save-builds FILE`, then
+`duotile build --signatures FILE`) or the first variants build them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import subprocess
+import sys
+import time
+
+VARIANTS = ("eager", "graphs", "poison", "ownpool", "clone", "check")
+
+
+def _poison_empty(torch) -> None:
+    real = torch.empty
+
+    def empty(*args, **kwargs):
+        t = real(*args, **kwargs)
+        if t.is_cuda and t.is_floating_point():
+            t.fill_(float("nan"))
+        elif t.is_cuda and t.dtype != torch.bool:
+            t.fill_(-1)
+        return t
+
+    torch.empty = empty
+
+
+def _patch_replay(graphs, torch, variant: str) -> None:
+    """Post-process each replay's outputs as ``variant`` says (clone, clone:SECTION[:I,J], alias)."""
+    real = graphs.Sections._replay
+    part, which = (variant.split(":") + ["", ""])[1:3]
+    keep = {int(i) for i in which.split(",")} if which else None
+
+    def fresh(t):
+        return torch.empty(0, dtype=t.dtype, device=t.device).set_(t.untyped_storage(), t.storage_offset(),
+                                                                    t.shape, t.stride())
+
+    def replay(self, tally, hit, inputs):
+        out = real(self, tally, hit, inputs)
+        if variant == "alias":
+            return tuple(fresh(t) for t in out)
+        name = next(key for key, graph in self._graphs.items() if graph is hit)[0][0]
+        return tuple(t.clone() if (not part or name == part) and (keep is None or i in keep) else t
+                     for i, t in enumerate(out))
+
+    graphs.Sections._replay = replay
+
+
+def run_variant(args) -> None:
+    import torch
+
+    from duotile.runtime import graphs
+    from duotile.runtime.cli import _requests
+    from duotile.runtime.engine import LLM
+    from duotile.runtime.sampler import SamplingParams
+
+    variant = args.variant
+    if variant == "poison":
+        _poison_empty(torch)
+    elif variant == "ownpool":
+        capture = graphs._cuda_capture
+        graphs._cuda_capture = lambda fn, inputs, pool: capture(fn, inputs, None)
+    elif variant.startswith("clone") or variant == "alias":
+        _patch_replay(graphs, torch, variant)
+    if variant == "check":
+        os.environ["DUOTILE_GRAPHS_CHECK"] = "1"
+    prompts, params = _requests(args.prompt_ids, SamplingParams(max_tokens=args.max_tokens, return_logits=True),
+                                args.requests)
+    llm = LLM(args.model, device="cuda", kernels="generated", graphs=variant not in ("eager", "poison"))
+    start = time.perf_counter()
+    outs = llm.generate(prompts, params, raise_on_error=False)
+    print(f"variant {variant}: {time.perf_counter() - start:.1f} s")
+    for i, out in enumerate(outs):
+        bad = [j for j, row in enumerate(out.logits or []) if not torch.isfinite(row).all()]
+        where = f"; first non-finite logits at generated token {bad[0]}" if bad else ""
+        print(f"  request {i}: {out.finish_reason}, tokens {' '.join(map(str, out.token_ids))}{where}")
+    if llm.model.ctx.sections is not None:
+        print("  " + llm.model.ctx.sections.report())
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--variant", help=f"one variant in this process (default: each of {', '.join(VARIANTS)} in "
+                                     "a subprocess)")
+    p.add_argument("--model", default="v41-tiny")
+    p.add_argument("--prompt-ids", type=int, nargs="+", default=[1, 2, 3, 4, 5])
+    p.add_argument("--requests", type=int, default=4)
+    p.add_argument("--max-tokens", type=int, default=32)
+    p.add_argument("--timeout", type=int, default=120, help="seconds a variant may run")
+    args = p.parse_args(argv)
+    if args.variant:
+        run_variant(args)
+        return 0
+    rest = ["--model", args.model, "--prompt-ids", *map(str, args.prompt_ids), "--requests", str(args.requests),
+            "--max-tokens", str(args.max_tokens)]
+    for variant in VARIANTS:
+        try:
+            done = subprocess.run([sys.executable, __file__, "--variant", variant, *rest], capture_output=True,
+                                  text=True, timeout=args.timeout)
+            lines = [ln for ln in done.stdout.splitlines() if ln.startswith(("variant", "  "))]
+            print("\n".join(lines) or f"variant {variant}: exit {done.returncode}\n{done.stderr[-600:]}", flush=True)
+        except subprocess.TimeoutExpired:
+            print(f"variant {variant}: over {args.timeout} s", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
