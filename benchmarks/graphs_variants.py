@@ -4,6 +4,7 @@ of its own, and per request whether it completed and where its logits first stop
 
     python3 benchmarks/graphs_variants.py                      # every variant, one after another
     python3 benchmarks/graphs_variants.py --variant clone:attention:3
+    python3 benchmarks/graphs_variants.py --variant eager --memcheck   # stray reads, named
 
 Variants (``--variant``; all by default, each in a subprocess):
 
@@ -18,6 +19,11 @@ Variants (``--variant``; all by default, each in a subprocess):
 * ``alias``: graphs, each replay's outputs handed out as new tensor objects on the same memory;
 * ``check``: graphs with ``DUOTILE_GRAPHS_CHECK=1`` (each replay compared bit for bit with the
   section run eagerly).
+
+``--memcheck`` runs the variant under ``compute-sanitizer --tool memcheck`` with PyTorch's caching
+allocator off (``PYTORCH_NO_CUDA_MEMORY_CACHING=1``: each tensor its own allocation, so a kernel
+reading past a tensor's end reads past an allocation, which memcheck reports with the kernel's
+name); the sanitizer's report follows the variant's lines.
 
 The workload, by default, is the one whose graphs gave NaN logits on an H100 (2026-12-07; the
 table in docs/runtime.md, "CUDA graphs of a step's sections"): tiny V4.1, the prompt 1 2 3 4 5,
@@ -104,6 +110,25 @@ def run_variant(args) -> None:
         print("  " + llm.model.ctx.sections.report())
 
 
+def _memcheck(args, argv: list[str]) -> int:
+    """The variant again in a subprocess under memcheck, the caching allocator off (module docstring)."""
+    import shutil
+    from pathlib import Path
+
+    if not args.variant:
+        print("--memcheck runs one variant: give --variant", file=sys.stderr)
+        return 2
+    found = sorted(Path("/usr/local").glob("cuda*/bin/compute-sanitizer"))
+    tool = shutil.which("compute-sanitizer") or (str(found[0]) if found else None)
+    if tool is None:
+        print("--memcheck: no compute-sanitizer on PATH or under /usr/local/cuda*/bin", file=sys.stderr)
+        return 2
+    inner = [a for a in argv if a != "--memcheck"]
+    env = {**os.environ, "PYTORCH_NO_CUDA_MEMORY_CACHING": "1"}
+    cmd = [tool, "--tool", "memcheck", "--print-limit", "30", sys.executable, __file__, *inner]
+    return subprocess.run(cmd, env=env).returncode
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--variant", help=f"one variant in this process (default: each of {', '.join(VARIANTS)} in "
@@ -113,7 +138,10 @@ def main(argv=None) -> int:
     p.add_argument("--requests", type=int, default=4)
     p.add_argument("--max-tokens", type=int, default=32)
     p.add_argument("--timeout", type=int, default=120, help="seconds a variant may run")
+    p.add_argument("--memcheck", action="store_true", help="run --variant under compute-sanitizer's memcheck")
     args = p.parse_args(argv)
+    if args.memcheck:
+        return _memcheck(args, argv if argv is not None else sys.argv[1:])
     if args.variant:
         run_variant(args)
         return 0
