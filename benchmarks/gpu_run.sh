@@ -13,6 +13,9 @@
 #   bash benchmarks/gpu_run.sh grid SPEC ARGS  # config_grid.py SPEC ARGS: configs x model shapes, each
 #                                              # checked and timed (e.g. router --shapes 'v41/*'
 #                                              # --grid threads=32,64,128,256 --grid ROWS=1,2)
+#   bash benchmarks/gpu_run.sh graphs [ARGS]   # graphs_variants.py [ARGS]: the sections' CUDA graphs against
+#                                              # eager launches in variants (prebuild its kernels first:
+#                                              # benchmarks/signatures/v41-tiny_requests4.json)
 #   bash benchmarks/gpu_run.sh prebuild FILE   # duotile build --signatures FILE, 15 processes: the
 #                                              # builds a later phase meets (scripts/gpu_signatures.py
 #                                              # lists them), into $DUOTILE_CACHE and TileLang's cache
@@ -55,10 +58,11 @@ case "$phase" in
   grid)  timeout "$limit" python3 benchmarks/config_grid.py --jobs "${PREBUILD_JOBS:-15}" "$@" 2>&1 \
            | grep -v "TileLang:" >>"$log"
          cp benchmarks/results/config_grid_*.md "$OUT/" 2>/dev/null ;;
+  graphs) timeout "$limit" python3 benchmarks/graphs_variants.py "$@" 2>&1 | grep -v "TileLang:\|ThreadSync" >>"$log" ;;
   prebuild) timeout "$limit" python3 -m duotile build --signatures "$1" --target sm90 --jobs "${PREBUILD_JOBS:-15}" \
              2>&1 | grep -v "TileLang:\|Warning: \[ThreadSync\]" >>"$log" ;;
   *) echo "unknown phase $phase (tests | bench | tune NAMES | tune-model KERNEL MODEL [PATTERN ...] | profile [ARGS]" \
-          "| grid SPEC [ARGS] | prebuild FILE)"; exit 2 ;;
+          "| grid SPEC [ARGS] | graphs [ARGS] | prebuild FILE)"; exit 2 ;;
 esac
 status=$?
 tail -n 45 "$log"

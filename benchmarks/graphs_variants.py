@@ -28,8 +28,11 @@ name); the sanitizer's report follows the variant's lines.
 The workload, by default, is the one whose graphs gave NaN logits on an H100 (2026-12-07; the
 table in docs/runtime.md, "CUDA graphs of a step's sections"): tiny V4.1, the prompt 1 2 3 4 5,
 four requests of 8, 16, 24 and 32 greedy tokens (the batch shrinks from four to one). Needs a
-CUDA GPU; prebuild the workload's kernels first (`duotile generate ... --save-builds FILE`, then
-`duotile build --signatures FILE`) or the first variants build them.
+CUDA GPU. Prebuild the workload's 103 kernels first (`duotile build --signatures
+benchmarks/signatures/v41-tiny_requests4.json --target sm90 --jobs 15`, about 170 s on a cold
+H100, or `bash benchmarks/gpu_run.sh prebuild` with that file), or the first variant builds them.
+That list was written by `duotile generate --prompt-ids 1 2 3 4 5 --requests 4 --max-tokens 32
+--kernels generated --save-builds FILE` on the CPU (94 s).
 """
 
 from __future__ import annotations
