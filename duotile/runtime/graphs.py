@@ -53,7 +53,7 @@ class _Graph:
     inputs: tuple[torch.Tensor, ...]
     outputs: Outputs
     calls: dict[str, tuple[int, int]]  # the model op calls one run of the section makes
-    held: tuple[torch.Tensor, ...] = ()  # what its launches read and write, kept alive (``hold``)
+    held: tuple[torch.Tensor, ...] = ()  # cached tensors its launches read, kept alive (``hold``)
 
 
 class Sections:
@@ -63,10 +63,10 @@ class Sections:
                  hold: Callable | None = None):
         """``check``: after each replay, run the section eagerly on the same inputs as well and
         raise ``ReplayMismatch`` where an output differs in a bit (a debugging mode: each section
-        runs twice). ``hold``: a context manager yielding a list that collects the tensors the
-        kernels launched inside it take (``GeneratedOps.holding``); each graph keeps those of its
-        capture alive, since its replays read them at their addresses, whatever the caches that
-        made them have dropped since."""
+        runs twice). ``hold``: a context manager yielding a list that collects the cached tensors
+        the kernels launched inside it read (``GeneratedOps.holding``); each graph keeps those of
+        its capture alive, since its replays read them at their addresses, whatever the caches
+        that made them have dropped since."""
         self.max_tokens, self.check = max_tokens, check
         self._hold = hold or (lambda: contextlib.nullcontext(()))
         self._capture = capture or _cuda_capture

@@ -5,8 +5,8 @@ of the section runs again, no allocation is made again, and every tensor keeps i
 plain stand-in of test_graphs.py (``StandIn``) runs the section's Python again at each replay,
 which hides whatever the Python does beside its kernels (a cache it fills, a value it reads on the
 host, an allocation it makes fresh). ``Recorded`` keeps only what a graph keeps: during the capture
-run, each generated kernel launch (through ``GeneratedOps.holding``'s wrapper) and each PyTorch op
-outside a kernel, with the very tensors they took; a replay runs them again in order, each op's
+run, each generated kernel launch (``GeneratedOps._kernel``'s kernels, wrapped) and each PyTorch
+op outside a kernel, with the very tensors they took; a replay runs them again in order, each op's
 results written into the tensors the capture's op returned. Allocations and views are not run
 again (a graph's memory stays where it was, with what it last held); an op that returns a host
 value (a sync, which a capture refuses) raises during the capture.
@@ -58,22 +58,27 @@ class Recorded:
     def __init__(self, fn, inputs):
         self.steps: list = []
         log = _Log(self.steps)
-        real = generated._Holding.__call__
+        real = generated.GeneratedOps._kernel
 
-        def launch(holding, **tensors):
-            log.in_kernel += 1
-            try:
-                real(holding, **tensors)
-            finally:
-                log.in_kernel -= 1
-            self.steps.append(lambda: holding.kernel(**tensors))
+        def kernel(ops, *args, **kwargs):  # each launch made inside: run, and kept for the replays
+            compiled = real(ops, *args, **kwargs)
 
-        generated._Holding.__call__ = launch
+            def launch(**tensors):
+                log.in_kernel += 1
+                try:
+                    compiled(**tensors)
+                finally:
+                    log.in_kernel -= 1
+                self.steps.append(lambda: compiled(**tensors))
+
+            return launch
+
+        generated.GeneratedOps._kernel = kernel
         try:
             with log:
                 self.outputs = tuple(fn(*inputs))
         finally:
-            generated._Holding.__call__ = real
+            generated.GeneratedOps._kernel = real
         self.replayed = 0
 
     def replay(self) -> None:

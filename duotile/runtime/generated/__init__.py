@@ -80,7 +80,7 @@ class GeneratedOps(DenseKernels, AttentionKernels, StreamKernels, MoEKernels):
         # weight dequantised for one use (a packed-only layer on the reference path) is not kept long
         self._bf16: collections.OrderedDict[tuple, tuple] = collections.OrderedDict()
         self._ahead = None  # while building ahead (ahead.py): calls without a build are deferred
-        self._held: list | None = None  # while a CUDA graph captures: every tensor its launches take (`holding`)
+        self._held: list | None = None  # while a CUDA graph captures: the cached tensors it reads (`holding`)
         self._fp8_input = None  # the latest decode output with wo_a's FP8 input beside it (attention.py)
         self.fused_fp8_inputs = 0  # wo_a inputs taken from an attention kernel rather than quantised again
 
@@ -95,11 +95,14 @@ class GeneratedOps(DenseKernels, AttentionKernels, StreamKernels, MoEKernels):
 
     @contextlib.contextmanager
     def holding(self):
-        """Collects every tensor the kernel calls made inside take: a CUDA graph captured inside
-        reads them at their addresses at each replay, and keeps them alive with this list. Some are
-        the ops' own cached tensors (a weight's BF16 copy, kept for the most recent BF16_KEPT
-        weights), which a replay, running no Python, does not keep recent: evicted, their memory
-        would be handed to other tensors while the graph still reads it."""
+        """Collects the cached tensors the ops hand to kernels inside, for a CUDA graph captured
+        inside to keep: its replays read them at their addresses, and a replay, running no Python,
+        does not keep them recent in their cache. The one cache that drops entries is the weights'
+        BF16 copies (the most recent BF16_KEPT); an evicted copy's memory would go to other tensors
+        while the graph still reads it. The launches' other tensors are not collected: the model
+        holds the weights and the other caches keep every entry, and what the capture allocates
+        belongs to the graph's memory pool, which later captures may share once the capture drops
+        it (a graph held every one would keep each capture's intermediates to itself)."""
         saved, self._held = self._held, []
         try:
             yield self._held
@@ -131,9 +134,7 @@ class GeneratedOps(DenseKernels, AttentionKernels, StreamKernels, MoEKernels):
             kernel = self._by_call[(spec_name, device, *constants.items())] = self._compiled(spec_name, device,
                                                                                               constants)
         if self._ahead is not None:
-            kernel = DeferringKernel(kernel, self._ahead)
-        if self._held is not None:
-            kernel = _Holding(kernel, self._held)
+            return DeferringKernel(kernel, self._ahead)
         return kernel
 
     def _compiled(self, spec_name: str, device: torch.device, constants: dict) -> Any:
@@ -146,17 +147,6 @@ class GeneratedOps(DenseKernels, AttentionKernels, StreamKernels, MoEKernels):
             self._kernels[key] = codegen.compile(get(spec_name).kernel, "sm90" if sm90 else "interpret",
                                                  constants=constants)
         return self._kernels[key]
-
-
-class _Holding:
-    """A kernel whose calls add the tensors they take to ``held`` (``GeneratedOps.holding``)."""
-
-    def __init__(self, kernel, held: list):
-        self.kernel, self.held = kernel, held
-
-    def __call__(self, **tensors):
-        self.held.extend(t for t in tensors.values() if isinstance(t, torch.Tensor))
-        return self.kernel(**tensors)
 
 
 def _declining_deferred(fn, *args, **kw):

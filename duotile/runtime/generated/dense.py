@@ -90,7 +90,7 @@ class DenseKernels:
             while len(self._bf16) > BF16_KEPT:
                 self._bf16.popitem(last=False)
         self._bf16.move_to_end(key)
-        if self._held is not None and hit[2] is not None:  # a graph may read it in a PyTorch op too (a padded copy)
+        if self._held is not None and hit[2] is not None:  # a graph capturing: it keeps the copy (`holding`)
             self._held.append(hit[2])
         return hit[2]
 
