@@ -18,7 +18,11 @@ Variants (``--variant``; all by default, each in a subprocess):
   ``ffn``) copied (every output where no index is given);
 * ``alias``: graphs, each replay's outputs handed out as new tensor objects on the same memory;
 * ``check``: graphs with ``DUOTILE_GRAPHS_CHECK=1`` (each replay compared bit for bit with the
-  section run eagerly).
+  section run eagerly);
+* ``finite``: graphs, each replay's inputs and outputs checked for non-finite values (a host read
+  a replay; nothing allocated beside a few flags): the first replay whose outputs are not finite
+  is named with its section, shapes and whether its inputs were, which says whether the NaN
+  starts inside a graph or in the eager part before it.
 
 ``--memcheck`` runs the variant under ``compute-sanitizer --tool memcheck`` with PyTorch's caching
 allocator off (``PYTORCH_NO_CUDA_MEMORY_CACHING=1``: each tensor its own allocation, so a kernel
@@ -43,7 +47,7 @@ import subprocess
 import sys
 import time
 
-VARIANTS = ("eager", "graphs", "poison", "ownpool", "clone", "check")
+VARIANTS = ("eager", "graphs", "poison", "ownpool", "clone", "check", "finite")
 
 
 def _poison_empty(torch) -> None:
@@ -81,6 +85,25 @@ def _patch_replay(graphs, torch, variant: str) -> None:
     graphs.Sections._replay = replay
 
 
+def _patch_finite(graphs, torch) -> None:
+    """Name the first replay whose outputs are not all finite (``finite``)."""
+    real = graphs.Sections._replay
+    seen = []
+
+    def replay(self, tally, hit, inputs):
+        ins = [bool(torch.isfinite(t).all()) if t.is_floating_point() else True for t in inputs]
+        out = real(self, tally, hit, inputs)
+        bad = [i for i, t in enumerate(out) if t.is_floating_point() and not bool(torch.isfinite(t).all())]
+        if bad and not seen:
+            key = next(key for key, graph in self._graphs.items() if graph is hit)
+            seen.append(key)
+            print(f"  first non-finite replay: section {key[0]}, input shapes {[sh for sh, _ in key[1:]]}, replay "
+                  f"{self.replays}, outputs {bad} not finite; inputs all finite: {all(ins)}", flush=True)
+        return out
+
+    graphs.Sections._replay = replay
+
+
 def run_variant(args) -> None:
     import torch
 
@@ -97,6 +120,8 @@ def run_variant(args) -> None:
         graphs._cuda_capture = lambda fn, inputs, pool: capture(fn, inputs, None)
     elif variant.startswith("clone") or variant == "alias":
         _patch_replay(graphs, torch, variant)
+    elif variant == "finite":
+        _patch_finite(graphs, torch)
     if variant == "check":
         os.environ["DUOTILE_GRAPHS_CHECK"] = "1"
     prompts, params = _requests(args.prompt_ids, SamplingParams(max_tokens=args.max_tokens, return_logits=True),

@@ -387,3 +387,28 @@ def test_graphs_variants_copy_the_outputs_a_variant_names_and_no_other(monkeypat
     graphs_variants._patch_replay(graphs, torch, "alias")
     got = sections.run(holder.tally, ("ffn", 0), fn, torch.ones(2, 3))
     assert all(a is not b and a.data_ptr() == b.data_ptr() for a, b in zip(got, own["ffn"]))
+
+
+def test_graphs_variants_finite_names_the_first_replay_with_non_finite_outputs(monkeypatch, capsys):
+    """``finite`` prints the first replay whose outputs hold a NaN or an infinity, its section and
+    whether its inputs were finite, once."""
+    from benchmarks import graphs_variants
+    from duotile.runtime import graphs
+    from tests.runtime.test_graphs import Holder, stand_in_capture
+
+    monkeypatch.setattr(graphs.Sections, "_replay", graphs.Sections._replay)  # put back after the test
+    graphs_variants._patch_finite(graphs, torch)
+    holder = Holder()
+    capture, _ = stand_in_capture(holder)
+    sections = graphs.Sections(max_tokens=8, capture=capture)
+
+    def fn(x):
+        holder.tally.count("hc_post", True)
+        return (x.log(),)  # log(0) = -inf
+
+    for value in (1.0, 2.0, 3.0, 0.0, 0.0):
+        sections.run(holder.tally, ("ffn", 2), fn, torch.full((2, 3), value))
+    out = capsys.readouterr().out
+    assert out.count("first non-finite replay") == 1
+    assert ("section ('ffn', 2), input shapes [(2, 3)], replay 3, outputs [0] not finite; inputs all finite: True"
+            in out)
