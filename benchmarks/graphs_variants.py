@@ -17,6 +17,9 @@ Variants (``--variant``; all by default, each in a subprocess):
 * ``clone:SECTION[:I,J]``: graphs, only outputs I, J of sections named SECTION (``attention``,
   ``ffn``) copied (every output where no index is given);
 * ``alias``: graphs, each replay's outputs handed out as new tensor objects on the same memory;
+* ``sync``: graphs, the host waiting for the GPU after each replay (nothing allocated, nothing
+  copied: where ``clone`` helps and ``sync`` does not, the fault is where tensors lie, not when
+  the host queues work; ``check`` and ``finite`` wait too);
 * ``check``: graphs with ``DUOTILE_GRAPHS_CHECK=1`` (each replay compared bit for bit with the
   section run eagerly);
 * ``finite``: graphs, each replay's inputs and outputs checked for non-finite values (a host read
@@ -47,7 +50,7 @@ import subprocess
 import sys
 import time
 
-VARIANTS = ("eager", "graphs", "poison", "ownpool", "clone", "check", "finite")
+VARIANTS = ("eager", "graphs", "sync", "finite", "clone", "poison", "ownpool", "check")
 
 
 def _poison_empty(torch) -> None:
@@ -81,6 +84,18 @@ def _patch_replay(graphs, torch, variant: str) -> None:
         name = next(key for key, graph in self._graphs.items() if graph is hit)[0][0]
         return tuple(t.clone() if (not part or name == part) and (keep is None or i in keep) else t
                      for i, t in enumerate(out))
+
+    graphs.Sections._replay = replay
+
+
+def _patch_sync(graphs, wait) -> None:
+    """``wait()`` after each replay (``sync``: ``torch.cuda.synchronize``)."""
+    real = graphs.Sections._replay
+
+    def replay(self, tally, hit, inputs):
+        out = real(self, tally, hit, inputs)
+        wait()
+        return out
 
     graphs.Sections._replay = replay
 
@@ -120,6 +135,8 @@ def run_variant(args) -> None:
         graphs._cuda_capture = lambda fn, inputs, pool: capture(fn, inputs, None)
     elif variant.startswith("clone") or variant == "alias":
         _patch_replay(graphs, torch, variant)
+    elif variant == "sync":
+        _patch_sync(graphs, torch.cuda.synchronize)
     elif variant == "finite":
         _patch_finite(graphs, torch)
     if variant == "check":

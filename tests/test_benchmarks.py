@@ -412,3 +412,25 @@ def test_graphs_variants_finite_names_the_first_replay_with_non_finite_outputs(m
     assert out.count("first non-finite replay") == 1
     assert ("section ('ffn', 2), input shapes [(2, 3)], replay 3, outputs [0] not finite; inputs all finite: True"
             in out)
+
+
+def test_graphs_variants_sync_waits_after_each_replay_and_returns_the_graph_outputs(monkeypatch):
+    """``sync`` calls its wait once a replay, after it, and hands out the graph's own tensors."""
+    from benchmarks import graphs_variants
+    from duotile.runtime import graphs
+    from tests.runtime.test_graphs import Holder, stand_in_capture
+
+    monkeypatch.setattr(graphs.Sections, "_replay", graphs.Sections._replay)  # put back after the test
+    waits = []
+    graphs_variants._patch_sync(graphs, lambda: waits.append(sections.replays))
+    holder = Holder()
+    capture, _ = stand_in_capture(holder)
+    sections = graphs.Sections(max_tokens=8, capture=capture)
+
+    def fn(x):
+        holder.tally.count("hc_post", True)
+        return (x + 1,)
+
+    outs = [sections.run(holder.tally, ("ffn", 0), fn, torch.ones(2, 3)) for _ in range(4)]
+    assert waits == [1, 2, 3]  # the first call runs eagerly; each replay waits once, after it counted
+    assert outs[3][0] is sections._graphs[(("ffn", 0), ((2, 3), torch.float32))].outputs[0]
