@@ -14,8 +14,8 @@
 #                                              # checked and timed (e.g. router --shapes 'v41/*'
 #                                              # --grid threads=32,64,128,256 --grid ROWS=1,2)
 #   bash benchmarks/gpu_run.sh graphs [ARGS]   # graphs_variants.py [ARGS]: the sections' CUDA graphs against
-#                                              # eager launches in variants (prebuild its kernels first:
-#                                              # benchmarks/signatures/v41-tiny_requests4.json)
+#                                              # eager launches in variants (it builds the default
+#                                              # workload's kernels first, in parallel)
 #   bash benchmarks/gpu_run.sh prebuild FILE   # duotile build --signatures FILE, 15 processes: the
 #                                              # builds a later phase meets (scripts/gpu_signatures.py
 #                                              # lists them), into $DUOTILE_CACHE and TileLang's cache

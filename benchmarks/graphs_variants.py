@@ -35,9 +35,10 @@ name); the sanitizer's report follows the variant's lines.
 The workload, by default, is the one whose graphs gave NaN logits on an H100 (2026-12-07; the
 table in docs/runtime.md, "CUDA graphs of a step's sections"): tiny V4.1, the prompt 1 2 3 4 5,
 four requests of 8, 16, 24 and 32 greedy tokens (the batch shrinks from four to one). Needs a
-CUDA GPU. Prebuild the workload's 103 kernels first (`duotile build --signatures
-benchmarks/signatures/v41-tiny_requests4.json --target sm90 --jobs 15`, about 170 s on a cold
-H100, or `bash benchmarks/gpu_run.sh prebuild` with that file), or the first variant builds them.
+CUDA GPU. The script builds the workload's 103 kernels first, in parallel (`duotile build
+--signatures benchmarks/signatures/v41-tiny_requests4.json --target sm90 --jobs N`, about 170 s on
+a cold H100; builds in the cache are hits), unless ``--no-prebuild``: the cache is keyed by the
+compiler's sources, and a variant left to build them one at a time runs past its time limit.
 That list was written by `duotile generate --prompt-ids 1 2 3 4 5 --requests 4 --max-tokens 32
 --kernels generated --save-builds FILE` on the CPU (94 s).
 """
@@ -49,6 +50,7 @@ import os
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 VARIANTS = ("eager", "graphs", "sync", "finite", "clone", "poison", "ownpool", "check")
 
@@ -158,7 +160,6 @@ def run_variant(args) -> None:
 def _memcheck(args, argv: list[str]) -> int:
     """The variant again in a subprocess under memcheck, the caching allocator off (module docstring)."""
     import shutil
-    from pathlib import Path
 
     if not args.variant:
         print("--memcheck runs one variant: give --variant", file=sys.stderr)
@@ -174,6 +175,15 @@ def _memcheck(args, argv: list[str]) -> int:
     return subprocess.run(cmd, env=env).returncode
 
 
+SIGNATURES = Path(__file__).resolve().parent / "signatures" / "v41-tiny_requests4.json"
+
+
+def prebuild_command(jobs: int) -> list[str]:
+    """The build of the default workload's kernels, ``jobs`` at a time (module docstring)."""
+    return [sys.executable, "-m", "duotile", "build", "--signatures", str(SIGNATURES), "--target", "sm90",
+            "--jobs", str(jobs)]
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--variant", help=f"one variant in this process (default: each of {', '.join(VARIANTS)} in "
@@ -184,7 +194,18 @@ def main(argv=None) -> int:
     p.add_argument("--max-tokens", type=int, default=32)
     p.add_argument("--timeout", type=int, default=120, help="seconds a variant may run")
     p.add_argument("--memcheck", action="store_true", help="run --variant under compute-sanitizer's memcheck")
+    p.add_argument("--no-prebuild", action="store_true", help="do not build the default workload's kernels first")
     args = p.parse_args(argv)
+    default = (args.model, args.prompt_ids, args.requests, args.max_tokens) == ("v41-tiny", [1, 2, 3, 4, 5], 4, 32)
+    if not args.no_prebuild and default and "DUOTILE_GRAPHS_INNER" not in os.environ:
+        jobs = max(1, (os.cpu_count() or 2) - 1)
+        print(f"building the workload's kernels ({jobs} at a time)", flush=True)
+        built = subprocess.run(prebuild_command(jobs), capture_output=True, text=True)
+        if built.returncode:
+            print(f"the build failed (exit {built.returncode}):\n{built.stdout[-800:]}{built.stderr[-800:]}",
+                  file=sys.stderr)
+            return built.returncode
+        os.environ["DUOTILE_GRAPHS_INNER"] = "1"  # the subprocesses below build nothing again
     if args.memcheck:
         return _memcheck(args, argv if argv is not None else sys.argv[1:])
     if args.variant:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import subprocess
 from types import SimpleNamespace
 
 import pytest
@@ -434,3 +435,32 @@ def test_graphs_variants_sync_waits_after_each_replay_and_returns_the_graph_outp
     outs = [sections.run(holder.tally, ("ffn", 0), fn, torch.ones(2, 3)) for _ in range(4)]
     assert waits == [1, 2, 3]  # the first call runs eagerly; each replay waits once, after it counted
     assert outs[3][0] is sections._graphs[(("ffn", 0), ((2, 3), torch.float32))].outputs[0]
+
+
+def test_graphs_variants_builds_the_default_workload_first_and_stops_where_the_build_fails(monkeypatch, capsys):
+    """The kernels of the default workload build in parallel before any variant runs (a variant
+    left to build them one at a time runs past its limit); a failed build ends the script with its
+    exit code and its output, before any variant."""
+    from benchmarks import graphs_variants
+
+    cmd = graphs_variants.prebuild_command(7)
+    assert cmd[1:4] == ["-m", "duotile", "build"] and cmd[-4:] == ["--target", "sm90", "--jobs", "7"]
+    assert graphs_variants.SIGNATURES.is_file()
+    assert cmd[cmd.index("--signatures") + 1] == str(graphs_variants.SIGNATURES)
+    calls = []
+
+    def fake_run(command, **kwargs):
+        calls.append(command)
+        return subprocess.CompletedProcess(command, 3, stdout="", stderr="no nvcc")
+
+    monkeypatch.delenv("DUOTILE_GRAPHS_INNER", raising=False)
+    monkeypatch.setattr(graphs_variants.subprocess, "run", fake_run)
+    assert graphs_variants.main([]) == 3
+    assert len(calls) == 1 and calls[0][3] == "build"
+    err = capsys.readouterr().err
+    assert "the build failed (exit 3)" in err and "no nvcc" in err
+    calls.clear()  # another workload than the default: nothing built ahead, the variants run
+    monkeypatch.setattr(graphs_variants.subprocess, "run",
+                        lambda command, **kw: calls.append(command) or subprocess.CompletedProcess(command, 0, "", ""))
+    assert graphs_variants.main(["--requests", "2"]) == 0
+    assert [c[2:4] for c in calls] == [["--variant", v] for v in graphs_variants.VARIANTS]
