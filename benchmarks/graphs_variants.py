@@ -69,9 +69,24 @@ def _poison_empty(torch) -> None:
     torch.empty = empty
 
 
+def _after_replay(graphs, post) -> None:
+    """Each replay's outputs handed to ``post(sections, hit, inputs, outputs)``, and its result handed
+    out in their place (``hit``: the graph replayed; ``inputs``: the caller's, which a replay only reads)."""
+    real = graphs.Sections._replay
+
+    def replay(self, tally, hit, inputs):
+        return post(self, hit, inputs, real(self, tally, hit, inputs))
+
+    graphs.Sections._replay = replay
+
+
+def _key_of(sections, hit) -> tuple:
+    """The (section name, input shapes and dtypes) a graph was captured for."""
+    return next(key for key, graph in sections._graphs.items() if graph is hit)
+
+
 def _patch_replay(graphs, torch, variant: str) -> None:
     """Post-process each replay's outputs as ``variant`` says (clone, clone:SECTION[:I,J], alias)."""
-    real = graphs.Sections._replay
     part, which = (variant.split(":") + ["", ""])[1:3]
     keep = {int(i) for i in which.split(",")} if which else None
 
@@ -79,46 +94,39 @@ def _patch_replay(graphs, torch, variant: str) -> None:
         return torch.empty(0, dtype=t.dtype, device=t.device).set_(t.untyped_storage(), t.storage_offset(),
                                                                     t.shape, t.stride())
 
-    def replay(self, tally, hit, inputs):
-        out = real(self, tally, hit, inputs)
+    def post(sections, hit, inputs, out):
         if variant == "alias":
             return tuple(fresh(t) for t in out)
-        name = next(key for key, graph in self._graphs.items() if graph is hit)[0][0]
+        name = _key_of(sections, hit)[0][0]
         return tuple(t.clone() if (not part or name == part) and (keep is None or i in keep) else t
                      for i, t in enumerate(out))
 
-    graphs.Sections._replay = replay
+    _after_replay(graphs, post)
 
 
 def _patch_sync(graphs, wait) -> None:
     """``wait()`` after each replay (``sync``: ``torch.cuda.synchronize``)."""
-    real = graphs.Sections._replay
-
-    def replay(self, tally, hit, inputs):
-        out = real(self, tally, hit, inputs)
-        wait()
-        return out
-
-    graphs.Sections._replay = replay
+    _after_replay(graphs, lambda sections, hit, inputs, out: wait() or out)
 
 
 def _patch_finite(graphs, torch) -> None:
     """Name the first replay whose outputs are not all finite (``finite``)."""
-    real = graphs.Sections._replay
     seen = []
 
-    def replay(self, tally, hit, inputs):
-        ins = [bool(torch.isfinite(t).all()) if t.is_floating_point() else True for t in inputs]
-        out = real(self, tally, hit, inputs)
-        bad = [i for i, t in enumerate(out) if t.is_floating_point() and not bool(torch.isfinite(t).all())]
+    def finite(ts) -> list[bool]:
+        return [not t.is_floating_point() or bool(torch.isfinite(t).all()) for t in ts]
+
+    def post(sections, hit, inputs, out):
+        bad = [i for i, ok in enumerate(finite(out)) if not ok]
         if bad and not seen:
-            key = next(key for key, graph in self._graphs.items() if graph is hit)
+            key = _key_of(sections, hit)
             seen.append(key)
             print(f"  first non-finite replay: section {key[0]}, input shapes {[sh for sh, _ in key[1:]]}, replay "
-                  f"{self.replays}, outputs {bad} not finite; inputs all finite: {all(ins)}", flush=True)
+                  f"{sections.replays}, outputs {bad} not finite; inputs all finite: {all(finite(inputs))}",
+                  flush=True)
         return out
 
-    graphs.Sections._replay = replay
+    _after_replay(graphs, post)
 
 
 def run_variant(args) -> None:
@@ -169,7 +177,7 @@ def _memcheck(args, argv: list[str]) -> int:
     if tool is None:
         print("--memcheck: no compute-sanitizer on PATH or under /usr/local/cuda*/bin", file=sys.stderr)
         return 2
-    inner = [a for a in argv if a != "--memcheck"]
+    inner = [a for a in argv if a not in ("--memcheck", "--no-prebuild")] + ["--no-prebuild"]  # main built them
     env = {**os.environ, "PYTORCH_NO_CUDA_MEMORY_CACHING": "1"}
     cmd = [tool, "--tool", "memcheck", "--print-limit", "30", sys.executable, __file__, *inner]
     return subprocess.run(cmd, env=env).returncode
@@ -197,7 +205,7 @@ def main(argv=None) -> int:
     p.add_argument("--no-prebuild", action="store_true", help="do not build the default workload's kernels first")
     args = p.parse_args(argv)
     default = (args.model, args.prompt_ids, args.requests, args.max_tokens) == ("v41-tiny", [1, 2, 3, 4, 5], 4, 32)
-    if not args.no_prebuild and default and "DUOTILE_GRAPHS_INNER" not in os.environ:
+    if not args.no_prebuild and default:
         jobs = max(1, (os.cpu_count() or 2) - 1)
         print(f"building the workload's kernels ({jobs} at a time)", flush=True)
         built = subprocess.run(prebuild_command(jobs), capture_output=True, text=True)
@@ -205,13 +213,13 @@ def main(argv=None) -> int:
             print(f"the build failed (exit {built.returncode}):\n{built.stdout[-800:]}{built.stderr[-800:]}",
                   file=sys.stderr)
             return built.returncode
-        os.environ["DUOTILE_GRAPHS_INNER"] = "1"  # the subprocesses below build nothing again
     if args.memcheck:
         return _memcheck(args, argv if argv is not None else sys.argv[1:])
     if args.variant:
         run_variant(args)
         return 0
-    rest = ["--model", args.model, "--prompt-ids", *map(str, args.prompt_ids), "--requests", str(args.requests),
+    rest = ["--no-prebuild",  # built above, where it is the default workload
+            "--model", args.model, "--prompt-ids", *map(str, args.prompt_ids), "--requests", str(args.requests),
             "--max-tokens", str(args.max_tokens)]
     for variant in VARIANTS:
         try:

@@ -453,7 +453,6 @@ def test_graphs_variants_builds_the_default_workload_first_and_stops_where_the_b
         calls.append(command)
         return subprocess.CompletedProcess(command, 3, stdout="", stderr="no nvcc")
 
-    monkeypatch.delenv("DUOTILE_GRAPHS_INNER", raising=False)
     monkeypatch.setattr(graphs_variants.subprocess, "run", fake_run)
     assert graphs_variants.main([]) == 3
     assert len(calls) == 1 and calls[0][3] == "build"
@@ -463,4 +462,4 @@ def test_graphs_variants_builds_the_default_workload_first_and_stops_where_the_b
     monkeypatch.setattr(graphs_variants.subprocess, "run",
                         lambda command, **kw: calls.append(command) or subprocess.CompletedProcess(command, 0, "", ""))
     assert graphs_variants.main(["--requests", "2"]) == 0
-    assert [c[2:4] for c in calls] == [["--variant", v] for v in graphs_variants.VARIANTS]
+    assert [c[2:5] for c in calls] == [["--variant", v, "--no-prebuild"] for v in graphs_variants.VARIANTS]
