@@ -321,6 +321,11 @@ SPEC = register(Spec(
                                                                                        "SPLIT": 2}},
         "f32_out_v4": {"M": 3, "N": 136, "K": 384, "out": "f32", "config": {"BM": 16, "BN": 128, "BK": 128,
                                                                              "SPLIT": 1}},
+        # K steps past K: a 256-wide step over K = 192 at 32-wide blocks, whose codes of blocks 6 and 7
+        # lie past the scale tensor (the tiny V4.1's Engram projection at its user config, which read
+        # the byte after them: codegen/tilelang_cuda/unit_axes.py)
+        "step_past_k": {"M": 20, "N": 1280, "K": 192, "BLOCK": 32, "out": "f32",
+                        "config": {"BM": 64, "BN": 32, "BK": 256, "SPLIT": 1}},
         # more ranges than K steps: empty ranges add nothing
         "empty_ranges": {"M": 2, "N": 40, "K": 96, "config": {"BM": 16, "BN": 64, "BK": 32, "SPLIT": 8}},
         # the scales in the operands (the form a block-scaled MMA takes): V4.1's blocks with a ragged

@@ -14,7 +14,7 @@ from ...dsl.ir import Module, Op, Value
 from ...dsl.ops import MXFP4_BLOCK, NVFP4_BLOCK
 from ...passes.fold_bounds import grid_env, interval
 from ..handlers import OpHandlers
-from . import gather_pipeline, overlap, tma_store, unrolled_loads
+from . import gather_pipeline, overlap, tma_store, unit_axes, unrolled_loads
 from .arch import Arch
 from .block_scaled import code_column
 from .block_scaled import emit_gemm as emit_block_scaled_gemm
@@ -332,10 +332,10 @@ def _load(e: Emitter, op: Op):
             read = f"T.if_then_else({_tl_and(' and '.join(conds))}, {read}, {literal(op.attrs['other'], v.type.dtype)})"
         e.src.line(f"{name}[{', '.join(['0'] * len(shape))}] = {read}", op.loc)
         return
-    if op.attrs["other"] == 0.0:
+    if op.attrs["other"] == 0.0 and not unit_axes.unguarded(e, op):
         e.src.line(f"T.copy({e.global_region(op)}, {name})", op.loc)
         return
-    lv = [f"i{d}" for d in range(len(shape))]
+    lv = [f"i{d}" for d in range(len(shape))]  # guarded element by element (unit_axes.py)
     cond, idx = _in_bounds(e, op, lv)
     other = literal(op.attrs["other"], v.type.dtype)
     e.src.line(f"for {', '.join(lv)} in T.Parallel({', '.join(str(int(d)) for d in shape)}):", op.loc)
@@ -529,6 +529,13 @@ def _store(e: Emitter, op: Op):
     p = e.m.param(op.attrs["tensor"])
     if e.knobs.get("tma_store") and e.ws is not None and len(op.attrs["shape"]) == 2:
         tma_store.emit(e, op, src, p.name, [index(o) for o in op.attrs["offsets"]], int(e.knobs["threads"]))
+        return
+    if unit_axes.unguarded(e, op):  # T.copy would not keep the tile's one-wide axes inside (unit_axes.py)
+        lv = [f"i{d}" for d in range(len(op.attrs["shape"]))]
+        cond, idx = _in_bounds(e, op, lv)
+        e.src.line(f"for {', '.join(lv)} in T.Parallel({', '.join(str(int(d)) for d in op.attrs['shape'])}):", op.loc)
+        e.src.line(f"    if {_tl_and(cond)}:", op.loc)
+        e.src.line(f"        {p.name}[{', '.join(idx)}] = {src}[{', '.join(lv)}]", op.loc)
         return
     e.src.line(f"T.copy({src}, {region(p.name, op.attrs['offsets'], op.attrs['shape'], len(p.shape))})", op.loc)
 

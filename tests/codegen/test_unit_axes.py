@@ -1,0 +1,95 @@
+"""Loads and stores of tiles one element wide along an axis (codegen/tilelang_cuda/unit_axes.py).
+
+TileLang's ``T.copy`` bounds each axis of a global region except those of extent 1, so a (BM, 1)
+tile at a column past the tensor reads (or writes) outside it. ``gemm_blockscaled`` read the byte
+after its activation scale codes at K = 192 with BK = 256 (the tiny V4.1's Engram projection, its
+user config), and the NaN code it found there broke CUDA-graph runs of that model; swiglu_quant's
+scale store at V4.1's 2,304-wide experts wrote past a row's 72 codes. The CUDA generators now emit
+such tiles as guarded element loops unless the position is proven inside; a proven one keeps
+``T.copy``."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+import sympy
+import torch
+
+from duotile import codegen, dsl
+from duotile.codegen.compile import specialize
+from duotile.codegen.driver import generate_case
+from duotile.codegen.target import get_target
+from duotile.codegen.tilelang_cuda.unit_axes import largest
+from duotile.kernels_spec import load_all
+
+pytest.importorskip("tilelang")
+CUDA = ("sm90", "sm100")
+
+
+@dsl.kernel
+def column_codes(x: dsl.Tensor["M", "KB", dsl.u8], y: dsl.Tensor["M", "KB", dsl.f32], *,
+                 BM: dsl.Tunable = dsl.choice(64), STEP: dsl.Const = 4):
+    for m in dsl.grid(dsl.cdiv(x.M, BM)):
+        for k in dsl.range(dsl.cdiv(x.KB, STEP)):
+            for j in range(STEP):  # the step's columns, whole steps: past KB where STEP does not divide it
+                t = dsl.load(x[m * BM, k * STEP + j], (BM, 1))
+                dsl.store(y[m * BM, k * STEP + j], t.to(dsl.f32) + 1.0)
+
+
+def _source(kernel, tensors: dict, target: str) -> str:
+    module, knobs = specialize(kernel, kernel.bind(tensors), target, {})
+    return get_target(target).generate(module, knobs).stages["tilelang"]
+
+
+def _codes(kb: int, m: int = 70) -> dict:
+    return {"x": torch.randint(0, 255, (m, kb), dtype=torch.uint8), "y": torch.zeros(m, kb)}
+
+
+@pytest.mark.parametrize("target", CUDA)
+def test_a_one_wide_column_past_the_tensor_is_guarded(target):
+    """KB = 6 in steps of 4: columns 4k + 2 and 4k + 3 reach 7 at the last step and are guarded;
+    4k and 4k + 1 reach 5 at most and keep T.copy."""
+    src = _source(column_codes, _codes(6), target)
+    loads = re.findall(r"= T\.if_then_else\((.*), x\[", src)
+    stores = re.findall(r"if (.*):\n\s*y\[", src)
+    assert len(loads) == 2 and len(stores) == 2, src
+    assert all("4 * k + 2" in c or "4 * k + 3" in c for c in loads + stores), (loads, stores)
+    assert all("< 6" in c for c in loads + stores), (loads, stores)
+    assert src.count("T.copy(x[") == 2 and len(re.findall(r"T\.copy\([^)]*, y\[", src)) == 2, src
+
+
+@pytest.mark.parametrize("target", CUDA)
+def test_a_one_wide_column_proven_inside_keeps_t_copy(target):
+    src = _source(column_codes, _codes(8), target)  # two whole steps of four: column 7 at most
+    assert src.count("T.copy(x[") == 4 and len(re.findall(r"T\.copy\([^)]*, y\[", src)) == 4, src
+
+
+def test_the_interpreter_reads_nothing_past_the_tensor():
+    t = _codes(6)
+    codegen.compile(column_codes, "interpret")(**t)
+    torch.testing.assert_close(t["y"], t["x"].float() + 1.0, rtol=0, atol=0)
+
+
+def test_largest_follows_loop_bounds_that_name_the_grid():
+    s, k, m, n = sympy.symbols("s k m n_M")
+    env = {s: sympy.Integer(3), k: 4 * s + 3, m: sympy.ceiling(n / 64) - 1}
+    assert largest(2 * k + 3, env) == 33  # split-K's last range, the next step's block prefetched
+    assert largest(64 * m, env) == 64 * sympy.ceiling(n / 64) - 64
+    assert largest(sympy.Mod(k, 5), env) == 4
+    assert largest(-k + 40, env) is None  # shrinks as k grows: not a largest value by substitution
+
+
+def test_gemm_blockscaled_guards_its_scale_codes_where_k_is_not_whole_steps():
+    """The Engram projection of the tiny V4.1 as the runtime calls it: K = 192 in 32-wide blocks
+    (KB = 6), FP32 out, the user's config: its K steps (BK = 128 or 256) hold 4 or 8 blocks, and
+    those of the last step from block 6 on lie past K. Each read of such a block is guarded.
+    (sm100's config takes the codes in the operands, a (BM, BK / 32) tile that T.copy bounds.)"""
+    case = {"G": 1, "M": 20, "N": 1280, "K": 192, "BLOCK": 32, "out": "f32"}
+    src = "\n".join(a.stages["tilelang"] for a in generate_case(load_all()["gemm_blockscaled"], case, "sm90"))
+    bk = int(re.search(r"'BK': (\d+)", src).group(1))
+    guarded = re.findall(r"T\.if_then_else\(([^\n]*?), a_scale\[", src)
+    copied = re.findall(r"T\.copy\(a_scale\[[^,]*, [^,]*, ([^\]]*)\]", src)
+    past = -(-192 // bk) * (bk // 32) - 6  # blocks of the last step at or past block 6
+    assert len(guarded) == past and all("< 6" in r for r in guarded), (bk, guarded)
+    assert len(copied) == bk // 32 - past, (bk, copied)
