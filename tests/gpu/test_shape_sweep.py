@@ -1,7 +1,9 @@
 """Every kernel spec's sm90 build, at the config a user gets (``codegen.compile(kernel, "sm90")``
 with no config: a tuned one where the tuning cache has it, else the kernel's defaults), against
 its PyTorch reference at every model shape (``Spec.model_shapes``, their pinned configs left
-out) and at seeded random shapes of the spec's sweep: small, ragged, prime and large.
+out) and at seeded random shapes of the spec's sweep: small, ragged, prime and large. Each input
+lies between fences of 0xFF bytes (``fences.py``): a read past a tensor meets NaN, a write past
+one is named.
 
 Seeds: random case i of a spec is drawn from ``random.Random(BASE * 1000 + i)`` and its inputs
 made with the same seed; BASE is 0 unless ``DUOTILE_SWEEP_SEED`` sets it (every xdist worker must
@@ -29,6 +31,8 @@ from duotile import codegen
 from duotile.dsl.errors import CapacityError, UnsupportedError
 from duotile.kernels_spec import load_all
 from duotile.kernels_spec.compare import mismatch
+
+from .fences import Fenced
 
 pytestmark = pytest.mark.gpu
 
@@ -98,7 +102,8 @@ def _announce_seed(request):
 def test_user_build_matches_reference(name, label, case, seed):
     spec = SPECS[name]
     kernel = user_kernel(spec, case)
-    inputs = spec.make_inputs(case, torch.device("cuda"), seed)
+    fenced = Fenced(spec.make_inputs(case, torch.device("cuda"), seed))
+    inputs = fenced.inputs
     where = f"{name} {label} at {case} (seed {seed})"
     try:
         config = kernel.artifacts(**inputs)[0].meta.get("config")
@@ -106,7 +111,7 @@ def test_user_build_matches_reference(name, label, case, seed):
         pytest.xfail(f"{where}: no build at the user's config: {type(err).__name__}: {err}")
     kernel(**inputs)
     torch.cuda.synchronize()
-    off = mismatch(spec, case, inputs, spec.run_reference(inputs, case))
+    off = "; ".join(fenced.breaches()) or mismatch(spec, case, inputs, spec.run_reference(inputs, case))
     line = f"{name:16s} {label:36s} {case} config {config}: {'ok' if off is None else 'WRONG'}"
     print(line)
     if os.environ.get("DUOTILE_SWEEP_LOG"):
