@@ -81,8 +81,8 @@ def _register_generate(subparsers: argparse._SubParsersAction) -> None:
                         "reference does (default: off, the reference's numerics)")
     p.add_argument("--graphs", action="store_true",
                    help="with --kernels generated on a GPU: replay each layer's attention projections and FFN "
-                        "half of a step of up to 64 tokens from CUDA graphs (experimental: not yet seen right on "
-                        "a GPU; default: every kernel launched from Python)")
+                        "half of a step of up to 64 tokens from CUDA graphs (experimental: right on the one GPU "
+                        "workload it has run; default: every kernel launched from Python)")
     p.add_argument("--device", default="cpu", help="cpu, cuda[:N], npu[:N] (needs torch_npu) or mps "
                    "(default: %(default)s)")
     p.add_argument("--threads", type=int, default=1,
@@ -109,9 +109,9 @@ def run(args: argparse.Namespace) -> int:
         print("note: --seed has no effect with --temperature 0 (greedy decoding picks the most likely token)",
               file=sys.stderr)
     if args.graphs:
-        print("note: --graphs is experimental: on its one GPU workload it gave NaN logits a few steps after the "
-              "batch shrank to one request (docs/runtime.md, \"CUDA graphs of a step's sections\"); a request "
-              "whose logits are not finite is failed, not sampled", file=sys.stderr)
+        print("note: --graphs is experimental: it has run one GPU workload, where it gave the eager tokens, and "
+              "its bitwise test has not yet run on a GPU (docs/runtime.md, \"CUDA graphs of a step's sections\"); "
+              "a request whose logits are not finite is failed, not sampled", file=sys.stderr)
     for flag, value in (("--save-builds", args.save_builds), ("--build-ahead", args.build_ahead),
                         ("--graphs", args.graphs)):
         if value and args.kernels != "generated":

@@ -1,7 +1,8 @@
 """CUDA graphs of a step's shape-static sections: two a decoder layer, each replayed as one launch.
 
-Opt-in (``Model(graphs=True)``, ``duotile generate --graphs``): not yet seen right on a GPU
-(docs/runtime.md, "CUDA graphs of a step's sections", says what its one run showed).
+Opt-in (``Model(graphs=True)``, ``duotile generate --graphs``): right on the one GPU workload it
+has run, whose NaN logits came from a kernel reading past a tensor (docs/runtime.md, "CUDA graphs
+of a step's sections"); its bitwise GPU test has not run yet.
 
 A decode step of the generated model is mostly host time: every kernel call is a Python call, a
 few output allocations and a launch, hundreds of them a step. Two parts of each decoder layer have

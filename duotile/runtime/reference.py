@@ -205,9 +205,10 @@ class Model:
         BF16 on its dequantised value as the released reference does (model.md 2.10); needs
         ``quant``. Off by default: the reference's numerics. ``graphs``: replay each layer's attention
         projections and FFN half of a step of at most ``GRAPH_TOKENS`` tokens from CUDA graphs
-        (graphs.py); needs the generated kernels on a CUDA device. Off by default: not yet seen
-        right on a GPU (docs/runtime.md). ``DUOTILE_GRAPHS_CHECK=1`` also runs each replayed
-        section eagerly and raises where a bit differs (``graphs.ReplayMismatch``)."""
+        (graphs.py); needs the generated kernels on a CUDA device. Off by default: right on the
+        one GPU workload it has run, its bitwise GPU test not yet run (docs/runtime.md).
+        ``DUOTILE_GRAPHS_CHECK=1`` also runs each replayed section eagerly and raises where a bit
+        differs (``graphs.ReplayMismatch``)."""
         check_dtype(dtype)
         device = resolve_device(device)
         cfg = self.config = checkpoint.config
