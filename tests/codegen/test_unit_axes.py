@@ -5,8 +5,9 @@ tile at a column past the tensor reads (or writes) outside it. ``gemm_blockscale
 after its activation scale codes at K = 192 with BK = 256 (the tiny V4.1's Engram projection, its
 user config), and the NaN code it found there broke CUDA-graph runs of that model; swiglu_quant's
 scale store at V4.1's 2,304-wide experts wrote past a row's 72 codes. The CUDA generators now emit
-such tiles as guarded element loops unless the position is proven inside; a proven one keeps
-``T.copy``."""
+such tiles as guarded element loops unless the position is proven inside (codegen/tile_bounds.py);
+a proven one keeps ``T.copy``. Ascend, which masks no copy, refuses a tile whose position is not
+proven inside."""
 
 from __future__ import annotations
 
@@ -20,7 +21,8 @@ from duotile import codegen, dsl
 from duotile.codegen.compile import specialize
 from duotile.codegen.driver import generate_case
 from duotile.codegen.target import get_target
-from duotile.codegen.tilelang_cuda.unit_axes import largest
+from duotile.codegen.tile_bounds import largest
+from duotile.dsl.errors import UnsupportedError
 from duotile.kernels_spec import load_all
 
 pytest.importorskip("tilelang")
@@ -93,3 +95,12 @@ def test_gemm_blockscaled_guards_its_scale_codes_where_k_is_not_whole_steps():
     past = -(-192 // bk) * (bk // 32) - 6  # blocks of the last step at or past block 6
     assert len(guarded) == past and all("< 6" in r for r in guarded), (bk, guarded)
     assert len(copied) == bk // 32 - past, (bk, copied)
+
+
+def test_ascend_refuses_a_tile_whose_position_may_run_past_the_tensor():
+    """Ascend masks no copy (codegen/tilelang_ascend/check_whole_tiles.py): the same kernel lowers
+    where every column is proven inside and is refused, naming the tensor and the position, where
+    the last step's columns run past it."""
+    with pytest.raises(UnsupportedError, match=r"x dimension 1 \(6 elements\) is read or written at 4\*k \+ 2"):
+        _source(column_codes, _codes(6, m=128), "ascend950")
+    assert "def column_codes" in _source(column_codes, _codes(8, m=128), "ascend950")
