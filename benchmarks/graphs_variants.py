@@ -213,6 +213,7 @@ def main(argv=None) -> int:
             print(f"the build failed (exit {built.returncode}):\n{built.stdout[-800:]}{built.stderr[-800:]}",
                   file=sys.stderr)
             return built.returncode
+        print((built.stdout.strip().splitlines() or [""])[-1], flush=True)  # how many were in the cache
     if args.memcheck:
         return _memcheck(args, argv if argv is not None else sys.argv[1:])
     if args.variant:

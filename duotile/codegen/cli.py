@@ -130,8 +130,9 @@ def _build_signatures(path: str, targets: list[str], jobs: int) -> int:
                          r.cache, detail[:NOTE_WIDTH]))
             failed += not r.ok
     _table(rows)
-    print(f"\n{len(rows) - 1 - failed} built, {failed} failed ({len(sigs)} signatures from {path}); "
-          f"artifacts under {cache_root()}")
+    hits = sum(row[5] == "hit" for row in rows[1:])
+    print(f"\n{len(rows) - 1 - failed} built ({hits} found in the cache), {failed} failed ({len(sigs)} signatures "
+          f"from {path}); artifacts under {cache_root()}")
     return 1 if failed else 0
 
 

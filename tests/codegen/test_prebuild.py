@@ -61,14 +61,17 @@ def test_a_prebuilt_signature_is_a_cache_hit_at_its_call(tmp_path, monkeypatch):
     assert art.meta["cache"] == "hit" and sorted(tmp_path.rglob("meta.json")) == built
 
 
-def test_duotile_build_takes_a_signature_file(tmp_path, capsys):
+def test_duotile_build_takes_a_signature_file(tmp_path, capsys, monkeypatch):
     from duotile.cli import main
 
     path = tmp_path / "sigs.json"
     prebuild.save(prebuild.signatures_of([_rmsnorm_calls([4])]), path)
     assert main(["build", "--signatures", str(path), "--target", "interpret", "--jobs", "1"]) == 0
     out = capsys.readouterr().out
-    assert "rmsnorm" in out and "1 built, 0 failed (1 signatures from" in out
+    assert "rmsnorm" in out and "1 built (1 found in the cache), 0 failed (1 signatures from" in out  # by the calls
+    monkeypatch.setenv("DUOTILE_CACHE", str(tmp_path / "empty-cache"))
+    assert main(["build", "--signatures", str(path), "--target", "interpret", "--jobs", "1"]) == 0
+    assert "1 built (0 found in the cache), 0 failed" in capsys.readouterr().out
     assert main(["build", "--signatures", str(tmp_path / "missing.json"), "--target", "interpret"]) == 2
     assert "not a list of build signatures" in capsys.readouterr().err
 
