@@ -1,40 +1,48 @@
 """Kernel inputs in fenced memory: a read or a write past a tensor shows.
 
-Each contiguous tensor is copied into the middle of an allocation whose ``FENCE`` bytes before
-and after it are 0xFF: NaN in every floating format the specs take (f32, bf16, f16, e4m3, e5m2,
-UE8M0) and -1 in every integer one. A kernel that reads past a tensor meets NaN or an index of
--1, which its result shows against the reference; one that writes past a tensor changes a fence,
-which ``breaches`` names. Without fences such a read finds whatever the caching allocator left
-there: gemm_blockscaled read the byte after its activation scale codes through sweeps that passed,
-until a CUDA-graph run of the tiny V4.1 put a 255 there (codegen/tilelang_cuda/unit_axes.py).
+The memory of each input tensor (its whole storage, shared by the inputs that are views of one
+another, which stay views of one another) is copied into the middle of an allocation whose
+``FENCE`` bytes before and after it are 0xFF: NaN in every floating format the specs take (f32,
+bf16, f16, e4m3, e5m2, UE8M0) and -1 in every integer one. A kernel that reads past a tensor
+meets NaN or an index of -1, which its result shows against the reference; one that writes past
+it changes a fence, which ``breaches`` names. Without fences such a read finds whatever the
+caching allocator left there: gemm_blockscaled read the byte after its activation scale codes
+through sweeps that passed, until a CUDA-graph run of the tiny V4.1 put a 255 there
+(codegen/tilelang_cuda/unit_axes.py). A tensor that is a slice of a larger storage is fenced at
+its storage's ends (the GPU specs' inputs are each their own allocation).
 """
 
 from __future__ import annotations
 
 import torch
 
-FENCE = 512  # bytes each side: whole 128-byte lines, and the alignment of every dtype
+FENCE = 512  # bytes each side: whole 128-byte lines, and a multiple of every dtype's size
 
 
 class Fenced:
-    """``inputs`` (name -> tensor) with every contiguous, non-empty tensor moved into fenced memory."""
+    """``inputs`` (name -> tensor or value) with every non-empty tensor moved into fenced memory."""
 
     def __init__(self, inputs: dict):
-        self.inputs, self._buffers = {}, {}
+        self.inputs, self._buffers = {}, {}  # storage address -> (fenced bytes, size, first name)
         for name, t in inputs.items():
-            if not isinstance(t, torch.Tensor) or not t.is_contiguous() or t.numel() == 0:
+            if not isinstance(t, torch.Tensor) or t.numel() == 0:
                 self.inputs[name] = t
                 continue
-            n = t.numel() * t.element_size()
-            buf = torch.full((2 * FENCE + n,), 0xFF, dtype=torch.uint8, device=t.device)
-            body = buf[FENCE:FENCE + n].view(t.dtype).view(t.shape)
-            body.copy_(t)
-            self.inputs[name], self._buffers[name] = body, (buf, n)
+            storage = t.untyped_storage()
+            if storage.data_ptr() not in self._buffers:
+                n = storage.nbytes()
+                buf = torch.full((2 * FENCE + n,), 0xFF, dtype=torch.uint8, device=t.device)
+                buf[FENCE:FENCE + n].copy_(torch.empty(0, dtype=torch.uint8, device=t.device).set_(storage))
+                self._buffers[storage.data_ptr()] = (buf, n, name)
+            buf = self._buffers[storage.data_ptr()][0]
+            at = FENCE // t.element_size() + t.storage_offset()
+            self.inputs[name] = torch.empty(0, dtype=t.dtype, device=t.device).set_(
+                buf.untyped_storage(), at, t.shape, t.stride())
 
     def breaches(self) -> list[str]:
-        """The tensors whose fences a kernel wrote, each with where: 'c: 64 bytes after'."""
+        """The tensors whose fences a kernel wrote, each with where: 'c: 12 bytes after changed'."""
         out = []
-        for name, (buf, n) in self._buffers.items():
+        for buf, n, name in self._buffers.values():
             before = int((buf[:FENCE] != 0xFF).sum())
             after = int((buf[FENCE + n:] != 0xFF).sum())
             if before or after:
