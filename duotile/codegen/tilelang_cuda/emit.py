@@ -335,12 +335,18 @@ def _load(e: Emitter, op: Op):
     if op.attrs["other"] == 0.0 and not unit_axes.unguarded(e, op):
         e.src.line(f"T.copy({e.global_region(op)}, {name})", op.loc)
         return
-    lv = [f"i{d}" for d in range(len(shape))]  # guarded element by element (unit_axes.py)
-    cond, idx = _in_bounds(e, op, lv)
+    lv, cond, at = _element_loop(e, op)  # guarded element by element (unit_axes.py)
     other = literal(op.attrs["other"], v.type.dtype)
-    e.src.line(f"for {', '.join(lv)} in T.Parallel({', '.join(str(int(d)) for d in shape)}):", op.loc)
-    e.src.line(f"    {name}[{', '.join(lv)}] = T.if_then_else({_tl_and(cond)}, "
-               f"{op.attrs['tensor']}[{', '.join(idx)}], {other})", op.loc)
+    e.src.line(f"    {name}[{lv}] = T.if_then_else({cond}, {at}, {other})", op.loc)
+
+
+def _element_loop(e: Emitter, op: Op) -> tuple[str, str, str]:
+    """The head of a parallel loop over the elements of ``op``'s global tile: (its index variables,
+    the condition that an element lies inside the tensor, the element in the tensor)."""
+    lv = [f"i{d}" for d in range(len(op.attrs["shape"]))]
+    cond, idx = _in_bounds(e, op, lv)
+    e.src.line(f"for {', '.join(lv)} in T.Parallel({', '.join(str(int(d)) for d in op.attrs['shape'])}):", op.loc)
+    return ", ".join(lv), _tl_and(cond), f"{e.m.param(op.attrs['tensor']).name}[{', '.join(idx)}]"
 
 
 def _tl_and(cond: str) -> str:
@@ -531,11 +537,9 @@ def _store(e: Emitter, op: Op):
         tma_store.emit(e, op, src, p.name, [index(o) for o in op.attrs["offsets"]], int(e.knobs["threads"]))
         return
     if unit_axes.unguarded(e, op):  # T.copy would not keep the tile's one-wide axes inside (unit_axes.py)
-        lv = [f"i{d}" for d in range(len(op.attrs["shape"]))]
-        cond, idx = _in_bounds(e, op, lv)
-        e.src.line(f"for {', '.join(lv)} in T.Parallel({', '.join(str(int(d)) for d in op.attrs['shape'])}):", op.loc)
-        e.src.line(f"    if {_tl_and(cond)}:", op.loc)
-        e.src.line(f"        {p.name}[{', '.join(idx)}] = {src}[{', '.join(lv)}]", op.loc)
+        lv, cond, at = _element_loop(e, op)
+        e.src.line(f"    if {cond}:", op.loc)
+        e.src.line(f"        {at} = {src}[{lv}]", op.loc)
         return
     e.src.line(f"T.copy({src}, {region(p.name, op.attrs['offsets'], op.attrs['shape'], len(p.shape))})", op.loc)
 
