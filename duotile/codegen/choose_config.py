@@ -7,8 +7,11 @@ In order:
 2. the shipped tuned table (``duotile/tuned/tuning.json``): the entry of the same kernel, dtypes,
    constants and target whose shape bucket is nearest (``bucket_distance``: octaves summed
    over the sizes) within ``MAX_OCTAVES``, within a bucket the one tuned at the nearest exact
-   shape (``cache.shape_distance``); entries measured on a GPU serve a machine without
-   one too (an sm90 build made on a CPU is still sm90 code), and on a GPU only that GPU's;
+   shape (``cache.shape_distance``). The table is keyed by the GPU it was measured on, but a
+   target's code is the same on every GPU of the target: this GPU's entries come first, and
+   where it has none in reach another GPU's entries of the same target serve it (an H100 takes
+   the H200's sm90 entries), as they serve a machine without a GPU (an sm90 build made on a
+   CPU is the build an H200 user gets, so it is a cache hit there);
 3. the shipped starting table (``duotile/tuned/starting.json``): per-target configs chosen by
    hand to fit a target's memories, or from an earlier measurement, each with its reason;
 4. the target's choice (``target_choice``): candidates around the kernel's defaults and the
@@ -109,17 +112,16 @@ def nearest_shipped(kernel: KernelDef, target: str, sig: Signature, constants: d
     if not table.entries:
         return None
     want = tcache.make_key(kernel, target, sig.shapes, dtypes=sig.dtypes, present=sig.present, constants=constants)
-    local = want["device"]
     ranked = []
     for entry in table.entries.values():
         key = entry.get("key", {})
         same = all(key.get(f) == want[f] for f in ("kernel", "kernel_hash", "dtypes", "constants", "target",
                                                     "toolchain"))
-        device_ok = key.get("device") == local or local.startswith("model:")
-        d, near = entry_distance(entry, want) if same and device_ok else (math.inf, math.inf)
-        if d <= max_octaves:  # within a bucket, the entry tuned at the nearest exact shape
-            ranked.append((d, near, -sum(key["bucket"].values()), len(ranked), entry))
-    for *_, entry in sorted(ranked, key=lambda r: r[:4]):
+        d, near = entry_distance(entry, want) if same else (math.inf, math.inf)
+        if d <= max_octaves:  # this GPU's entries first; within a bucket, the one tuned at the nearest shape
+            other = key.get("device") != want["device"] and not want["device"].startswith("model:")
+            ranked.append((other, d, near, -sum(key["bucket"].values()), len(ranked), entry))
+    for *_, entry in sorted(ranked, key=lambda r: r[:5]):
         why = tcache.entry_problem(kernel, target, sig.shapes, entry.get("config"), sig.dtypes, sig.present, constants)
         if why is None:
             return dict(entry["config"])

@@ -53,6 +53,23 @@ def test_an_entry_todays_code_refuses_is_skipped_for_the_next(tmp_path):
     assert len(skipped) == 1 and "ROWS" in skipped[0]
 
 
+def test_a_gpu_takes_its_own_entries_first_and_another_gpus_of_the_target_where_it_has_none(tmp_path, monkeypatch):
+    """The shipped table was measured on an H200: an H100 (same sm90 code) gets those entries, not
+    the cost model's choice, unless the table holds its own within reach, which win even farther."""
+    spec = get("rmsnorm")
+    monkeypatch.setattr(tcache, "device_name", lambda target: "NVIDIA H200")
+    h200_hash, h200 = _entry(spec, {"T": 64, "D": 4096}, {"ROWS": 2})
+    monkeypatch.setattr(tcache, "device_name", lambda target: "NVIDIA H100 80GB HBM3")
+    h100_hash, h100 = _entry(spec, {"T": 64, "D": 1024}, {"ROWS": 4})
+    sig = spec.kernel.bind(spec.meta_inputs({"T": 8, "D": 4096}))
+    only_h200 = _table(tmp_path, {h200_hash: h200})
+    assert cc.nearest_shipped(spec.kernel, "sm100", sig, path=only_h200) == {"ROWS": 2}
+    both = _table(tmp_path, {h200_hash: h200, h100_hash: h100})
+    assert cc.nearest_shipped(spec.kernel, "sm100", sig, path=both) == {"ROWS": 4}  # its own, 2 octaves away
+    monkeypatch.setattr(tcache, "device_name", lambda target: "NVIDIA H200")
+    assert cc.nearest_shipped(spec.kernel, "sm100", sig, path=both) == {"ROWS": 2}
+
+
 def test_sm90_model_choice_moves_tile_sizes_only():
     spec = get("gemm")
     sig = spec.kernel.bind(spec.meta_inputs({"M": 64, "N": 4096, "K": 4096}))
