@@ -104,3 +104,22 @@ def test_ascend_refuses_a_tile_whose_position_may_run_past_the_tensor():
     with pytest.raises(UnsupportedError, match=r"x dimension 1 \(6 elements\) is read or written at 4\*k \+ 2"):
         _source(column_codes, _codes(6, m=128), "ascend950")
     assert "def column_codes" in _source(column_codes, _codes(8, m=128), "ascend950")
+
+
+@pytest.mark.parametrize("target", CUDA)
+def test_a_one_element_read_at_a_block_past_a_single_block_axis_is_guarded(target):
+    """K = 16 in 32-wide blocks: one block of codes (KB = 1), and a K step of 128 holds four. The
+    weight's code is one element (a (1, 1) tile every thread reads); its bounds test skipped axes
+    of size 1, so blocks 1..3 read the bytes after ``b_scale``: NaN beside 0xFF fences on the H200
+    (the GPU sweep's case random-seed20261207006, pinned here with its config)."""
+    spec = load_all()["gemm_blockscaled"]
+    case = {"G": 2, "M": 70, "N": 64, "K": 16, "BLOCK": 32, "scales": "normal", "zero_rows": True}
+    config = {"BM": 64, "BN": 32, "BK": 128, "STAGES": 4, "SPLIT": 1, "SCALES": "promote"}
+    module, knobs = specialize(spec.kernel, spec.kernel.bind(spec.meta_inputs(case)), target, config,
+                               spec.constants_of(case))
+    src = get_target(target).generate(module, knobs).stages["tilelang"]
+    reads = re.findall(r"_local\[0, 0\] = (.*)b_scale\[g, n, ([^\]]+)\]", src)
+    assert len(reads) >= 4, src
+    for head, kb in reads:
+        if kb != "0":  # block 0 is the one block there is
+            assert head.startswith("T.if_then_else(") and f"{kb} < 1" in head, (head, kb)

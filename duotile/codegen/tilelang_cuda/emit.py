@@ -14,6 +14,7 @@ from ...dsl.ir import Module, Op, Value
 from ...dsl.ops import MXFP4_BLOCK, NVFP4_BLOCK
 from ...passes.fold_bounds import grid_env, interval
 from ..handlers import OpHandlers
+from ..tile_bounds import inside, variable_bounds
 from . import gather_pipeline, overlap, tma_store, unit_axes, unrolled_loads
 from .arch import Arch
 from .block_scaled import code_column
@@ -283,6 +284,22 @@ def _signed(off) -> bool:
     return sympy.sympify(off).is_nonnegative is not True
 
 
+def _element_conds(e: Emitter, offsets, sizes, lead: int) -> list[str]:
+    """The bounds tests of one element at ``offsets`` (``lead``: the leading point axes the tile
+    does not span). A tile axis is tested unless it has size 1 and its index is proven inside
+    (``tile_bounds.inside``); a point axis unless its index is proven inside. An axis of size 1 is
+    no exception: a K block past the last one of a single-block tensor (K < BLOCK) is index 1, 2,
+    ... there, and a test skipped for it read the bytes after the tensor."""
+    env = variable_bounds(e.m, e.loop_stack)
+    conds = []
+    for d, (off, size) in enumerate(zip(offsets, sizes)):
+        if _signed(off):
+            conds.append(f"{index(off)} >= 0")
+        if (d >= lead and size != 1) or not inside(off, 1, size, env):
+            conds.append(f"{index(off)} < {index(size)}")
+    return conds
+
+
 def _point_conds(off, size) -> list[str]:
     """The conditions of a leading (point) index that may fall outside its axis: one read from data
     (a grid or loop variable stays inside by construction)."""
@@ -323,11 +340,8 @@ def _load(e: Emitter, op: Op):
     if e.plan.scope[v.id] == "local":  # one element, read by every thread (plan.py)
         p = e.m.param(op.attrs["tensor"])
         idx = [index(o) for o in op.attrs["offsets"]]
-        lead = len(p.shape) - len(shape)
-        conds = [f"{i} < {index(n)}" for i, n in list(zip(idx, p.shape))[lead:] if n != 1]
-        for d, (o, n) in enumerate(zip(op.attrs["offsets"], p.shape)):  # indices read from data
-            conds += _point_conds(o, n) if d < lead else ([f"{index(o)} >= 0"] if _signed(o) else [])
         read = f"{p.name}[{', '.join(idx)}]"
+        conds = _element_conds(e, op.attrs["offsets"], p.shape, len(p.shape) - len(shape))
         if conds:
             read = f"T.if_then_else({_tl_and(' and '.join(conds))}, {read}, {literal(op.attrs['other'], v.type.dtype)})"
         e.src.line(f"{name}[{', '.join(['0'] * len(shape))}] = {read}", op.loc)
