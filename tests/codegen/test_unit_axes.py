@@ -39,6 +39,16 @@ def column_codes(x: dsl.Tensor["M", "KB", dsl.u8], y: dsl.Tensor["M", "KB", dsl.
                 dsl.store(y[m * BM, k * STEP + j], t.to(dsl.f32) + 1.0)
 
 
+@dsl.kernel
+def row_blocks(x: dsl.Tensor["KB", "M", dsl.u8], y: dsl.Tensor["KB", "M", dsl.f32], *,
+               BM: dsl.Tunable = dsl.choice(64), STEP: dsl.Const = 4):
+    for m in dsl.grid(dsl.cdiv(x.M, BM)):
+        for k in dsl.range(dsl.cdiv(x.KB, STEP)):
+            for j in range(STEP):  # the leading axis at a computed block: past KB where STEP does not divide it
+                t = dsl.load(x[k * STEP + j, m * BM], (BM,))
+                dsl.store(y[k * STEP + j, m * BM], t.to(dsl.f32) + 1.0)
+
+
 def _source(kernel, tensors: dict, target: str) -> str:
     module, knobs = specialize(kernel, kernel.bind(tensors), target, {})
     return get_target(target).generate(module, knobs).stages["tilelang"]
@@ -123,3 +133,51 @@ def test_a_one_element_read_at_a_block_past_a_single_block_axis_is_guarded(targe
     for head, kb in reads:
         if kb != "0":  # block 0 is the one block there is
             assert head.startswith("T.if_then_else(") and f"{kb} < 1" in head, (head, kb)
+
+
+def _rows(kb: int, m: int = 128) -> dict:
+    return {"x": torch.randint(0, 255, (kb, m), dtype=torch.uint8), "y": torch.zeros(kb, m)}
+
+
+@pytest.mark.parametrize("target", CUDA)
+def test_a_leading_point_index_past_the_tensor_is_guarded(target):
+    """A tile that does not span the leading axis is one element wide there too (T.copy leaves it
+    unbounded): blocks 4k + 2 and 4k + 3 of KB = 6 reach 7 and are guarded, 4k and 4k + 1 keep
+    T.copy; with KB = 8 every block is proven inside."""
+    src = _source(row_blocks, _rows(6), target)
+    loads = re.findall(r"= T\.if_then_else\((.*), x\[", src)
+    stores = re.findall(r"if (.*):\n\s*y\[", src)
+    assert len(loads) == 2 and len(stores) == 2, src
+    assert all(("4 * k + 2" in c or "4 * k + 3" in c) and "< 6" in c for c in loads + stores), (loads, stores)
+    src = _source(row_blocks, _rows(8), target)
+    assert src.count("T.copy(x[") == 4 and "if_then_else" not in src, src
+
+
+def test_ascend_refuses_a_leading_point_index_that_may_run_past_the_tensor():
+    with pytest.raises(UnsupportedError, match=r"x dimension 0 \(6 elements\) is read or written at 4\*k \+ 2"):
+        _source(row_blocks, _rows(6), "ascend950")
+    assert "def row_blocks" in _source(row_blocks, _rows(8), "ascend950")
+
+
+def test_the_interpreter_reads_no_leading_block_past_the_tensor():
+    t = _rows(6)
+    codegen.compile(row_blocks, "interpret")(**t)
+    torch.testing.assert_close(t["y"], t["x"].float() + 1.0, rtol=0, atol=0)
+
+
+def test_indexer_prefill_guards_the_rows_of_its_last_query_block():
+    """indexer_logits_prefill scores BM queries a block, query m * BM + j at a leading point index
+    of ``q``, ``w`` and ``logits``, with T dynamic: where T is not a multiple of BM the last block's
+    queries past T read ``q`` and ``w`` past their ends and wrote their logits rows past the
+    tensor's (the point-index test covered indices read from data alone). Each is now tested."""
+    spec = load_all()["indexer_logits_prefill"]
+    src = "\n".join(a.stages["tilelang"] for a in generate_case(spec, spec.model_shapes["v41/r1_ctx4k/prefill4096"],
+                                                                "sm90"))
+    bm = int(re.search(r"'BM': (\d+)", src).group(1))
+    assert bm > 1, src
+    for j in range(1, bm):
+        row = f"({bm} * m + {j})"
+        assert f"{row} < n_T" in src, (row, src)
+        for store in re.findall(rf"if (.*):\n\s*logits\[{re.escape(row)},", src):
+            assert f"{row} < n_T" in store, store
+        assert not re.search(rf"T\.copy\((q|w)\[{re.escape(row)},", src), src

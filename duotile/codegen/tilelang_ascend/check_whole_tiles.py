@@ -34,9 +34,9 @@ def past_the_end(op: Op, param, env: dict) -> str | None:
     shape, offsets = op.attrs["shape"], op.attrs["offsets"]
     lead = len(param.shape) - len(shape)
     for i, (off, dim) in enumerate(zip(offsets, param.shape)):
-        if i < lead or (op.name == "gather" and i == op.attrs["axis"]) or sympy.sympify(off).free_symbols - env.keys():
-            continue  # a point index, rows named by data, or an index read from data (refused apart)
-        size = int(shape[i - lead])
+        if (op.name == "gather" and i == op.attrs["axis"]) or sympy.sympify(off).free_symbols - env.keys():
+            continue  # rows named by data, or an index read from data (refused apart)
+        size = 1 if i < lead else int(shape[i - lead])  # a point index: one element wide
         if not inside(off, size, dim, env):
             return (f"partial tile: {param.name} dimension {i} ({int(dim)} elements) is read or written at {off} "
                     f"for {size}, which the loop bounds do not keep inside; masked copies are not lowered for "

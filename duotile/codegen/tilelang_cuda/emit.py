@@ -291,19 +291,22 @@ def _element_conds(e: Emitter, offsets, sizes, lead: int) -> list[str]:
     no exception: a K block past the last one of a single-block tensor (K < BLOCK) is index 1, 2,
     ... there, and a test skipped for it read the bytes after the tensor."""
     env = variable_bounds(e.m, e.loop_stack)
-    conds = []
-    for d, (off, size) in enumerate(zip(offsets, sizes)):
-        if _signed(off):
-            conds.append(f"{index(off)} >= 0")
-        if (d >= lead and size != 1) or not inside(off, 1, size, env):
-            conds.append(f"{index(off)} < {index(size)}")
+    axes = list(enumerate(zip(offsets, sizes)))
+    conds = [f"{index(off)} < {index(size)}" for d, (off, size) in axes[lead:]
+             if size != 1 or not inside(off, 1, size, env)]
+    for d, (off, size) in axes:
+        conds += _point_conds(e, off, size) if d < lead else ([f"{index(off)} >= 0"] if _signed(off) else [])
     return conds
 
 
-def _point_conds(off, size) -> list[str]:
-    """The conditions of a leading (point) index that may fall outside its axis: one read from data
-    (a grid or loop variable stays inside by construction)."""
-    return [f"{index(off)} >= 0", f"{index(off)} < {index(size)}"] if _signed(off) else []
+def _point_conds(e: Emitter, off, size) -> list[str]:
+    """The conditions of a leading (point) index that may fall outside its axis: one read from data,
+    or one built of grid and loop variables that ``tile_bounds.inside`` does not prove inside (a
+    K block of a step past the last one, say). A variable alone stays inside by construction."""
+    conds = [f"{index(off)} >= 0"] if _signed(off) else []
+    if _signed(off) or not inside(off, 1, size, variable_bounds(e.m, e.loop_stack)):
+        conds.append(f"{index(off)} < {index(size)}")
+    return conds
 
 
 def _in_bounds(e: Emitter, op: Op, loop_vars: list[str], static: bool = False) -> tuple[str, list[str]]:
@@ -319,7 +322,7 @@ def _in_bounds(e: Emitter, op: Op, loop_vars: list[str], static: bool = False) -
         g = o if d < lead else (loop_vars[d - lead] if o == "0" and static else f"{o} + {loop_vars[d - lead]}")
         idx.append(g)
         if d < lead:
-            conds += _point_conds(off, p.shape[d])
+            conds += _point_conds(e, off, p.shape[d])
             continue
         span = interval(sympy.sympify(off), env) if static else None
         size = p.shape[d]  # a dynamic size is never proven
@@ -391,7 +394,7 @@ def _gather(e: Emitter, op: Op):
             gidx.append(row)
         elif d < lead:
             gidx.append(index(off))
-            conds += _point_conds(off, p.shape[d])
+            conds += _point_conds(e, off, p.shape[d])
         else:
             gidx.append(f"{index(off)} + {lv[d - lead]}")
             conds.append(f"{gidx[-1]} < {index(p.shape[d])}")
@@ -575,7 +578,7 @@ def _scatter(e: Emitter, op: Op):
             gidx.append(row)
         elif d < lead:
             gidx.append(index(off))
-            conds += _point_conds(off, p.shape[d])
+            conds += _point_conds(e, off, p.shape[d])
         else:
             gidx.append(f"{index(off)} + {lv[d - lead]}")
             conds.append(f"{gidx[-1]} < {index(p.shape[d])}")

@@ -9,7 +9,8 @@ found by compute-sanitizer's memcheck): the tile's last row read the byte after 
 scale tensor, a code that is NaN where that byte is 255.
 
 The generators therefore emit such a load or store as a guarded element loop unless the tile's
-position along each one-wide axis is proven inside the tensor (``codegen/tile_bounds.py``: the
+position along each one-wide axis, the leading axes the tile does not span among them (a region
+one element wide there too), is proven inside the tensor (``codegen/tile_bounds.py``: the
 dynamic M of a row-wise kernel whose grid has one program a row is proven by its own extent).
 """
 
@@ -27,4 +28,14 @@ def unguarded(e, op) -> list[int]:
     lead = len(p.shape) - len(shape)
     env = variable_bounds(e.m, e.loop_stack)
     return [d for d, off in enumerate(offsets)
-            if d >= lead and int(shape[d - lead]) == 1 and not inside(off, 1, p.shape[d], env)]
+            if (d < lead and not _read_from_data(off) or d >= lead and int(shape[d - lead]) == 1)
+            and not inside(off, 1, p.shape[d], env)]
+
+
+def _read_from_data(off) -> bool:
+    """An index read from a tensor (``dsl.scalar``: an expert's id, a sequence's slot): the
+    spec's inputs promise it names a row, and it stays a ``T.copy`` (a guarded loop would cost
+    a gathered weight tile its TMA copy)."""
+    import sympy
+
+    return sympy.sympify(off).is_nonnegative is not True
