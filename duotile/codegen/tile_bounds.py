@@ -58,3 +58,10 @@ def largest(e, env: dict):
     if isinstance(e, (sympy.Add, sympy.Mul, sympy.floor, sympy.ceiling, sympy.Min, sympy.Max)):
         return e.func(*parts)
     return None
+
+
+def read_from_data(off) -> bool:
+    """Whether an index holds a symbol read from data (``dsl.scalar``: an expert's id, a sequence's
+    slot), whose sign and size nothing proves; sizes, tunables and loop variables are never
+    negative."""
+    return sympy.sympify(off).is_nonnegative is not True

@@ -14,7 +14,7 @@ from ...dsl.ir import Module, Op, Value
 from ...dsl.ops import MXFP4_BLOCK, NVFP4_BLOCK
 from ...passes.fold_bounds import grid_env, interval
 from ..handlers import OpHandlers
-from ..tile_bounds import inside, variable_bounds
+from ..tile_bounds import inside, read_from_data, variable_bounds
 from . import gather_pipeline, overlap, tma_store, unit_axes, unrolled_loads
 from .arch import Arch
 from .block_scaled import code_column
@@ -278,12 +278,6 @@ def region(tensor: str, offsets, shape, ndim: int) -> str:
     return f"{tensor}[{', '.join(parts)}]"
 
 
-def _signed(off) -> bool:
-    """Whether an index may be negative: it holds a symbol read from data (``dsl.scalar``), whose
-    sign nothing proves (sizes, tunables and loop variables are never negative)."""
-    return sympy.sympify(off).is_nonnegative is not True
-
-
 def _element_conds(e: Emitter, offsets, sizes, lead: int) -> list[str]:
     """The bounds tests of one element at ``offsets`` (``lead``: the leading point axes the tile
     does not span). A tile axis is tested unless it has size 1 and its index is proven inside
@@ -295,7 +289,7 @@ def _element_conds(e: Emitter, offsets, sizes, lead: int) -> list[str]:
     conds = [f"{index(off)} < {index(size)}" for d, (off, size) in axes[lead:]
              if size != 1 or not inside(off, 1, size, env)]
     for d, (off, size) in axes:
-        conds += _point_conds(e, off, size) if d < lead else ([f"{index(off)} >= 0"] if _signed(off) else [])
+        conds += _point_conds(e, off, size) if d < lead else ([f"{index(off)} >= 0"] if read_from_data(off) else [])
     return conds
 
 
@@ -303,8 +297,8 @@ def _point_conds(e: Emitter, off, size) -> list[str]:
     """The conditions of a leading (point) index that may fall outside its axis: one read from data,
     or one built of grid and loop variables that ``tile_bounds.inside`` does not prove inside (a
     K block of a step past the last one, say). A variable alone stays inside by construction."""
-    conds = [f"{index(off)} >= 0"] if _signed(off) else []
-    if _signed(off) or not inside(off, 1, size, variable_bounds(e.m, e.loop_stack)):
+    conds = [f"{index(off)} >= 0"] if read_from_data(off) else []
+    if read_from_data(off) or not inside(off, 1, size, variable_bounds(e.m, e.loop_stack)):
         conds.append(f"{index(off)} < {index(size)}")
     return conds
 
@@ -328,7 +322,7 @@ def _in_bounds(e: Emitter, op: Op, loop_vars: list[str], static: bool = False) -
         size = p.shape[d]  # a dynamic size is never proven
         if span is None or not size.is_Integer or span[1] + int(shape[d - lead]) > int(size):
             conds.append(f"{g} < {index(size)}")
-        if _signed(off):
+        if read_from_data(off):
             conds.append(f"{g} >= 0")
     return " and ".join(conds) or "True", idx
 
@@ -398,7 +392,7 @@ def _gather(e: Emitter, op: Op):
         else:
             gidx.append(f"{index(off)} + {lv[d - lead]}")
             conds.append(f"{gidx[-1]} < {index(p.shape[d])}")
-            if _signed(off):
+            if read_from_data(off):
                 conds.append(f"{gidx[-1]} >= 0")
     other = literal(op.attrs["other"], v.type.dtype)
     if not v.type.dtype.is_float and v.type.dtype.bits < 32:  # typed as the tile: an i32 literal kept
@@ -582,7 +576,7 @@ def _scatter(e: Emitter, op: Op):
         else:
             gidx.append(f"{index(off)} + {lv[d - lead]}")
             conds.append(f"{gidx[-1]} < {index(p.shape[d])}")
-            if _signed(off):
+            if read_from_data(off):
                 conds.append(f"{gidx[-1]} >= 0")
     e.src.line(f"for {', '.join(lv)} in T.Parallel({', '.join(str(int(d)) for d in shape)}):", op.loc)
     e.src.line(f"    if {_tl_and(' and '.join(conds))}:", op.loc)

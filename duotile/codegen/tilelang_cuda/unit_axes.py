@@ -16,26 +16,20 @@ dynamic M of a row-wise kernel whose grid has one program a row is proven by its
 
 from __future__ import annotations
 
-from ..tile_bounds import inside, variable_bounds
+from ..tile_bounds import inside, read_from_data, variable_bounds
 
 
 def unguarded(e, op) -> list[int]:
     """The tensor axes of ``op`` (a global ``load`` or ``store`` of a tile, emitted by ``e`` inside
     its current loops) that are one element wide in the tile and not proven to lie inside the
-    tensor: those ``T.copy`` would leave unbounded."""
+    tensor: those ``T.copy`` would leave unbounded. A leading index read from data (an expert's
+    id) is the spec's promise and stays a ``T.copy``: a guarded loop would cost a gathered weight
+    tile its TMA copy."""
     p = e.m.param(op.attrs["tensor"])
     shape, offsets = op.attrs["shape"], op.attrs["offsets"]
     lead = len(p.shape) - len(shape)
     env = variable_bounds(e.m, e.loop_stack)
     return [d for d, off in enumerate(offsets)
-            if (d < lead and not _read_from_data(off) or d >= lead and int(shape[d - lead]) == 1)
+            if (d < lead and not read_from_data(off) or d >= lead and int(shape[d - lead]) == 1)
             and not inside(off, 1, p.shape[d], env)]
 
-
-def _read_from_data(off) -> bool:
-    """An index read from a tensor (``dsl.scalar``: an expert's id, a sequence's slot): the
-    spec's inputs promise it names a row, and it stays a ``T.copy`` (a guarded loop would cost
-    a gathered weight tile its TMA copy)."""
-    import sympy
-
-    return sympy.sympify(off).is_nonnegative is not True
