@@ -289,18 +289,23 @@ def _element_conds(e: Emitter, offsets, sizes, lead: int) -> list[str]:
     conds = [f"{index(off)} < {index(size)}" for d, (off, size) in axes[lead:]
              if size != 1 or not inside(off, 1, size, env)]
     for d, (off, size) in axes:
-        conds += _point_conds(e, off, size) if d < lead else ([f"{index(off)} >= 0"] if read_from_data(off) else [])
+        if d < lead:
+            conds += _point_conds(e, off, size, env)
+        elif read_from_data(off):
+            conds.append(f"{index(off)} >= 0")
     return conds
 
 
-def _point_conds(e: Emitter, off, size) -> list[str]:
+def _point_conds(e: Emitter, off, size, env: dict | None = None) -> list[str]:
     """The conditions of a leading (point) index that may fall outside its axis: one read from data,
     or one built of grid and loop variables that ``tile_bounds.inside`` does not prove inside (a
-    K block of a step past the last one, say). A variable alone stays inside by construction."""
-    conds = [f"{index(off)} >= 0"] if read_from_data(off) else []
-    if read_from_data(off) or not inside(off, 1, size, variable_bounds(e.m, e.loop_stack)):
-        conds.append(f"{index(off)} < {index(size)}")
-    return conds
+    K block of a step past the last one, say). A variable alone stays inside by construction.
+    ``env``: ``variable_bounds`` of the emitter's loops, where the caller has them."""
+    if read_from_data(off):
+        return [f"{index(off)} >= 0", f"{index(off)} < {index(size)}"]
+    if inside(off, 1, size, env if env is not None else variable_bounds(e.m, e.loop_stack)):
+        return []
+    return [f"{index(off)} < {index(size)}"]
 
 
 def _in_bounds(e: Emitter, op: Op, loop_vars: list[str], static: bool = False) -> tuple[str, list[str]]:
