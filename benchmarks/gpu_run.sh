@@ -19,6 +19,14 @@
 #   bash benchmarks/gpu_run.sh prebuild FILE   # duotile build --signatures FILE, 15 processes: the
 #                                              # builds a later phase meets (scripts/gpu_signatures.py
 #                                              # lists them), into $DUOTILE_CACHE and TileLang's cache
+#   bash benchmarks/gpu_run.sh runtime [IDS]   # tests/runtime/test_gpu.py, each test (IDS: test ids of that
+#                                              # file; default all) in a pytest process of its own under
+#                                              # `timeout $EACH` (default 240 s), so a phase cut short keeps
+#                                              # the failures and reports of the tests that finished
+#   bash benchmarks/gpu_run.sh sweep [ARGS]    # the fenced shape sweep (tests/gpu/test_shape_sweep.py ARGS,
+#                                              # e.g. -k 'topk or sample'), 15 workers, seed $SWEEP_SEED
+#                                              # (default: today's date), one line a case in $OUT/sweep.log;
+#                                              # SWEEP_SKIP=LOGS leaves out the cases those logs matched
 # Phases may be chained: `bash benchmarks/gpu_run.sh bench && bash benchmarks/gpu_run.sh tune gemm_fp8`.
 # Each phase runs under `timeout $PHASE_LIMIT` (default 540 s), writes into $WORK, and then packs
 # everything into $OUT/<phase>.tgz (tune: tune_<NAMES>.tgz, its tables under $WORK/tune_<NAMES>/, so
@@ -59,10 +67,24 @@ case "$phase" in
            | grep -v "TileLang:" >>"$log"
          cp benchmarks/results/config_grid_*.md "$OUT/" 2>/dev/null ;;
   graphs) timeout "$limit" python3 benchmarks/graphs_variants.py "$@" 2>&1 | grep -v "TileLang:\|ThreadSync" >>"$log" ;;
+  runtime) ids=("$@"); [ ${#ids[@]} -eq 0 ] && mapfile -t ids < <(python3 -m pytest -m gpu --collect-only -q \
+             tests/runtime/test_gpu.py 2>/dev/null | grep '::' | sed 's/.*:://')
+         end=$(( $(date +%s) + limit ))
+         for id in "${ids[@]}"; do
+           left=$(( end - $(date +%s) )); [ "$left" -lt 30 ] && { echo "not run (phase limit): $id" >>"$log"; continue; }
+           echo "== $id" >>"$log"
+           timeout "$(( left < ${EACH:-240} ? left : ${EACH:-240} ))" python3 -m pytest -m gpu -p no:cacheprovider \
+             -rA --tb=short -s "tests/runtime/test_gpu.py::$id" 2>&1 | grep -v "TileLang:\|ThreadSync" >>"$log"
+           echo "== $id: exit ${PIPESTATUS[0]}" >>"$log"
+         done ;;
+  sweep) export DUOTILE_SWEEP_SEED=${SWEEP_SEED:-$(date -u +%Y%m%d)} DUOTILE_SWEEP_LOG="$OUT/sweep.log"
+         [ -n "${SWEEP_SKIP:-}" ] && export DUOTILE_SWEEP_SKIP=$SWEEP_SKIP
+         timeout "$limit" python3 -m pytest -m gpu tests/gpu/test_shape_sweep.py -p no:cacheprovider -n 15 -rfE \
+           --timeout 400 "$@" 2>&1 | grep -v "TileLang:\|ThreadSync" >>"$log" ;;
   prebuild) timeout "$limit" python3 -m duotile build --signatures "$1" --target sm90 --jobs "${PREBUILD_JOBS:-15}" \
              2>&1 | grep -v "TileLang:\|Warning: \[ThreadSync\]" >>"$log" ;;
   *) echo "unknown phase $phase (tests | bench | tune NAMES | tune-model KERNEL MODEL [PATTERN ...] | profile [ARGS]" \
-          "| grid SPEC [ARGS] | graphs [ARGS] | prebuild FILE)"; exit 2 ;;
+          "| grid SPEC [ARGS] | graphs [ARGS] | prebuild FILE | runtime [IDS] | sweep [ARGS])"; exit 2 ;;
 esac
 status=$?
 tail -n 45 "$log"
