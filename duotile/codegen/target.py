@@ -131,6 +131,15 @@ _DECLARED = re.compile(r"^\s*(\w+) = T\.alloc_\w+\(", re.MULTILINE)
 _SPEC_TAG = re.compile(r"  # ([\w.\-]+\.py):(\d+)$")  # what generated statements end with
 
 
+def tensor_line(source: str, tensor: str) -> SourceLoc | None:
+    """The spec line of the first statement of the generated ``source`` that indexes ``tensor``."""
+    uses = re.compile(rf"\b{re.escape(tensor)}\[")
+    for line in source.splitlines():
+        if uses.search(line) and (m := _SPEC_TAG.search(line)):
+            return SourceLoc(m[1], int(m[2]))
+    return None
+
+
 def spec_line(source: str, message: str) -> tuple[SourceLoc, str] | None:
     """(spec line, buffer) for the first buffer of the generated ``source`` that a toolchain's
     ``message`` names (TileLang names the buffer in its layout conflicts): the spec line of the

@@ -57,3 +57,17 @@ class LoweringError(DslError):
         super().__init__(f"{target}: {toolchain} could not lower the generated {kernel}{where} (config {config}); "
                          f"print the source with `duotile show {kernel} --target {target} --stage tilelang` and "
                          f"the same --config: {type(cause).__name__}: {first}", loc)
+
+
+class UnguardedAccessError(DslError):
+    """The code a target's toolchain lowered from a generated kernel may read or write a tensor
+    past its end: an access neither guarded nor proven inside (``lowered_bounds.py``). A generator
+    fault, refused rather than run."""
+
+    def __init__(self, target: str, kernel: str, config: dict, accesses: list, loc: SourceLoc | None = None):
+        self.target, self.kernel, self.accesses = target, kernel, list(accesses)
+        more = f" (and {len(accesses) - 1} more)" if len(accesses) > 1 else ""
+        super().__init__(f"{target}: the generated {kernel} (config {config}) may run past a tensor: "
+                         f"{accesses[0]}{more}, neither guarded nor proven inside as lowered; print the "
+                         f"source with `duotile show {kernel} --target {target} --stage tilelang` and the same "
+                         f"--config", loc)

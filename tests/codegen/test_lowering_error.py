@@ -22,7 +22,7 @@ def failing_lowering(monkeypatch, tmp_path):
     def fail(prim, sm, configs=None):
         raise RuntimeError("layout inference gave up\nsecond line of TileLang's trace")
 
-    monkeypatch.setattr(toolchain, "lower_to_cuda", fail)
+    monkeypatch.setattr(toolchain, "lower_checked", fail)
 
 
 def test_a_lowering_failure_names_the_target_kernel_and_config(failing_lowering):

@@ -168,8 +168,11 @@ def test_the_interpreter_reads_no_leading_block_past_the_tensor():
 def test_indexer_prefill_guards_the_rows_of_its_last_query_block():
     """indexer_logits_prefill scores BM queries a block, query m * BM + j at a leading point index
     of ``q``, ``w`` and ``logits``, with T dynamic: where T is not a multiple of BM the last block's
-    queries past T read ``q`` and ``w`` past their ends and wrote their logits rows past the
-    tensor's (the point-index test covered indices read from data alone). Each is now tested."""
+    queries lie past T. The generated source tested the key column alone (the point-index test
+    covered indices read from data alone); TileLang's own bounds pass tested those rows at
+    lowering (a variable index; lowered_bounds.py, run on the source before the rule, proves every
+    access), so the built kernel stayed inside. The generator now tests them itself, as it must
+    where an index is a constant, which that pass leaves alone."""
     spec = load_all()["indexer_logits_prefill"]
     src = "\n".join(a.stages["tilelang"] for a in generate_case(spec, spec.model_shapes["v41/r1_ctx4k/prefill4096"],
                                                                 "sm90"))

@@ -112,7 +112,7 @@ def conflict_naming_a_buffer(monkeypatch, tmp_path):
     def fail(prim, sm, configs=None):
         raise RuntimeError(f"Layout infer conflict between {fail.buffer} and another buffer in T.Parallel")
 
-    monkeypatch.setattr(toolchain, "lower_to_cuda", fail)
+    monkeypatch.setattr(toolchain, "lower_checked", fail)
     return fail
 
 
@@ -137,7 +137,7 @@ def test_a_lowering_failure_naming_no_buffer_keeps_the_config_line(monkeypatch, 
     def fail(prim, sm, configs=None):
         raise RuntimeError("Check failed: (has_best) is false: no available layout found")
 
-    monkeypatch.setattr(toolchain, "lower_to_cuda", fail)
+    monkeypatch.setattr(toolchain, "lower_checked", fail)
     spec = load_all()["rmsnorm"]
     r = build_case(spec, "hidden", spec.build_cases["hidden"], "sm90", use_tuned=False)
     assert r.error.startswith("LoweringError: sm90: TileLang ") and "at buffer" not in r.error

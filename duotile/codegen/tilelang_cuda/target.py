@@ -20,6 +20,7 @@ from . import fit_threads, gather_pipeline, tma_store, toolchain
 from .arch import SM90, SM100, Arch
 from .capacity import check_capacity, check_tcgen05_atoms, check_warp_groups, check_warp_rows
 from .emit import emit_module, ws_mode
+from .lowered_bounds import check_lowered_bounds
 from .overlap import check_overlap
 from .persistent import check_persistent, shareable
 from .plan import make_plan
@@ -215,10 +216,11 @@ class TileLangCuda(Target):
         t0 = time.perf_counter()
         prim, configs = toolchain.load_generated(str(py), artifact.meta["entry"])
         try:
-            cuda = toolchain.lower_to_cuda(prim, self.arch.sm, configs)
+            cuda, bounds = toolchain.lower_checked(prim, self.arch.sm, configs)
         except Exception as err:  # TileLang's own errors name its passes, not the config or the source
             raise lowering_error(self.name, f"TileLang {toolchain.tilelang_version()}", artifact, err) from err
         artifact.timings["tilelang_lower"] = time.perf_counter() - t0
+        check_lowered_bounds(self.name, artifact, bounds)
         artifact.stages["cuda"] = cuda
         cu = work / "kernel.cu"
         cu.write_text(cuda)

@@ -48,13 +48,23 @@ def load_generated(path: str, name: str) -> tuple[object, dict]:
 
 
 def lower_to_cuda(prim_func, sm: str, configs: dict | None = None) -> str:
+    return lower_checked(prim_func, sm, configs)[0]
+
+
+def lower_checked(prim_func, sm: str, configs: dict | None = None):
+    """The CUDA source TileLang lowers ``prim_func`` to, and the bounds report of its global
+    accesses as lowered (``lowered_bounds.py``; None where the lowering never reached the pass
+    the check runs before)."""
     import tilelang
     from tilelang import tvm
 
+    from .lowered_bounds import capture, check_module
+
     tgt = tvm.target.Target({"kind": "cuda", "arch": sm})
-    with tilelang.transform.PassContext(opt_level=3, config=configs or PASS_CONFIGS), tgt:
+    seen = capture()
+    with tilelang.transform.PassContext(opt_level=3, config=configs or PASS_CONFIGS, instruments=[seen]), tgt:
         artifact = tilelang.lower(prim_func, target=tgt, enable_device_compile=False)
-    return artifact.kernel_source
+    return artifact.kernel_source, None if seen.module is None else check_module(seen.module)
 
 
 @functools.cache
