@@ -463,3 +463,35 @@ def test_graphs_variants_builds_the_default_workload_first_and_stops_where_the_b
                         lambda command, **kw: calls.append(command) or subprocess.CompletedProcess(command, 0, "", ""))
     assert graphs_variants.main(["--requests", "2"]) == 0
     assert [c[2:5] for c in calls] == [["--variant", v, "--no-prebuild"] for v in graphs_variants.VARIANTS]
+
+
+def test_lowered_bounds_lowers_each_build_once_and_fails_on_an_access_not_proven(monkeypatch, capsys):
+    """Model shapes that differ only in a dynamic size share a build (rmsnorm's decode batches: T);
+    a real lowering's accesses are all proven; a row with an access not proven makes the exit 1
+    and is listed."""
+    pytest.importorskip("tilelang")
+    from benchmarks import lowered_bounds as lb
+
+    shapes = [(n, s, c) for n, s, c in lb.cases(True, None) if n == "rmsnorm" and s.startswith("v41/kv_norm/")]
+    assert len(shapes) > 1 and len({lb.build_key(n, c, "sm90") for n, _, c in shapes}) == 1
+    row = lb.check_one((*shapes[0], "sm90"))
+    assert "error" not in row and row["phases"] == 1 and row["proven"] > 0 and row["unproven"] == [], row
+    bad = {**row, "unproven": ["read of `x` at dimension 0 (extent n_T), index m * 4 + 3, under no test"]}
+
+    class Pool:  # stands in for the worker processes: every build reports ``bad``
+        def __init__(self, jobs):
+            pass
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            return False
+
+        def map(self, fn, jobs):
+            return [bad for _ in jobs]
+
+    monkeypatch.setattr(lb, "ProcessPoolExecutor", Pool)
+    assert lb.main(["--specs", "rmsnorm", "--target", "sm90"]) == 1
+    out = capsys.readouterr().out
+    assert "| rmsnorm | sm90 |" in out and "read of `x` at dimension 0" in out
