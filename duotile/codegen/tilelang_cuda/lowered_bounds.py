@@ -19,9 +19,11 @@ arithmetic analyzer, under:
   place of its reads;
 * every dynamic size at least 1.
 
-An index that still reads memory (a gathered row's number, an expert read from a table) is the
+A vector access is checked at its first and last lanes. An index that still reads memory (a
+gathered row's number, an expert read from a table, a register stored more than once) is the
 spec's promise, not the generator's: it is counted (``data``) and not proven. TMA copies address
-their tensors through descriptors whose bounds the hardware applies, and are not loads here.
+their tensors through descriptors whose bounds the hardware applies, and are not loads here; an
+address taken for an asynchronous copy (``cp.async``) is checked at the element it starts from.
 Everything else that cannot be proven is an ``Access`` the build refuses with
 ``UnguardedAccessError``: the tensor, the dimension, the index and the guards around it.
 """
