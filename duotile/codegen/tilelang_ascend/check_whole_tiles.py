@@ -35,7 +35,9 @@ def past_the_end(op: Op, param, env: dict) -> str | None:
     lead = len(param.shape) - len(shape)
     for i, (off, dim) in enumerate(zip(offsets, param.shape)):
         if (op.name == "gather" and i == op.attrs["axis"]) or sympy.sympify(off).free_symbols - env.keys():
-            continue  # rows named by data, or an index read from data (refused apart)
+            continue  # rows named by data, or an index read from data (refused apart). Not
+            # tile_bounds.read_from_data, which also counts an index that may be negative: that one
+            # CUDA guards at both ends, and here it must be proven inside (``inside`` below) or refused
         size = 1 if i < lead else int(shape[i - lead])  # a point index: one element wide
         if not inside(off, size, dim, env):
             return (f"partial tile: {param.name} dimension {i} ({int(dim)} elements) is read or written at {off} "
