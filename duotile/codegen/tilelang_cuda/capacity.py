@@ -245,3 +245,25 @@ def check_tcgen05_atoms(module: Module, arch: Arch) -> None:
             raise UnsupportedError(f"{arch.name}: no tcgen05 instruction lowers a {m} x {n} x {k} {dtype.name} gemm "
                                    f"tile in one CTA (TileLang {tilelang_version()}); a 64-row tile needs N a "
                                    "multiple of 64 for 16-bit inputs, or use 128 rows", op.loc)
+
+
+def check_tmem_drains(module: Module, arch: Arch, knobs: dict) -> None:
+    """sm100: TileLang 0.1.15 cannot lay out the drain of a 64-row TMEM accumulator whose columns,
+    halved and split over the block's warp groups, are more than 32 and not a multiple of 32: it
+    fails late with "Composition stride divisibility: rest_stride=48, curr_shape=32" at 64 x 192
+    and 256 threads. Measured on 2026-12-07 (a gemm lowered over BM 64 / 128 / 256, BN 32 to 256
+    and 128 / 256 / 512 threads), that is the one failing combination; the rule refuses no other
+    of them. It met a user: the cost model's choice for V4.1's router at a prefill chunk
+    (N = 384 in two tiles of 192)."""
+    if not arch.has_tmem:
+        return
+    groups = max(1, int(knobs.get("threads", 128)) // 128)
+    for op in module.walk():
+        if op.name != "gemm":
+            continue
+        m, n, _ = (int(d) for d in op.gemm_mnk())
+        columns = n / 2 / groups
+        if m == 64 and columns > 32 and columns % 32:
+            raise UnsupportedError(f"{arch.name}: TileLang cannot lay out the TMEM drain of a 64 x {n} accumulator "
+                                   f"over {groups} warp groups ({columns:g} columns each, not a multiple of 32); "
+                                   "use 128 rows or another thread count", op.loc)

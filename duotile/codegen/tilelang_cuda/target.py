@@ -18,7 +18,7 @@ from ...passes.split_phases import split_phases
 from ..target import Artifact, Target, lowering_error, register_target
 from . import fit_threads, gather_pipeline, tma_store, toolchain
 from .arch import SM90, SM100, Arch
-from .capacity import check_capacity, check_tcgen05_atoms, check_warp_groups, check_warp_rows
+from .capacity import check_capacity, check_tcgen05_atoms, check_tmem_drains, check_warp_groups, check_warp_rows
 from .emit import emit_module, ws_mode
 from .lowered_bounds import check_lowered_bounds
 from .overlap import check_overlap
@@ -197,6 +197,7 @@ class TileLangCuda(Target):
         check_warp_groups(module, self.arch, knobs)
         check_warp_rows(module, self.arch, knobs)
         check_tcgen05_atoms(module, self.arch)
+        check_tmem_drains(module, self.arch, knobs)
         check_overlap(module, self.name, knobs, ws_mode(knobs))
         check_persistent(module, self.name, knobs, ws_mode(knobs), self.arch.has_tmem)
         tma_store.check(module, self.name, knobs, ws_mode(knobs))
