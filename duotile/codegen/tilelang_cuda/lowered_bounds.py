@@ -15,12 +15,13 @@ arithmetic analyzer, under:
 * the ranges of the launch's block and thread indices and of every enclosing loop;
 * the conditions of the enclosing ``if`` statements and ``if_then_else`` arms (and the left side of
   an ``and`` for its right side);
-* the value of each one-element register assigned once (the grid decode's ``m``, ``g``), put in
-  place of its reads;
+* what each one-element register or local tile holds where it is read (the grid decode's ``m``, ``g``; a
+  persistent kernel's tile, stored at the top of each iteration), followed through the code in
+  order: a loop forgets the registers its body stores, an ``if`` those either branch stores;
 * every dynamic size at least 1.
 
 A vector access is checked at its first and last lanes. An index that still reads memory (a
-gathered row's number, an expert read from a table, a register stored more than once) is the
+gathered row's number, an expert read from a table, a register whose value is not known there) is the
 spec's promise, not the generator's: it is counted (``data``) and not proven. TMA copies address
 their tensors through descriptors whose bounds the hardware applies, and are not loads here; an
 address taken for an asynchronous copy (``cp.async``) is checked at the element it starts from.
@@ -97,13 +98,7 @@ class _Walk:
         self.an = tvm.arith.Analyzer()
         self.func, self.report, self.guards = func, Report(), []
         self.params = {b.data: b for b in func.buffer_map.values()}
-        self.regs: dict = {}  # a one-element register's data -> the values stored into it
-
-        def stored(n):
-            if isinstance(n, self.tirx.BufferStore) and n.buffer.scope() == "local.var":
-                self.regs.setdefault(n.buffer.data, []).append(n.value)
-
-        self.sf.post_order_visit(func.body, stored)
+        self.known: dict = {}  # a one-element register's data -> what it holds here, register-free
 
     def run(self) -> Report:
         sizes = {v for b in self.params.values() for d in b.shape for v in self._vars(d)}
@@ -123,13 +118,20 @@ class _Walk:
         self.sf.post_order_visit(e, lambda n: out.append(n) if isinstance(n, self.tirx.Var) else None)
         return out
 
-    def value(self, e, depth: int = 0):
-        """``e`` with each read of a register assigned once replaced by what was stored."""
-        def put(n):
-            values = self.regs.get(n.buffer.data)
-            return self.value(values[0], depth + 1) if values and len(values) == 1 and depth < 8 else None
+    def value(self, e):
+        """``e`` with each read of a register whose value is known here replaced by that value."""
+        return self.sf.ir_transform(self.tirx.Evaluate(e), None, lambda n: self.known.get(n.buffer.data),
+                                    ["tirx.BufferLoad"]).value
 
-        return self.sf.ir_transform(self.tirx.Evaluate(e), None, put, ["tirx.BufferLoad"]).value
+    def forget_stored_in(self, *stmts) -> None:
+        """Registers stored anywhere in ``stmts`` hold values not known from here on."""
+        def stored(n):
+            if isinstance(n, self.tirx.BufferStore):
+                self.known.pop(n.buffer.data, None)
+
+        for s in stmts:
+            if s is not None:
+                self.sf.post_order_visit(s, stored)
 
     @contextmanager
     def given(self, cond):
@@ -143,31 +145,41 @@ class _Walk:
         if isinstance(s, T.SeqStmt):
             for x in s.seq:
                 self.stmt(x)
-        elif isinstance(s, T.For):
+        elif isinstance(s, T.For):  # an iteration may begin with the registers the last one stored
             self.exprs(s.min, s.extent)
             self.an.bind(s.loop_var, self.ir.Range.from_min_extent(s.min, s.extent))
+            self.forget_stored_in(s.body)
             self.stmt(s.body)
+            self.forget_stored_in(s.body)
         elif isinstance(s, T.AttrStmt):
             if s.attr_key == "thread_extent":
                 self.an.bind(s.node.var, self.ir.Range.from_min_extent(0, s.value))
             self.stmt(s.body)
-        elif isinstance(s, T.IfThenElse):
+        elif isinstance(s, T.IfThenElse):  # after it, a register either branch stored is not known
             self.expr(s.condition)
+            before = dict(self.known)
             with self.given(s.condition):
                 self.stmt(s.then_case)
+            self.known = dict(before)
             if s.else_case is not None:
                 with self.given(T.Not(s.condition)):
                     self.stmt(s.else_case)
+            self.known = before
+            self.forget_stored_in(s.then_case, s.else_case)
         elif isinstance(s, T.BufferStore):
             self.access(s.buffer, s.indices, "write")
             self.exprs(*s.indices, s.value)
+            if s.buffer.scope() in ("local.var", "local") and all(_is_one(d) for d in s.buffer.shape):
+                self.known[s.buffer.data] = self.value(s.value)
         elif isinstance(s, T.Bind):
             self.expr(s.value)
             self.an.bind(s.var, self.value(s.value))
         elif isinstance(s, T.While):
+            self.forget_stored_in(s.body)
             self.expr(s.condition)
             with self.given(s.condition):
                 self.stmt(s.body)
+            self.forget_stored_in(s.body)
         elif isinstance(s, (T.Evaluate, T.AssertStmt)):
             self.expr(s.value if isinstance(s, T.Evaluate) else s.condition)
         elif getattr(s, "body", None) is not None:
@@ -243,3 +255,7 @@ def check_lowered_bounds(target: str, artifact, report: Report | None) -> None:
         config = {**artifact.meta.get("config", {}), **artifact.meta.get("knobs", {})}
         loc = tensor_line(artifact.stages.get("tilelang", ""), report.unproven[0].tensor)
         raise UnguardedAccessError(target, artifact.kernel, config, report.unproven, loc)
+
+
+def _is_one(dim) -> bool:
+    return getattr(dim, "value", None) == 1
