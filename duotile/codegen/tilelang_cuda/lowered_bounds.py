@@ -120,8 +120,10 @@ class _Walk:
 
     def value(self, e):
         """``e`` with each read of a register whose value is known here replaced by that value."""
-        return self.sf.ir_transform(self.tirx.Evaluate(e), None, lambda n: self.known.get(n.buffer.data),
-                                    ["tirx.BufferLoad"]).value
+        def put(n):
+            return self.known.get(n.buffer.data) if _one_element(n.buffer) else None
+
+        return self.sf.ir_transform(self.tirx.Evaluate(e), None, put, ["tirx.BufferLoad"]).value
 
     def forget_stored_in(self, *stmts) -> None:
         """Registers stored anywhere in ``stmts`` hold values not known from here on."""
@@ -169,8 +171,10 @@ class _Walk:
         elif isinstance(s, T.BufferStore):
             self.access(s.buffer, s.indices, "write")
             self.exprs(*s.indices, s.value)
-            if s.buffer.scope() in ("local.var", "local") and all(_is_one(d) for d in s.buffer.shape):
+            if s.buffer.scope() in ("local.var", "local") and _one_element(s.buffer):
                 self.known[s.buffer.data] = self.value(s.value)
+            else:  # a wider view of a register's memory
+                self.known.pop(s.buffer.data, None)
         elif isinstance(s, T.Bind):
             self.expr(s.value)
             self.an.bind(s.var, self.value(s.value))
@@ -257,5 +261,6 @@ def check_lowered_bounds(target: str, artifact, report: Report | None) -> None:
         raise UnguardedAccessError(target, artifact.kernel, config, report.unproven, loc)
 
 
-def _is_one(dim) -> bool:
-    return getattr(dim, "value", None) == 1
+def _one_element(buffer) -> bool:
+    """A register: a buffer of one element (a view of the same data with more is not one)."""
+    return all(getattr(d, "value", None) == 1 for d in buffer.shape)
