@@ -22,7 +22,8 @@ arithmetic analyzer, under:
 
 A vector access is checked at its first and last lanes. An index that still reads memory (a
 gathered row's number, an expert read from a table, a register whose value is not known there) is the
-spec's promise, not the generator's: it is counted (``data``) and not proven. TMA copies address
+spec's promise, not the generator's: it is counted (``data``) and not proven; so is an index whose
+proof TVM's analyzer cannot carry out (it raises on an int32 overflow in its own arithmetic). TMA copies address
 their tensors through descriptors whose bounds the hardware applies, and are not loads here; an
 address taken for an asynchronous copy (``cp.async``) is checked at the element it starts from.
 Everything else that cannot be proven is an ``Access`` the build refuses with
