@@ -17,7 +17,10 @@ arithmetic analyzer, under:
   an ``and`` for its right side);
 * what each one-element register or local tile holds where it is read (the grid decode's ``m``, ``g``; a
   persistent kernel's tile, stored at the top of each iteration), followed through the code in
-  order: a loop forgets the registers its body stores, an ``if`` those either branch stores;
+  order: a loop forgets the registers its body stores, an ``if`` those either branch stores. A
+  register stored from memory (a routed row's expert, a gathered row's number) stays unknown: put
+  in place of its reads inside every test around them, such loads made TVM's analyzer take minutes
+  to enter the tests of one routed kernel;
 * every dynamic size at least 1.
 
 A vector access is checked at its first and last lanes. An index that still reads memory (a
@@ -124,6 +127,8 @@ class _Walk:
         def put(n):
             return self.known.get(n.buffer.data) if _one_element(n.buffer) else None
 
+        if not self.known:
+            return e
         return self.sf.ir_transform(self.tirx.Evaluate(e), None, put, ["tirx.BufferLoad"]).value
 
     def forget_stored_in(self, *stmts) -> None:
@@ -172,10 +177,11 @@ class _Walk:
         elif isinstance(s, T.BufferStore):
             self.access(s.buffer, s.indices, "write")
             self.exprs(*s.indices, s.value)
-            if s.buffer.scope() in ("local.var", "local") and _one_element(s.buffer):
-                self.known[s.buffer.data] = self.value(s.value)
-            else:  # a wider view of a register's memory
-                self.known.pop(s.buffer.data, None)
+            held = self.value(s.value)
+            if s.buffer.scope() in ("local.var", "local") and _one_element(s.buffer) and not self._reads_memory(held):
+                self.known[s.buffer.data] = held
+            else:  # a wider view of a register's memory, or a value read from memory: the register stays
+                self.known.pop(s.buffer.data, None)  # an opaque atom (its tests still bound its reads)
         elif isinstance(s, T.Bind):
             self.expr(s.value)
             self.an.bind(s.var, self.value(s.value))
