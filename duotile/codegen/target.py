@@ -38,6 +38,11 @@ class Artifact:
     timings: dict[str, float] = field(default_factory=dict)  # seconds per step
     meta: dict[str, Any] = field(default_factory=dict)
 
+    @property
+    def config(self) -> dict[str, Any]:
+        """The config it was built with: tunables and knobs, as ``build_module`` records them."""
+        return {**self.meta.get("config", {}), **self.meta.get("knobs", {})}
+
 
 class Target:
     """A code generator. Subclasses fill in the hooks; ``runnable`` says if it can execute here."""
@@ -121,10 +126,9 @@ def lowering_error(target: str, toolchain: str, artifact: Artifact, cause: Excep
     """The error for a toolchain that failed on ``artifact``'s generated code: it names the kernel and
     the config it was built with (tunables and knobs, as ``build_module`` records them), and the
     spec line where the toolchain's message names a buffer of the generated source."""
-    config = {**artifact.meta.get("config", {}), **artifact.meta.get("knobs", {})}
     found = spec_line(artifact.stages.get("tilelang", ""), str(cause))
     loc, buffer = found if found else (None, "")
-    return LoweringError(target, toolchain, artifact.kernel, config, cause, loc, buffer)
+    return LoweringError(target, toolchain, artifact.kernel, artifact.config, cause, loc, buffer)
 
 
 _DECLARED = re.compile(r"^\s*(\w+) = T\.alloc_\w+\(", re.MULTILINE)

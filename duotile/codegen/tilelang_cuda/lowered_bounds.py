@@ -105,22 +105,21 @@ class _Walk:
         self.known: dict = {}  # a one-element register's data -> what it holds here, register-free
 
     def run(self) -> Report:
-        sizes = {v for b in self.params.values() for d in b.shape for v in self._vars(d)}
+        sizes = {v for b in self.params.values() for d in b.shape for v in self._nodes(d, self.tirx.Var)}
         with ExitStack() as scope:
             for v in sizes:
                 scope.enter_context(self.an.constraint_scope(v >= 1))
             self.stmt(self.func.body)
         return self.report
 
-    def _reads_memory(self, e) -> bool:
-        reads = []
-        self.sf.post_order_visit(e, lambda n: reads.append(n) if isinstance(n, self.tirx.BufferLoad) else None)
-        return bool(reads)
-
-    def _vars(self, e) -> list:
+    def _nodes(self, e, kind) -> list:
+        """The nodes of type ``kind`` inside ``e``."""
         out = []
-        self.sf.post_order_visit(e, lambda n: out.append(n) if isinstance(n, self.tirx.Var) else None)
+        self.sf.post_order_visit(e, lambda n: out.append(n) if isinstance(n, kind) else None)
         return out
+
+    def _reads_memory(self, e) -> bool:
+        return bool(self._nodes(e, self.tirx.BufferLoad))
 
     def value(self, e):
         """``e`` with each read of a register whose value is known here replaced by that value."""
@@ -268,9 +267,8 @@ def check_lowered_bounds(target: str, artifact, report: Report | None) -> None:
         return
     artifact.meta["bounds"] = {"proven": report.proven, "data": report.data}
     if report.unproven:
-        config = {**artifact.meta.get("config", {}), **artifact.meta.get("knobs", {})}
         loc = tensor_line(artifact.stages.get("tilelang", ""), report.unproven[0].tensor)
-        raise UnguardedAccessError(target, artifact.kernel, config, report.unproven, loc)
+        raise UnguardedAccessError(target, artifact.kernel, artifact.config, report.unproven, loc)
 
 
 def _one_element(buffer) -> bool:
