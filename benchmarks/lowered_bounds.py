@@ -123,8 +123,13 @@ def main(argv=None) -> int:
                 seen.add(key)
                 jobs.append((name, label, case, target))
     t0 = time.perf_counter()
+    rows = []
     with ProcessPoolExecutor(args.jobs) as pool:
-        rows = list(pool.map(check_one, jobs))
+        for row in pool.map(check_one, jobs):  # one line a build, so a run cut short says how far it got
+            rows.append(row)
+            print(f"[{len(rows)}/{len(jobs)}] {row['spec']} {row['label']} {row['target']}: "
+                  f"{row['seconds']:.1f} s{' (' + row['error'] + ')' if 'error' in row else ''}",
+                  file=sys.stderr, flush=True)
     listed = details(rows) or "Every access proven or indexed by data."
     text = (f"{len(jobs)} builds lowered and checked in {time.perf_counter() - t0:.0f} s "
             f"({args.jobs} processes)\n\n{table(rows)}\n\n{listed}\n")
