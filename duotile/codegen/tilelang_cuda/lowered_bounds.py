@@ -35,6 +35,7 @@ Everything else that cannot be proven is an ``Access`` the build refuses with
 
 from __future__ import annotations
 
+import time
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
 
@@ -65,6 +66,7 @@ class Report:
     proven: int = 0
     data: int = 0
     unproven: list[Access] = field(default_factory=list)
+    seconds: float = 0.0  # what the check took (inside the lowering's time)
 
 
 def capture():
@@ -86,11 +88,12 @@ def capture():
 
 def check_module(mod) -> Report:
     """The report of every function of a captured module, added together."""
-    out = Report()
+    out, t0 = Report(), time.perf_counter()
     for func in mod.functions.values():
         one = _Walk(func).run()
         out.proven, out.data = out.proven + one.proven, out.data + one.data
         out.unproven += one.unproven
+    out.seconds = time.perf_counter() - t0
     return out
 
 
@@ -259,13 +262,14 @@ class _Walk:
 
 def check_lowered_bounds(target: str, artifact, report: Report | None) -> None:
     """Refuse ``artifact`` where its lowered code has an access not proven inside (``report``);
-    record the counts in its meta (``bounds``) otherwise."""
+    record the counts in its meta (``bounds``) and its time (``timings["bounds_check"]``) otherwise."""
     from ...dsl.errors import UnguardedAccessError
     from ..target import tensor_line
 
     if report is None:
         return
     artifact.meta["bounds"] = {"proven": report.proven, "data": report.data}
+    artifact.timings["bounds_check"] = report.seconds
     if report.unproven:
         loc = tensor_line(artifact.stages.get("tilelang", ""), report.unproven[0].tensor)
         raise UnguardedAccessError(target, artifact.kernel, artifact.config, report.unproven, loc)
