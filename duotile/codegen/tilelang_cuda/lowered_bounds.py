@@ -140,7 +140,7 @@ class _Walk:
                 self.known.pop(n.buffer.data, None)
 
         for s in stmts:
-            if s is not None:
+            if s is not None and self.known:  # nothing known, nothing to forget: no walk
                 self.sf.post_order_visit(s, stored)
 
     @contextmanager
