@@ -105,7 +105,7 @@ class _Walk:
         self.an = tvm.arith.Analyzer()
         self.func, self.report, self.guards = func, Report(), []
         self.params = {b.data: b for b in func.buffer_map.values()}
-        self.known: dict = {}  # a one-element register's data -> what it holds here, register-free
+        self.known: dict = {}  # a one-element register's data -> what it holds here, reading no memory
 
     def run(self) -> Report:
         sizes = {v for b in self.params.values() for d in b.shape for v in self._nodes(d, self.tirx.Var)}
@@ -182,8 +182,8 @@ class _Walk:
             held = self.value(s.value)
             if s.buffer.scope() in ("local.var", "local") and _one_element(s.buffer) and not self._reads_memory(held):
                 self.known[s.buffer.data] = held
-            else:  # a wider view of a register's memory, or a value read from memory: the register stays
-                self.known.pop(s.buffer.data, None)  # an opaque atom (its tests still bound its reads)
+            else:  # a wider view of a register's memory, or a value read from memory: the register is
+                self.known.pop(s.buffer.data, None)  # unknown, its reads counted with the data-indexed
         elif isinstance(s, T.Bind):
             self.expr(s.value)
             self.an.bind(s.var, self.value(s.value))
