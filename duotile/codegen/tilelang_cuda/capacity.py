@@ -254,16 +254,32 @@ def check_tmem_drains(module: Module, arch: Arch, knobs: dict) -> None:
     and 256 threads. Measured on 2026-12-07 (a gemm lowered over BM 64 / 128 / 256, BN 32 to 256
     and 128 / 256 / 512 threads), that is the one failing combination; the rule refuses no other
     of them. It met a user: the cost model's choice for V4.1's router at a prefill chunk
-    (N = 384 in two tiles of 192)."""
+    (N = 384 in two tiles of 192).
+
+    Where a tile of the accumulator's shape is reduced along its rows (attention's row max and sum),
+    fewer than 32 columns a group must also be a power of two: flash_attention at D = 64 fails with
+    "XOR-butterfly AllReduce requires logical_width ... a power of two" at 64 x 192 and 512 threads
+    (24 columns). Measured on 2026-12-08 over BM 64 / 128, BN 64 / 128 / 192 / 176 / 32 and 128 /
+    256 / 512 threads, that is the one failing combination the first rule leaves; the cost model
+    chose it for a causal 5-head, 307-row attention (the GPU sweep's seeded random shapes)."""
     if not arch.has_tmem:
         return
     groups = max(1, int(knobs.get("threads", 128)) // 128)
+    reduced = {tuple(str(d) for d in op.args[0].type.shape) for op in module.walk()
+               if op.name == "reduce" and op.attrs.get("axis") == 1}
     for op in module.walk():
         if op.name != "gemm":
             continue
         m, n, _ = (int(d) for d in op.gemm_mnk())
         columns = n / 2 / groups
-        if m == 64 and columns > 32 and columns % 32:
-            raise UnsupportedError(f"{arch.name}: TileLang cannot lay out the TMEM drain of a 64 x {n} accumulator "
-                                   f"over {groups} warp groups ({columns:g} columns each, not a multiple of 32); "
-                                   "use 128 rows or another thread count", op.loc)
+        if m != 64 or columns % 32 == 0:
+            continue
+        if columns > 32:
+            why = "not a multiple of 32"
+        elif (str(m), str(n)) in reduced and int(columns) & (int(columns) - 1):
+            why = "fewer than 32 and not a power of two, reduced along its rows"
+        else:
+            continue
+        raise UnsupportedError(f"{arch.name}: TileLang cannot lay out the TMEM drain of a 64 x {n} accumulator "
+                               f"over {groups} warp groups ({columns:g} columns each, {why}); "
+                               "use 128 rows or another thread count", op.loc)
