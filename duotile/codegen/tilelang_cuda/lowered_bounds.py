@@ -179,8 +179,9 @@ class _Walk:
         elif isinstance(s, T.BufferStore):
             self.access(s.buffer, s.indices, "write")
             self.exprs(*s.indices, s.value)
-            held = self.value(s.value)
-            if s.buffer.scope() in ("local.var", "local") and _one_element(s.buffer) and not self._reads_memory(held):
+            register = s.buffer.scope() in ("local.var", "local") and _one_element(s.buffer)
+            held = self.value(s.value) if register else None  # no rewrite of what other stores write
+            if held is not None and not self._reads_memory(held):
                 self.known[s.buffer.data] = held
             else:  # a wider view of a register's memory, or a value read from memory: the register is
                 self.known.pop(s.buffer.data, None)  # unknown, its reads counted with the data-indexed
